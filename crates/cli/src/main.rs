@@ -1,0 +1,46 @@
+//! `specfit`: the command-line front end. Each subcommand lives in its own module; this file
+//! only parses arguments and turns every error into one line on stderr and exit status 2.
+
+mod calibrate;
+mod files;
+mod select;
+mod synth;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Fast, lossless speculative decoding for MoE models whose experts do not fit in fast memory.
+#[derive(Debug, Parser)]
+#[command(name = "specfit", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Choose the subtree of each draft pool to verify (JSON or JSON Lines in, one result line out per pool).
+    Select(select::Args),
+    /// Fit the cost model (intercepts a[n], beta; beta_hit/beta_miss) from probe rows by NNLS.
+    Calibrate(calibrate::Args),
+    /// Write seeded synthetic pools or probe rows (for demos, benches and tests).
+    #[command(subcommand)]
+    Synth(synth::Command),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Select(args) => select::run(&args),
+        Command::Calibrate(args) => calibrate::run(&args),
+        Command::Synth(cmd) => synth::run(&cmd),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

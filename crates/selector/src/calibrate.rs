@@ -1,0 +1,347 @@
+//! Fits the cost model's coefficients from measured probe forwards.
+//!
+//! Each probe row is one verify forward: how many draft nodes it carried (`nodes`), how many
+//! distinct (layer, expert) pairs it needed (`demand`), optionally how many of those were
+//! resident (`hits`) and copied (`misses`), and the measured time (`ms`). The paper's form
+//! `ms ≈ a[nodes] + β · demand` is linear in `(a[0..=K], β)` with one-hot node columns; it is fitted
+//! by non-negative least squares so every coefficient is a valid cost. When rows carry hits and
+//! misses, the residency-aware form `a[nodes] + β_hit · hits + β_miss · misses` is fitted too.
+//! This module owns the fit and its quality report; measuring probes is the engine's job.
+
+use crate::cost::{CostModel, ExpertCost};
+use crate::error::Error;
+use crate::nnls::{nnls, Matrix};
+
+/// One measured verify forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probe {
+    /// Draft nodes verified (0 = autoregressive step).
+    pub nodes: usize,
+    /// `Σ_l |U_l|` of the forward.
+    pub demand: u64,
+    /// Measured time in ms.
+    pub ms: f64,
+    /// Resident and copied experts, when measured.
+    pub hits_misses: Option<(u64, u64)>,
+}
+
+/// One fitted cost form and how well it explains the probes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fit {
+    /// The fitted cost model.
+    pub cost: CostModel,
+    /// Coefficient of determination over the probe rows.
+    pub r2: f64,
+    /// Median of `|predicted − measured|` in ms.
+    pub median_abs_err_ms: f64,
+    /// Rows fitted.
+    pub rows: usize,
+}
+
+/// The result of a calibration: the paper's form, and the residency-aware form when the probes
+/// carry hits and misses.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    /// Largest node count seen (intercepts cover `0..=max_nodes`).
+    pub max_nodes: usize,
+    /// `a[n] + β · demand`.
+    pub paper: Fit,
+    /// `a[n] + β_hit · hits + β_miss · misses`.
+    pub residency: Option<Fit>,
+}
+
+/// Validates the probe rows and fits both cost forms.
+pub fn calibrate(probes: &[Probe]) -> Result<Calibration, Error> {
+    let with_residency = check_probes(probes)?;
+    let max_nodes = probes.iter().map(|p| p.nodes).max().unwrap_or(0);
+    let paper = fit(probes, max_nodes, false)?;
+    let residency = if with_residency {
+        Some(fit(probes, max_nodes, true)?)
+    } else {
+        None
+    };
+    Ok(Calibration {
+        max_nodes,
+        paper,
+        residency,
+    })
+}
+
+/// Checks each row and the row set; returns whether rows carry hits and misses.
+pub fn check_probe(row: usize, p: &Probe) -> Result<(), Error> {
+    if !(p.ms.is_finite() && p.ms >= 0.0) {
+        return Err(Error::BadProbe {
+            row,
+            field: "ms",
+            value: p.ms,
+        });
+    }
+    Ok(())
+}
+
+fn check_probes(probes: &[Probe]) -> Result<bool, Error> {
+    if probes.is_empty() {
+        return Err(Error::NoProbes);
+    }
+    for (row, p) in probes.iter().enumerate() {
+        check_probe(row, p)?;
+    }
+    let with = probes[0].hits_misses.is_some();
+    if let Some(row) = probes.iter().position(|p| p.hits_misses.is_some() != with) {
+        return Err(Error::MixedResidency { row });
+    }
+    let max_nodes = probes.iter().map(|p| p.nodes).max().unwrap_or(0);
+    let mut seen = vec![false; max_nodes + 1];
+    for p in probes {
+        seen[p.nodes] = true;
+    }
+    if let Some(nodes) = seen.iter().position(|s| !s) {
+        return Err(Error::MissingNodeCount { nodes, max_nodes });
+    }
+    Ok(with)
+}
+
+/// Fits one form: columns are one-hot node counts, then `demand` or `hits, misses`.
+fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error> {
+    let counts = if residency { 2 } else { 1 };
+    let cols = max_nodes + 1 + counts;
+    let mut data = vec![0.0; probes.len() * cols];
+    for (r, p) in probes.iter().enumerate() {
+        let row = &mut data[r * cols..(r + 1) * cols];
+        row[p.nodes] = 1.0;
+        match (residency, p.hits_misses) {
+            (true, Some((h, m))) => {
+                row[max_nodes + 1] = h as f64;
+                row[max_nodes + 2] = m as f64;
+            }
+            _ => row[max_nodes + 1] = p.demand as f64,
+        }
+    }
+    // Scale columns to unit max so the count columns (hundreds) and one-hots (1) are balanced;
+    // positive scaling keeps the non-negativity constraint intact.
+    let scales: Vec<f64> = (0..cols)
+        .map(|c| {
+            (0..probes.len())
+                .map(|r| data[r * cols + c].abs())
+                .fold(0.0, f64::max)
+        })
+        .map(|m| if m > 0.0 { m } else { 1.0 })
+        .collect();
+    for r in 0..probes.len() {
+        for c in 0..cols {
+            data[r * cols + c] /= scales[c];
+        }
+    }
+    let b: Vec<f64> = probes.iter().map(|p| p.ms).collect();
+    let mut x = nnls(
+        Matrix {
+            data: &data,
+            rows: probes.len(),
+            cols,
+        },
+        &b,
+    )?;
+    for (v, s) in x.iter_mut().zip(&scales) {
+        *v /= s;
+    }
+    let intercepts = x[..=max_nodes].to_vec();
+    let expert = if residency {
+        ExpertCost::Residency {
+            beta_hit: x[max_nodes + 1],
+            beta_miss: x[max_nodes + 2],
+        }
+    } else {
+        ExpertCost::Uniform {
+            beta: x[max_nodes + 1],
+        }
+    };
+    let cost = CostModel::new(intercepts, expert)?;
+    let predicted: Vec<f64> = probes
+        .iter()
+        .map(|p| match p.hits_misses {
+            Some((h, m)) if residency => cost.time_ms(p.nodes, h as u32, m as u32),
+            _ => cost.time_ms(p.nodes, 0, p.demand as u32),
+        })
+        .collect();
+    let (r2, median_abs_err_ms) = quality(&b, &predicted);
+    Ok(Fit {
+        cost,
+        r2,
+        median_abs_err_ms,
+        rows: probes.len(),
+    })
+}
+
+/// R² and the median absolute error of predictions against measurements.
+fn quality(measured: &[f64], predicted: &[f64]) -> (f64, f64) {
+    let mean = measured.iter().sum::<f64>() / measured.len() as f64;
+    let ss_tot: f64 = measured.iter().map(|y| (y - mean).powi(2)).sum();
+    let ss_res: f64 = measured
+        .iter()
+        .zip(predicted)
+        .map(|(y, p)| (y - p).powi(2))
+        .sum();
+    let r2 = if ss_tot > 0.0 {
+        1.0 - ss_res / ss_tot
+    } else if ss_res == 0.0 {
+        1.0
+    } else {
+        0.0
+    };
+    let mut errors: Vec<f64> = measured
+        .iter()
+        .zip(predicted)
+        .map(|(y, p)| (y - p).abs())
+        .collect();
+    errors.sort_by(f64::total_cmp);
+    let mid = errors.len() / 2;
+    let median = if errors.len() % 2 == 1 {
+        errors[mid]
+    } else {
+        (errors[mid - 1] + errors[mid]) / 2.0
+    };
+    (r2, median)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probes(a: &[f64], beta: f64, noise: f64) -> Vec<Probe> {
+        let mut seed = 9u64;
+        let mut rows = Vec::new();
+        for rep in 0..20u64 {
+            for (n, &an) in a.iter().enumerate() {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let jitter = ((seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * noise;
+                let demand = 40 + 13 * n as u64 + 7 * rep;
+                let ms = an + beta * demand as f64 + jitter;
+                rows.push(Probe {
+                    nodes: n,
+                    demand,
+                    ms,
+                    hits_misses: None,
+                });
+            }
+        }
+        rows
+    }
+
+    #[test]
+    fn noiseless_probes_recover_the_generating_coefficients() {
+        let a = [20.0, 21.0, 21.5, 23.0];
+        let cal = calibrate(&probes(&a, 0.211, 0.0)).unwrap();
+        assert_eq!(cal.max_nodes, 3);
+        let ExpertCost::Uniform { beta } = cal.paper.cost.expert() else {
+            panic!()
+        };
+        assert!((beta - 0.211).abs() < 1e-9, "{beta}");
+        for (got, want) in cal.paper.cost.intercepts().iter().zip(a) {
+            assert!((got - want).abs() < 1e-7, "{got} vs {want}");
+        }
+        assert!(cal.paper.r2 > 0.999_999_9 && cal.paper.median_abs_err_ms < 1e-7);
+        assert!(cal.residency.is_none());
+    }
+
+    #[test]
+    fn fitted_coefficients_are_never_negative() {
+        // Times that fall with demand would need β < 0: NNLS pins it at zero instead.
+        let rows: Vec<Probe> = (0..10)
+            .map(|i| Probe {
+                nodes: i % 2,
+                demand: 100 + i as u64,
+                ms: 50.0 - i as f64,
+                hits_misses: None,
+            })
+            .collect();
+        let cal = calibrate(&rows).unwrap();
+        assert_eq!(cal.paper.cost.expert(), ExpertCost::Uniform { beta: 0.0 });
+        assert!(cal.paper.cost.intercepts().iter().all(|&a| a >= 0.0));
+    }
+
+    #[test]
+    fn hit_and_miss_costs_are_fitted_separately() {
+        let rows: Vec<Probe> = (0..40u64)
+            .map(|i| {
+                let (h, m) = (10 + i * 3 % 17, 5 + i * 7 % 23);
+                let n = (i % 3) as usize;
+                let ms = [5.0, 6.0, 7.0][n] + 0.05 * h as f64 + 0.4 * m as f64;
+                Probe {
+                    nodes: n,
+                    demand: h + m,
+                    ms,
+                    hits_misses: Some((h, m)),
+                }
+            })
+            .collect();
+        let fit = calibrate(&rows).unwrap().residency.unwrap();
+        let ExpertCost::Residency {
+            beta_hit,
+            beta_miss,
+        } = fit.cost.expert()
+        else {
+            panic!()
+        };
+        assert!((beta_hit - 0.05).abs() < 1e-9 && (beta_miss - 0.4).abs() < 1e-9);
+    }
+
+    #[test]
+    fn probe_sets_with_gaps_or_bad_values_are_rejected() {
+        assert_eq!(calibrate(&[]).unwrap_err(), Error::NoProbes);
+        let gap = [
+            Probe {
+                nodes: 0,
+                demand: 1,
+                ms: 1.0,
+                hits_misses: None,
+            },
+            Probe {
+                nodes: 2,
+                demand: 1,
+                ms: 1.0,
+                hits_misses: None,
+            },
+        ];
+        assert_eq!(
+            calibrate(&gap).unwrap_err(),
+            Error::MissingNodeCount {
+                nodes: 1,
+                max_nodes: 2
+            }
+        );
+        let nan = [Probe {
+            nodes: 0,
+            demand: 1,
+            ms: f64::NAN,
+            hits_misses: None,
+        }];
+        assert!(matches!(
+            calibrate(&nan).unwrap_err(),
+            Error::BadProbe {
+                row: 0,
+                field: "ms",
+                ..
+            }
+        ));
+        let mixed = [
+            Probe {
+                nodes: 0,
+                demand: 1,
+                ms: 1.0,
+                hits_misses: Some((1, 0)),
+            },
+            Probe {
+                nodes: 0,
+                demand: 1,
+                ms: 1.0,
+                hits_misses: None,
+            },
+        ];
+        assert_eq!(
+            calibrate(&mixed).unwrap_err(),
+            Error::MixedResidency { row: 1 }
+        );
+    }
+}

@@ -1,0 +1,440 @@
+//! The JSON interchange format (feature `json`): pools in, results out, probe rows in,
+//! calibrations out and in. Field names are the format's contract with other tools:
+//!
+//! ```text
+//! pool:   {"layers": L, "experts": E, "max_nodes": K,
+//!          "root": {"routes": [[e, ...] per layer]},              (optional)
+//!          "nodes": [{"parent": -1, "prob": P, "routes": [[e, ...] per layer]}, ...],
+//!          "cost": {"intercepts": [a0, ..., aK], "beta": B}       (or "beta_hit" + "beta_miss")
+//!          "resident": [[e, ...] per layer],                      (optional)
+//!          "objective": "ratio" | "topk" | "all" | "none" | {"lambda": x}}
+//! result: {"selected": [...], "reward", "time_ms", "demand", "hits", "misses", "objective",
+//!          "select_us", "newest_level", "takes_newest_level", "visited", "pruned"}
+//! probe:  {"nodes": n, "demand": d, "ms": t, "hits": h, "misses": m}   (hits/misses optional)
+//! ```
+//!
+//! A file holds one value or many (JSON Lines, or any whitespace-separated sequence); readers
+//! report every problem with the 1-based line it starts on. This module converts and validates;
+//! it does not search.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::calibrate::{Calibration, Fit, Probe};
+use crate::cost::{CostModel, ExpertCost, ResidentSet};
+use crate::error::Error;
+use crate::objective::Objective;
+use crate::pool::{Pool, PoolBuilder};
+use crate::search::{Selection, MAX_SELECT};
+use crate::stop::StopDecision;
+
+/// Node budget when a pool does not say (the paper's K).
+pub const DEFAULT_MAX_NODES: usize = 7;
+
+/// A pool record as written in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolJson {
+    pub layers: usize,
+    pub experts: usize,
+    #[serde(default)]
+    pub max_nodes: Option<usize>,
+    #[serde(default)]
+    pub root: Option<RootJson>,
+    pub nodes: Vec<NodeJson>,
+    #[serde(default)]
+    pub cost: Option<CostJson>,
+    #[serde(default)]
+    pub resident: Option<Vec<Vec<u32>>>,
+    #[serde(default)]
+    pub objective: Option<serde_json::Value>,
+}
+
+/// The root's routes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RootJson {
+    pub routes: Vec<Vec<u32>>,
+}
+
+/// One draft node; `parent` −1 is the root.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeJson {
+    pub parent: i64,
+    pub prob: f64,
+    pub routes: Vec<Vec<u32>>,
+}
+
+/// A cost model: intercepts plus `beta`, or `beta_hit` and `beta_miss`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostJson {
+    pub intercepts: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_hit: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beta_miss: Option<f64>,
+}
+
+impl CostJson {
+    /// Validates into a cost model.
+    pub fn to_model(&self) -> Result<CostModel, Error> {
+        let expert = match (self.beta, self.beta_hit, self.beta_miss) {
+            (Some(beta), None, None) => ExpertCost::Uniform { beta },
+            (None, Some(beta_hit), Some(beta_miss)) => ExpertCost::Residency {
+                beta_hit,
+                beta_miss,
+            },
+            (b, h, m) => {
+                return Err(Error::AmbiguousCost {
+                    beta: b.is_some(),
+                    beta_hit: h.is_some(),
+                    beta_miss: m.is_some(),
+                })
+            }
+        };
+        CostModel::new(self.intercepts.clone(), expert)
+    }
+
+    /// The interchange form of a cost model.
+    pub fn from_model(cost: &CostModel) -> CostJson {
+        let (beta, beta_hit, beta_miss) = match cost.expert() {
+            ExpertCost::Uniform { beta } => (Some(beta), None, None),
+            ExpertCost::Residency {
+                beta_hit,
+                beta_miss,
+            } => (None, Some(beta_hit), Some(beta_miss)),
+        };
+        CostJson {
+            intercepts: cost.intercepts().to_vec(),
+            beta,
+            beta_hit,
+            beta_miss,
+        }
+    }
+}
+
+/// Settings given outside the pool (command-line flags); when set they replace the pool's own.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub cost: Option<CostModel>,
+    pub objective: Option<Objective>,
+    pub max_nodes: Option<usize>,
+}
+
+/// A validated pool record: everything one selection needs.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub pool: Pool,
+    pub cost: CostModel,
+    pub max_nodes: usize,
+    pub objective: Objective,
+    pub resident: Option<ResidentSet>,
+}
+
+impl PoolJson {
+    /// Validates the record, applying `overrides`.
+    pub fn into_problem(self, overrides: &Overrides) -> Result<Problem, Error> {
+        let mut b = PoolBuilder::new(self.layers, self.experts)?;
+        if let Some(root) = &self.root {
+            b.root_routes(&root.routes)?;
+        }
+        for (index, node) in self.nodes.iter().enumerate() {
+            let parent = match node.parent {
+                -1 => None,
+                p if p >= 0 => Some(p as usize),
+                p => return Err(Error::BadParent { index, parent: p }),
+            };
+            b.push(parent, node.prob, &node.routes)?;
+        }
+        let pool = b.build();
+        let resident = match &self.resident {
+            Some(r) => Some(ResidentSet::new(self.layers, self.experts, r)?),
+            None => None,
+        };
+        let cost = match (&overrides.cost, &self.cost) {
+            (Some(c), _) => c.clone(),
+            (None, Some(c)) => c.to_model()?,
+            (None, None) => return Err(Error::MissingCost),
+        };
+        let objective = match (overrides.objective, &self.objective) {
+            (Some(o), _) => o,
+            (None, Some(v)) => parse_objective(v)?,
+            (None, None) => Objective::Ratio,
+        };
+        let max_nodes = overrides
+            .max_nodes
+            .or(self.max_nodes)
+            .unwrap_or(DEFAULT_MAX_NODES);
+        if max_nodes > MAX_SELECT {
+            return Err(Error::MaxNodesTooLarge {
+                max_nodes,
+                limit: MAX_SELECT,
+            });
+        }
+        cost.check_covers(max_nodes)?;
+        Ok(Problem {
+            pool,
+            cost,
+            max_nodes,
+            objective,
+            resident,
+        })
+    }
+}
+
+/// `"ratio" | "topk" | "all" | "none" | {"lambda": x}`.
+pub fn parse_objective(v: &serde_json::Value) -> Result<Objective, Error> {
+    match v {
+        serde_json::Value::String(s) if !s.starts_with("lambda:") => Objective::parse(s),
+        serde_json::Value::Object(m) if m.len() == 1 => {
+            match m.get("lambda").and_then(|l| l.as_f64()) {
+                Some(lambda) => Objective::lambda(lambda),
+                None => Err(Error::UnknownObjective { got: v.to_string() }),
+            }
+        }
+        _ => Err(Error::UnknownObjective { got: v.to_string() }),
+    }
+}
+
+/// One output line of `select`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultJson {
+    pub selected: Vec<usize>,
+    pub reward: f64,
+    pub time_ms: f64,
+    pub demand: u32,
+    pub hits: u32,
+    pub misses: u32,
+    pub objective: f64,
+    /// In-process time of the search alone, in microseconds.
+    pub select_us: f64,
+    /// Depth of the deepest pool node (the newest drafted level).
+    pub newest_level: usize,
+    /// The stop rule: whether the winner takes a node of the newest level.
+    pub takes_newest_level: bool,
+    pub visited: u64,
+    pub pruned: u64,
+}
+
+impl ResultJson {
+    /// The output line for a stop-rule decision that took `select_us`.
+    pub fn new(decision: &StopDecision, select_us: f64) -> ResultJson {
+        let s: &Selection = &decision.selection;
+        ResultJson {
+            selected: s.nodes.clone(),
+            reward: s.reward,
+            time_ms: s.time_ms,
+            demand: s.demand,
+            hits: s.hits,
+            misses: s.misses,
+            objective: s.objective,
+            select_us,
+            newest_level: decision.newest_level,
+            takes_newest_level: decision.takes_newest_level,
+            visited: s.stats.visited,
+            pruned: s.stats.pruned,
+        }
+    }
+}
+
+/// One probe row as written in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeJson {
+    pub nodes: usize,
+    pub demand: u64,
+    pub ms: f64,
+    #[serde(default)]
+    pub hits: Option<u64>,
+    #[serde(default)]
+    pub misses: Option<u64>,
+}
+
+impl ProbeJson {
+    /// Validates row `row` (0-based) into a probe.
+    pub fn into_probe(self, row: usize) -> Result<Probe, Error> {
+        let hits_misses = match (self.hits, self.misses) {
+            (Some(h), Some(m)) => Some((h, m)),
+            (None, None) => None,
+            _ => return Err(Error::HalfResidency { row }),
+        };
+        let probe = Probe {
+            nodes: self.nodes,
+            demand: self.demand,
+            ms: self.ms,
+            hits_misses,
+        };
+        crate::calibrate::check_probe(row, &probe)?;
+        Ok(probe)
+    }
+}
+
+/// Fit quality as stored in a calibration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FitJson {
+    pub rows: usize,
+    pub r2: f64,
+    pub median_abs_err_ms: f64,
+}
+
+/// The calibration file `specfit calibrate` writes and `select --calibration` reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationJson {
+    pub format: String,
+    pub version: u64,
+    pub max_nodes: usize,
+    /// The paper's form `a[n] + β · demand`.
+    pub cost: CostJson,
+    pub fit: FitJson,
+    /// The residency-aware form, when the probes carried hits and misses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_residency: Option<CostJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit_residency: Option<FitJson>,
+}
+
+/// The `format` tag of calibration files.
+pub const CALIBRATION_FORMAT: &str = "specfit-calibration";
+
+impl CalibrationJson {
+    /// The file form of a calibration.
+    pub fn new(cal: &Calibration) -> CalibrationJson {
+        let fit = |f: &Fit| FitJson {
+            rows: f.rows,
+            r2: f.r2,
+            median_abs_err_ms: f.median_abs_err_ms,
+        };
+        CalibrationJson {
+            format: CALIBRATION_FORMAT.to_string(),
+            version: 1,
+            max_nodes: cal.max_nodes,
+            cost: CostJson::from_model(&cal.paper.cost),
+            fit: fit(&cal.paper),
+            cost_residency: cal
+                .residency
+                .as_ref()
+                .map(|f| CostJson::from_model(&f.cost)),
+            fit_residency: cal.residency.as_ref().map(fit),
+        }
+    }
+
+    /// Parses and checks a calibration file's text.
+    pub fn parse(text: &str) -> Result<CalibrationJson, Error> {
+        let mut values = read_values::<CalibrationJson>(text);
+        let (line, cal) = values.next().unwrap_or(Err(Error::EmptyInput))?;
+        if cal.format != CALIBRATION_FORMAT || cal.version != 1 {
+            return Err(Error::BadCalibrationFormat {
+                format: cal.format,
+                version: cal.version,
+                expected: CALIBRATION_FORMAT,
+            }
+            .at_line(line));
+        }
+        Ok(cal)
+    }
+
+    /// The paper-form cost model, or the residency-aware one when `residency` is set.
+    pub fn cost_model(&self, residency: bool) -> Result<CostModel, Error> {
+        match (residency, &self.cost_residency) {
+            (false, _) => self.cost.to_model(),
+            (true, Some(c)) => c.to_model(),
+            (true, None) => Err(Error::MissingCost),
+        }
+    }
+}
+
+/// Reads a sequence of JSON values (one, or JSON Lines), yielding each with the 1-based line it
+/// starts on. Stops after the first error, which carries its line and column.
+pub fn read_values<'a, T: DeserializeOwned + 'a>(
+    text: &'a str,
+) -> impl Iterator<Item = Result<(usize, T), Error>> + 'a {
+    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<T>();
+    let mut offset = 0;
+    let mut line = 1;
+    let mut failed = false;
+    std::iter::from_fn(move || {
+        if failed {
+            return None;
+        }
+        // Advance over JSON whitespace (ASCII only) to the next value to learn its line.
+        let bytes = text.as_bytes();
+        let skipped = bytes[offset..]
+            .iter()
+            .take_while(|b| b.is_ascii_whitespace())
+            .count();
+        line += newlines(&bytes[offset..offset + skipped]);
+        offset += skipped;
+        let start_line = line;
+        let item = stream.next()?;
+        let end = stream.byte_offset().clamp(offset, bytes.len());
+        line += newlines(&bytes[offset..end]);
+        offset = end;
+        match item {
+            Ok(v) => Some(Ok((start_line, v))),
+            Err(e) => {
+                failed = true;
+                Some(Err(syntax(text, &e)))
+            }
+        }
+    })
+}
+
+fn newlines(bytes: &[u8]) -> usize {
+    bytes.iter().filter(|&&b| b == b'\n').count()
+}
+
+/// A serde_json error with its position and the text just before it, so the offending field
+/// is visible (`near "prob": NaN`).
+fn syntax(text: &str, e: &serde_json::Error) -> Error {
+    let full = e.to_string();
+    let mut message = match full.rfind(" at line ") {
+        Some(cut) => full[..cut].to_string(),
+        None => full,
+    };
+    let line_text = text.lines().nth(e.line().saturating_sub(1)).unwrap_or("");
+    let end = line_text
+        .char_indices()
+        .map(|(i, _)| i)
+        .nth(e.column())
+        .unwrap_or(line_text.len());
+    let start = line_text[..end]
+        .char_indices()
+        .rev()
+        .nth(39)
+        .map_or(0, |(i, _)| i);
+    let near = line_text[start..end].trim();
+    if !near.is_empty() {
+        message = format!("{message}, near `{near}`");
+    }
+    Error::Syntax {
+        line: e.line(),
+        column: e.column(),
+        message,
+    }
+}
+
+/// Reads every pool record of `text` into a validated problem (or the first error, with its line).
+pub fn read_pools<'a>(
+    text: &'a str,
+    overrides: &'a Overrides,
+) -> impl Iterator<Item = Result<Problem, Error>> + 'a {
+    read_values::<PoolJson>(text).map(move |item| {
+        item.and_then(|(line, p)| p.into_problem(overrides).map_err(|e| e.at_line(line)))
+    })
+}
+
+/// Reads every probe row of `text`.
+pub fn read_probes(text: &str) -> Result<Vec<Probe>, Error> {
+    let mut probes = Vec::new();
+    for item in read_values::<ProbeJson>(text) {
+        let (line, row) = item?;
+        probes.push(row.into_probe(probes.len()).map_err(|e| e.at_line(line))?);
+    }
+    Ok(probes)
+}

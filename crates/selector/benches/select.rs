@@ -48,8 +48,16 @@ fn bench_paper(c: &mut Criterion) {
         ),
     ];
     let resident = ResidentSet::new(48, 128, &synth::resident(&shape, 48, 1)).unwrap();
-    for (name, cost, objective) in variants {
+    let portable = (
+        "ratio_portable_kernels",
+        CostModel::paper(intercepts(7), 0.211).unwrap(),
+        Objective::Ratio,
+    );
+    for (name, cost, objective) in variants.into_iter().chain([portable]) {
         let mut sel = Selector::new(cost, 7, objective).unwrap();
+        if name.ends_with("portable_kernels") {
+            sel = sel.with_portable_kernels();
+        }
         let mut i = 0;
         g.bench_function(name, |b| {
             b.iter(|| {

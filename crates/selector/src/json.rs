@@ -221,7 +221,7 @@ pub struct ResultJson {
 }
 
 impl ResultJson {
-    /// The output line for a stop-rule decision that took `select_us`.
+    /// The output line for a stop-rule decision that took `select_us` (kept to the nanosecond).
     pub fn new(decision: &StopDecision, select_us: f64) -> ResultJson {
         let s: &Selection = &decision.selection;
         ResultJson {
@@ -232,7 +232,7 @@ impl ResultJson {
             hits: s.hits,
             misses: s.misses,
             objective: s.objective,
-            select_us,
+            select_us: (select_us * 1000.0).round() / 1000.0,
             newest_level: decision.newest_level,
             takes_newest_level: decision.takes_newest_level,
             visited: s.stats.visited,

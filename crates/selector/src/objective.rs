@@ -81,6 +81,11 @@ pub(crate) fn reward(sum: u64) -> f64 {
     ((1u64 << REWARD_BITS) + sum) as f64 / REWARD_SCALE
 }
 
+/// `1 + Σ P` summed in plain `f64` in the order given (what selections report).
+pub fn plain_reward(probs: impl IntoIterator<Item = f64>) -> f64 {
+    probs.into_iter().fold(1.0, |acc, p| acc + p)
+}
+
 /// The reward of a set of probabilities, summed exactly (order-independent).
 pub fn reward_of(probs: impl IntoIterator<Item = f64>) -> f64 {
     reward(probs.into_iter().map(quantize).sum())

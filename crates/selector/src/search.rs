@@ -23,7 +23,7 @@
 use crate::cost::{CostModel, ResidentSet};
 use crate::error::Error;
 use crate::mask::{self, Kernels};
-use crate::objective::{quantize, reward, Objective};
+use crate::objective::{plain_reward, quantize, reward, Objective};
 use crate::pool::Pool;
 
 /// Largest node budget `K` the exact search accepts.
@@ -64,7 +64,6 @@ pub struct SearchStats {
 struct Best {
     objective: f64,
     nodes: Vec<u32>,
-    reward_q: u64,
     hits: u32,
     misses: u32,
 }
@@ -226,17 +225,31 @@ impl Selector {
         let (hits, misses) = self.split(hits, demand - hits);
         let mut sorted = nodes.to_vec();
         sorted.sort_unstable();
-        let reward = reward(nodes.iter().map(|&i| quantize(pool.prob(i))).sum());
+        self.report(pool, sorted, hits, misses, SearchStats::default())
+    }
+
+    /// The selection record for a sorted node set. The reported reward is the plain `f64` sum
+    /// `1 + Σ P` in ascending node order (readable, deterministic); the search compares the
+    /// exact quantised sums instead, which differ from it by at most ~1e-13 relative.
+    fn report(
+        &self,
+        pool: &Pool,
+        nodes: Vec<usize>,
+        hits: u32,
+        misses: u32,
+        stats: SearchStats,
+    ) -> Selection {
+        let reward = plain_reward(nodes.iter().map(|&i| pool.prob(i)));
         let time_ms = self.cost.time_ms(nodes.len(), hits, misses);
         Selection {
-            nodes: sorted,
+            nodes,
             reward,
             time_ms,
-            demand,
+            demand: hits + misses,
             hits,
             misses,
             objective: self.objective.score(reward, time_ms),
-            stats: SearchStats::default(),
+            stats,
         }
     }
 
@@ -266,7 +279,6 @@ impl Selector {
                 .objective
                 .score(reward(0), self.cost.time_ms(0, hits, misses)),
             nodes: Vec::with_capacity(self.max_nodes),
-            reward_q: 0,
             hits,
             misses,
         };
@@ -278,18 +290,8 @@ impl Selector {
                 self.dfs::<false>(pool, 0, 0, hits, misses);
             }
         }
-        let best = &self.best;
-        let time_ms = self.cost.time_ms(best.nodes.len(), best.hits, best.misses);
-        Selection {
-            nodes: best.nodes.iter().map(|&i| i as usize).collect(),
-            reward: reward(best.reward_q),
-            time_ms,
-            demand: best.hits + best.misses,
-            hits: best.hits,
-            misses: best.misses,
-            objective: best.objective,
-            stats: self.stats,
-        }
+        let nodes = self.best.nodes.iter().map(|&i| i as usize).collect();
+        self.report(pool, nodes, self.best.hits, self.best.misses, self.stats)
     }
 
     /// Sizes the scratch for `pool`: quantised probabilities, subtree maxima, sorted children,
@@ -369,7 +371,7 @@ impl Selector {
             let objective = self
                 .objective
                 .score(reward(rq2), self.cost.time_ms(n, h2, m2));
-            self.offer(objective, n, rq2, h2, m2);
+            self.offer(objective, n, h2, m2);
             if n < k {
                 self.next_frontier(level, j, v);
                 if !self.frontiers[n].is_empty() {
@@ -419,7 +421,7 @@ impl Selector {
     }
 
     /// Replaces the incumbent when the subtree on the current path (`n` nodes) beats it.
-    fn offer(&mut self, objective: f64, n: usize, rq: u64, hits: u32, misses: u32) {
+    fn offer(&mut self, objective: f64, n: usize, hits: u32, misses: u32) {
         let better = objective > self.best.objective
             || (objective == self.best.objective && self.wins_tie(n));
         if better {
@@ -428,7 +430,6 @@ impl Selector {
             best.nodes.clear();
             best.nodes.extend_from_slice(&self.picked[..n]);
             best.nodes.sort_unstable();
-            best.reward_q = rq;
             best.hits = hits;
             best.misses = misses;
         }

@@ -13,6 +13,9 @@ use crate::pool::PoolSpec;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct NaivePick {
     pub nodes: Vec<usize>,
+    /// The comparison key (exact quantised reward).
+    pub key: f64,
+    /// The reported objective (plain `f64` reward in ascending node order).
     pub objective: f64,
     pub demand: u32,
     pub hits: u32,
@@ -44,11 +47,15 @@ pub(crate) fn score(
     if !cost.is_residency() {
         hits = 0;
     }
-    let reward = reward_of(nodes.iter().map(|&i| spec.nodes[i].prob));
+    let exact = reward_of(nodes.iter().map(|&i| spec.nodes[i].prob));
+    let mut sorted = nodes.to_vec();
+    sorted.sort_unstable();
+    let plain = sorted.iter().fold(1.0, |a, &i| a + spec.nodes[i].prob);
     let time = cost.time_ms(nodes.len(), hits, demand - hits);
     NaivePick {
-        nodes: nodes.to_vec(),
-        objective: objective.score(reward, time),
+        nodes: sorted,
+        key: objective.score(exact, time),
+        objective: objective.score(plain, time),
         demand,
         hits,
     }
@@ -77,8 +84,8 @@ pub(crate) fn best(
         let better = match &best {
             None => true,
             Some(b) => {
-                pick.objective > b.objective
-                    || (pick.objective == b.objective
+                pick.key > b.key
+                    || (pick.key == b.key
                         && (pick.nodes.len(), &pick.nodes) < (b.nodes.len(), &b.nodes))
             }
         };

@@ -1,0 +1,245 @@
+//! End-to-end: the `specfit` binary on real files — the shipped example pools, synthetic probes,
+//! and every kind of bad input, which must exit with status 2 and one line on stderr.
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn specfit(args: &[&str], stdin: Option<&str>) -> Output {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_specfit"));
+    cmd.args(args)
+        .current_dir(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn specfit");
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specfit-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[test]
+fn select_runs_on_the_shipped_example_pools_with_no_arguments() {
+    let out = specfit(&["select"], None);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 8);
+    for line in &lines {
+        assert!(line["selected"].as_array().unwrap().len() <= 7);
+        assert!(line["select_us"].as_f64().unwrap() > 0.0);
+        assert_eq!(line["newest_level"], 5);
+    }
+    assert!(String::from_utf8_lossy(&out.stderr).contains("8 pools"));
+}
+
+#[test]
+fn baselines_can_be_forced_from_the_command_line() {
+    let topk = specfit(&["select", "--objective", "topk", "--quiet"], None);
+    let stdout = String::from_utf8(topk.stdout).unwrap();
+    for l in stdout.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["selected"].as_array().unwrap().len(), 7);
+    }
+    let none = specfit(&["select", "--objective", "none", "--quiet"], None);
+    assert!(String::from_utf8(none.stdout)
+        .unwrap()
+        .lines()
+        .all(|l| l.contains("\"selected\":[]")));
+}
+
+#[test]
+fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
+    let probes = temp("probes.jsonl");
+    let cal = temp("calibration.json");
+    let p = probes.to_str().unwrap();
+    let gen = specfit(
+        &[
+            "synth",
+            "probes",
+            "--noise",
+            "0",
+            "--beta-hit",
+            "0.211",
+            "--beta-miss",
+            "0.211",
+            "--out",
+            p,
+        ],
+        None,
+    );
+    assert!(gen.status.success());
+    let out = specfit(
+        &["calibrate", "--probes", p, "--out", cal.to_str().unwrap()],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert!((file["cost"]["beta"].as_f64().unwrap() - 0.211).abs() < 1e-9);
+    let a: Vec<f64> = file["cost"]["intercepts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    for (n, an) in a.iter().enumerate() {
+        assert!(
+            (an - (130.0 + 2.0 * n as f64)).abs() < 1e-6,
+            "a[{n}] = {an}"
+        );
+    }
+    assert!(file["fit"]["r2"].as_f64().unwrap() > 0.999_999);
+    // The calibration drives selection in place of the pools' own cost.
+    let sel = specfit(
+        &[
+            "select",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--residency-cost",
+            "--quiet",
+        ],
+        None,
+    );
+    assert!(
+        sel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sel.stderr)
+    );
+}
+
+fn fails_with(args: &[&str], stdin: Option<&str>, want: &str) {
+    let out = specfit(args, stdin);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{args:?}: one line, got {stderr:?}"
+    );
+    assert!(
+        stderr.contains(want),
+        "{args:?}: got {stderr:?}, want {want:?}"
+    );
+    assert!(!stderr.contains("panicked"));
+}
+
+#[test]
+fn bad_pools_exit_with_status_two_and_one_line_naming_the_problem() {
+    let good = r#"{"layers": 1, "experts": 4, "nodes": [{"parent": -1, "prob": 0.5, "routes": [[1]]}], "cost": {"intercepts": [1,1,1,1,1,1,1,1], "beta": 0.1}}"#;
+    let cases = [
+        (
+            good.replace("\"parent\": -1", "\"parent\": 3"),
+            "line 2: nodes[0].parent = 3",
+        ),
+        (good.replace("0.5", "NaN"), "line 2, column"),
+        (good.replace("0.5", "-0.5"), "line 2: nodes[0].prob = -0.5"),
+        (
+            good.replace("[[1]]", "[[4]]"),
+            "line 2: nodes[0].routes[0] holds expert 4, but experts = 4",
+        ),
+        (
+            good.replace("[[1]]", "[[1], [2]]"),
+            "line 2: nodes[0].routes has 2 layers, expected layers = 1",
+        ),
+        (
+            good.replace("[[1]]", "[[1, 1]]"),
+            "line 2: nodes[0].routes[0] lists expert 1 twice",
+        ),
+        (
+            good.replace("[1,1,1,1,1,1,1,1]", "[1,1]"),
+            "line 2: cost.intercepts has 2 entries; max_nodes = 7 needs at least 8",
+        ),
+        (good.replace("0.1}", "-0.1}"), "line 2: cost.beta = -0.1"),
+        (
+            good[..good.len() - 20].to_string(),
+            "EOF while parsing a list",
+        ),
+        (
+            "not json at all".to_string(),
+            "line 2, column 2: expected ident",
+        ),
+    ];
+    for (bad, want) in cases {
+        fails_with(
+            &["select", "--pool", "-"],
+            Some(&format!("{good}\n{bad}\n")),
+            want,
+        );
+    }
+    fails_with(&["select", "--pool", "-"], Some(""), "no pool in the input");
+    fails_with(
+        &["select", "--pool", "/nonexistent/pools.jsonl"],
+        None,
+        "reading /nonexistent/pools.jsonl",
+    );
+    // Argument errors are clap's: status 2, the reason on the first line, then a usage hint.
+    let out = specfit(&["select", "--objective", "best"], None);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .next()
+            .unwrap()
+            .contains("objective = \"best\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_probe_files_exit_with_status_two() {
+    let probes = temp("bad-probes.jsonl");
+    std::fs::write(
+        &probes,
+        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 2, \"demand\": 10, \"ms\": 5}\n",
+    )
+    .unwrap();
+    fails_with(
+        &["calibrate", "--probes", probes.to_str().unwrap()],
+        None,
+        "no probe row has nodes = 1",
+    );
+    std::fs::write(
+        &probes,
+        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5, \"speed\": 1}\n",
+    )
+    .unwrap();
+    fails_with(
+        &["calibrate", "--probes", probes.to_str().unwrap()],
+        None,
+        "line 1, column",
+    );
+    let cal = temp("bad-calibration.json");
+    std::fs::write(&cal, "{\"format\": \"x\"}").unwrap();
+    fails_with(
+        &["select", "--calibration", cal.to_str().unwrap()],
+        None,
+        "missing field",
+    );
+}

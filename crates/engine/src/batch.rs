@@ -1,0 +1,167 @@
+//! What one forward takes (tokens, their positions, who attends to whom, which hidden states and
+//! logits to return) and what it gives back. Plain data; the model file does the work.
+
+use crate::error::EngineError;
+use crate::experts::CopyStats;
+
+/// Which earlier tokens each new token attends to. Every new token always sees every token
+/// already in the KV cache.
+#[derive(Debug, Clone, Copy)]
+pub enum Mask<'a> {
+    /// New token `i` sees new tokens `0..=i` (prefill, plain decoding).
+    Causal,
+    /// A draft tree: new token `i` sees itself and its ancestors; `parents[i]` is the parent's
+    /// index among the new tokens (`None` = its parent is the last cached token).
+    Tree(&'a [Option<usize>]),
+    /// Row `i` (length `cached + new`) says which cached and new tokens token `i` sees; it must
+    /// see itself.
+    Explicit(&'a [Vec<bool>]),
+}
+
+/// Which rows of logits to compute.
+#[derive(Debug, Clone, Copy)]
+pub enum Logits<'a> {
+    All,
+    Last,
+    Rows(&'a [usize]),
+    None,
+}
+
+/// One forward's input.
+#[derive(Debug, Clone, Copy)]
+pub struct Batch<'a> {
+    pub tokens: &'a [u32],
+    /// RoPE positions; `None` = consecutive after the cached tokens.
+    pub positions: Option<&'a [usize]>,
+    pub mask: Mask<'a>,
+    /// Layers whose *input* residual stream to return (EAGLE-3 reads 2, L/2, L−3).
+    pub taps: &'a [usize],
+    pub logits: Logits<'a>,
+}
+
+impl<'a> Batch<'a> {
+    /// A causal batch of `tokens` at consecutive positions, logits for every row.
+    pub fn causal(tokens: &'a [u32]) -> Batch<'a> {
+        Batch {
+            tokens,
+            positions: None,
+            mask: Mask::Causal,
+            taps: &[],
+            logits: Logits::All,
+        }
+    }
+}
+
+/// One forward's output.
+#[derive(Debug, Clone)]
+pub struct ForwardOutput {
+    /// `rows × vocab` logits for the rows in `logit_rows`.
+    pub logits: Vec<f32>,
+    pub logit_rows: Vec<usize>,
+    pub vocab: usize,
+    /// Per layer: `None` for dense layers, else each token's experts in top-k order.
+    pub routes: Vec<Option<Vec<Vec<u32>>>>,
+    /// Per requested tap: `tokens × hidden` residual stream entering that layer.
+    pub taps: Vec<Vec<f32>>,
+    /// Expert copies made by this forward.
+    pub copies: CopyStats,
+}
+
+impl ForwardOutput {
+    /// Logits of output row `r` (an index into `logit_rows`).
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.logits[r * self.vocab..(r + 1) * self.vocab]
+    }
+
+    /// Argmax (lowest index on ties) of output row `r`.
+    pub fn argmax(&self, r: usize) -> u32 {
+        let row = self.row(r);
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+}
+
+impl Mask<'_> {
+    /// For each of `new` tokens, the cache indices it attends to, ascending (new token `i` has
+    /// cache index `cached + i`).
+    pub fn visible(&self, cached: usize, new: usize) -> Result<Vec<Vec<usize>>, EngineError> {
+        let bad = |reason: String| EngineError::BadMask { reason };
+        match *self {
+            Mask::Causal => Ok((0..new).map(|i| (0..=cached + i).collect()).collect()),
+            Mask::Tree(parents) => {
+                if parents.len() != new {
+                    return Err(bad(format!("{} parents for {new} tokens", parents.len())));
+                }
+                let mut out: Vec<Vec<usize>> = Vec::with_capacity(new);
+                for (i, p) in parents.iter().enumerate() {
+                    let mut seen: Vec<usize> = match *p {
+                        None => (0..cached).collect(),
+                        Some(q) if q < i => out[q].clone(),
+                        Some(q) => {
+                            return Err(bad(format!(
+                                "token {i} has parent {q}, not an earlier token"
+                            )))
+                        }
+                    };
+                    seen.push(cached + i);
+                    out.push(seen);
+                }
+                Ok(out)
+            }
+            Mask::Explicit(rows) => {
+                if rows.len() != new {
+                    return Err(bad(format!("{} mask rows for {new} tokens", rows.len())));
+                }
+                rows.iter()
+                    .enumerate()
+                    .map(|(i, row)| {
+                        if row.len() != cached + new {
+                            return Err(bad(format!(
+                                "row {i} has {} entries, expected {}",
+                                row.len(),
+                                cached + new
+                            )));
+                        }
+                        if !row[cached + i] {
+                            return Err(bad(format!("token {i} must attend to itself")));
+                        }
+                        Ok(row
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, &v)| v)
+                            .map(|(j, _)| j)
+                            .collect())
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_token_sees_the_cache_its_ancestors_and_itself() {
+        let parents = [None, Some(0), None, Some(1)];
+        let v = Mask::Tree(&parents).visible(2, 4).unwrap();
+        assert_eq!(v[0], vec![0, 1, 2]);
+        assert_eq!(v[1], vec![0, 1, 2, 3]);
+        assert_eq!(v[2], vec![0, 1, 4]);
+        assert_eq!(v[3], vec![0, 1, 2, 3, 5]);
+    }
+
+    #[test]
+    fn malformed_masks_are_rejected() {
+        assert!(Mask::Tree(&[Some(0)]).visible(0, 1).is_err());
+        assert!(Mask::Tree(&[None]).visible(0, 2).is_err());
+        assert!(Mask::Explicit(&[vec![true, false]]).visible(1, 1).is_err());
+        assert!(Mask::Explicit(&[vec![true]]).visible(1, 1).is_err());
+    }
+}

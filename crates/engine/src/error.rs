@@ -1,0 +1,70 @@
+//! The engine's one error type. Variants carry the file, tensor and values involved so that the
+//! CLI can print them as one line. It does not format for any particular front end.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading a model or running a forward.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Json { path: PathBuf, message: String },
+    #[error("{path}: architectures = {got:?}; this engine runs Qwen3MoeForCausalLM")]
+    UnsupportedArchitecture { path: PathBuf, got: Vec<String> },
+    #[error("config.json: {field} = {value}: {reason}")]
+    Config {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("{path}: not a valid safetensors file: {message}")]
+    Safetensors { path: PathBuf, message: String },
+    #[error("tensor {name} is missing (looked in {searched})")]
+    MissingTensor { name: String, searched: String },
+    #[error("{path}: tensor {name} is not part of a Qwen3MoeForCausalLM with this config")]
+    ExtraTensor { path: PathBuf, name: String },
+    #[error("{path}: tensor {name} has shape {got:?}, config.json implies {expected:?}")]
+    TensorShape {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("{path}: tensor {name} has dtype {dtype}; supported: F32, BF16, F16")]
+    TensorDtype {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
+    #[error("{index}: weight_map names shard {shard}, which does not exist")]
+    MissingShard { index: PathBuf, shard: String },
+    #[error(
+        "token id {token} at position {index} is outside the vocabulary (vocab_size = {vocab})"
+    )]
+    TokenOutOfRange {
+        token: u32,
+        index: usize,
+        vocab: usize,
+    },
+    #[error("batch has {tokens} tokens but {positions} position ids")]
+    PositionCount { tokens: usize, positions: usize },
+    #[error("mask: {reason}")]
+    BadMask { reason: String },
+    #[error("KV cache: {reason}")]
+    BadCacheEdit { reason: String },
+    #[error("expert store: {reason}")]
+    ExpertStore { reason: String },
+    #[error("slots per layer = {slots}: need at least 1 (clear the cache every forward for the vanilla mode)")]
+    TooFewSlots { slots: usize },
+}
+
+impl EngineError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> EngineError {
+        let path = path.into();
+        move |source| EngineError::Io { path, source }
+    }
+}

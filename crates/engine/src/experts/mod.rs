@@ -1,0 +1,10 @@
+//! Routed experts live outside the model: an [`ExpertStore`] holds every expert of every MoE
+//! layer in slow memory, and an [`ExpertCache`] keeps `S` slots per layer in fast memory. The
+//! forward may compute an expert only from a slot. The router lives in the model file; this
+//! module only stores, copies and counts.
+
+mod cache;
+mod store;
+
+pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
+pub use store::{ExpertLayout, ExpertStore, RamStore};

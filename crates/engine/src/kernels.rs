@@ -1,0 +1,235 @@
+//! Batch-invariant CPU kernels: every output row is computed by the same sequence of floating
+//! point operations whatever the other rows of the batch are, so a token verified inside a draft
+//! tree gets bit-for-bit the hidden states, routes and logits it gets when decoded alone.
+//!
+//! Why not candle's matmul: measured on candle-core 0.11.1 (gemm 0.19), `x[8, k] · Wᵀ` and the
+//! same rows computed one at a time differ in the last bits for 78–94% of the outputs
+//! (k = 32…2048), because the library picks another blocking and summation order for other
+//! batch sizes. At a near-tie that flips an expert choice or a greedy token.
+//!
+//! The reduction order of [`dot`] is fixed: element `i` goes to lane `i mod 16` of accumulator
+//! `(i / 16) mod 4`; the four accumulators are added lane-wise, the 16 lanes pairwise
+//! (`l + 8`, `l + 4`, …), and the tail (`len mod 64` elements beyond the last full block of 64
+//! handled as 16-lane blocks, then single elements) in a fixed order. No fused multiply-add is
+//! used, so the AVX-512, AVX2 and portable builds of the same code give identical bits.
+//! This module owns arithmetic only; it knows nothing of layers or tokens.
+
+/// Lanes per accumulator.
+const LANES: usize = 16;
+/// Independent accumulators (hides add latency).
+const ACCS: usize = 4;
+
+#[inline(always)]
+fn dot_body(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [[0.0f32; LANES]; ACCS];
+    let block = LANES * ACCS;
+    let full = n / block * block;
+    for (ca, cb) in a[..full]
+        .chunks_exact(block)
+        .zip(b[..full].chunks_exact(block))
+    {
+        for (q, accq) in acc.iter_mut().enumerate() {
+            let (xa, xb) = (
+                &ca[q * LANES..(q + 1) * LANES],
+                &cb[q * LANES..(q + 1) * LANES],
+            );
+            for l in 0..LANES {
+                accq[l] += xa[l] * xb[l];
+            }
+        }
+    }
+    // Remaining whole 16-lane blocks go to accumulators 0, 1, 2 in turn.
+    let mut i = full;
+    let mut q = 0;
+    while i + LANES <= n {
+        for l in 0..LANES {
+            acc[q][l] += a[i + l] * b[i + l];
+        }
+        i += LANES;
+        q += 1;
+    }
+    let mut lanes = [0.0f32; LANES];
+    for l in 0..LANES {
+        lanes[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    }
+    let mut width = LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+        width /= 2;
+    }
+    let mut tail = 0.0f32;
+    while i < n {
+        tail += a[i] * b[i];
+        i += 1;
+    }
+    lanes[0] + tail
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
+    dot_body(a, b)
+}
+
+type DotFn = unsafe fn(&[f32], &[f32]) -> f32;
+
+fn pick_dot() -> DotFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return dot_avx512;
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return dot_avx2;
+        }
+    }
+    dot_portable
+}
+
+static DOT: std::sync::OnceLock<DotFn> = std::sync::OnceLock::new();
+
+/// `Σ a[i]·b[i]` in the fixed order described in the module docs.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let f = *DOT.get_or_init(pick_dot);
+    // SAFETY: `pick_dot` only returns a target-feature variant the running CPU supports.
+    unsafe { f(a, b) }
+}
+
+/// `out[r, j] = x[r, :] · w[j, :]` for `x` of `rows × k` and `w` of `n × k` (the `nn.Linear`
+/// layout), `out` of `rows × n`. Each output is one [`dot`], so rows are independent.
+pub fn matmul(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
+    debug_assert_eq!(x.len(), rows * k);
+    debug_assert_eq!(w.len(), n * k);
+    debug_assert_eq!(out.len(), rows * n);
+    // Weight rows outer, token rows inner: a weight row is read once per call and reused from
+    // L1 for every token (the tree-verify case), while each output is still a single dot.
+    for j in 0..n {
+        let wj = &w[j * k..(j + 1) * k];
+        for r in 0..rows {
+            out[r * n + j] = dot(&x[r * k..(r + 1) * k], wj);
+        }
+    }
+}
+
+/// HF `Qwen3MoeRMSNorm` on each row of `x` (`rows × dim`): `w · x / sqrt(mean(x²) + eps)`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let dim = w.len();
+    for (xr, or) in x.chunks_exact(dim).zip(out.chunks_exact_mut(dim)) {
+        let mean = dot(xr, xr) / dim as f32;
+        let inv = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = g * (v * inv);
+        }
+    }
+}
+
+/// In-place RMSNorm of one row.
+pub fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let mean = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = g * (*v * inv);
+    }
+}
+
+/// `x · sigmoid(x)`, as torch computes `silu` in f32.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Softmax over a row, in place: `exp(x − max) / Σ`, summed left to right.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    #[test]
+    fn dot_matches_a_wide_reference_sum_closely() {
+        let mut s = 1;
+        for n in [0usize, 1, 15, 16, 17, 63, 64, 65, 100, 2048, 2049] {
+            let a: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            let got = dot(&a, &b) as f64;
+            assert!(
+                (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "n={n}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_dot_variant_gives_the_same_bits() {
+        let mut s = 2;
+        for n in [7usize, 64, 130, 768, 2051] {
+            let a: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
+            assert_eq!(
+                dot(&a, &b).to_bits(),
+                dot_portable(&a, &b).to_bits(),
+                "n={n}"
+            );
+        }
+    }
+
+    #[test]
+    fn matmul_rows_do_not_depend_on_the_other_rows_of_the_batch() {
+        let mut s = 3;
+        let (n, k) = (37, 300);
+        let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+        let x: Vec<f32> = (0..8 * k).map(|_| lcg(&mut s)).collect();
+        let mut all = vec![0.0; 8 * n];
+        matmul(&x, 8, &w, n, k, &mut all);
+        for r in 0..8 {
+            let mut one = vec![0.0; n];
+            matmul(&x[r * k..(r + 1) * k], 1, &w, n, k, &mut one);
+            let same = one
+                .iter()
+                .zip(&all[r * n..(r + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "row {r}");
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        let mut x = vec![1.0, 3.0, 2.0, -1.0];
+        softmax_in_place(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[1] > x[2] && x[2] > x[0] && x[0] > x[3]);
+    }
+}

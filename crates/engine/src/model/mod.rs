@@ -1,0 +1,5 @@
+//! Target model architectures (one file each).
+
+pub mod qwen3_moe;
+
+pub use qwen3_moe::Qwen3Moe;

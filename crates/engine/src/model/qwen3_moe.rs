@@ -1,0 +1,575 @@
+//! `Qwen3MoeForCausalLM`, top to bottom as in HF `modeling_qwen3_moe.py`: RoPE → linear → attention
+//! (per-head q/k RMSNorm before RoPE, GQA) → dense MLP → sparse MoE block (f32 softmax router,
+//! top-k, optional renormalisation, SwiGLU experts run from the expert cache) → decoder layer →
+//! model → LM head. Every matmul, norm and softmax runs through the batch-invariant kernels, so a
+//! token's results do not depend on the other tokens of its forward.
+//!
+//! Legend: T = tokens in the forward, H = hidden_size, D = head_dim, Hq/Hkv = query/KV heads,
+//! E = num_experts, K = num_experts_per_tok, I = moe_intermediate_size, V = vocab_size.
+//! Routed experts are not held here: the MoE block asks the [`ExpertCache`] for them.
+
+use std::path::Path;
+
+use crate::batch::{Batch, ForwardOutput, Logits};
+use crate::config::Qwen3MoeConfig;
+use crate::error::EngineError;
+use crate::experts::{ExpertCache, ExpertLayout, RamStore};
+use crate::kernels::{matmul, rms_norm, rms_norm_in_place, silu, softmax_in_place};
+use crate::kv::KvCache;
+use crate::weights::Checkpoint;
+
+/// Rotary position embedding (rotate-half over the full head_dim).
+#[derive(Debug, Clone)]
+struct Rope {
+    /// `1 / θ^(2i/D)` for i < D/2, in f32 as transformers computes it.
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    fn new(theta: f64, head_dim: usize) -> Rope {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| {
+                let exponent = (2 * i) as f32 / head_dim as f32;
+                1.0 / theta.powf(exponent as f64) as f32
+            })
+            .collect();
+        Rope { inv_freq }
+    }
+
+    /// Rotates one head vector `x` (D) for `position`: `x·cos + rotate_half(x)·sin`.
+    fn apply(&self, x: &mut [f32], position: usize) {
+        let half = self.inv_freq.len();
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let angle = position as f32 * f;
+            let (sin, cos) = (angle.sin(), angle.cos());
+            let (a, b) = (x[i], x[i + half]);
+            x[i] = a * cos + (-b) * sin;
+            x[i + half] = b * cos + a * sin;
+        }
+    }
+}
+
+/// `y = x Wᵀ (+ b)` with W in the `nn.Linear` layout `[out, in]`.
+#[derive(Debug, Clone)]
+struct Linear {
+    w: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    out: usize,
+    inp: usize,
+}
+
+impl Linear {
+    fn load(
+        ck: &mut Checkpoint,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear, EngineError> {
+        let w = ck.take(&format!("{name}.weight"), &[out, inp])?;
+        let bias = if bias {
+            Some(ck.take(&format!("{name}.bias"), &[out])?)
+        } else {
+            None
+        };
+        Ok(Linear { w, bias, out, inp })
+    }
+
+    /// `rows × in` → `rows × out`.
+    fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = vec![0.0; rows * self.out];
+        matmul(x, rows, &self.w, self.out, self.inp, &mut y);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.out) {
+                for (v, bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+        y
+    }
+}
+
+/// `Qwen3MoeAttention`.
+#[derive(Debug, Clone)]
+struct Attention {
+    q_proj: Linear,   // [Hq·D, H]
+    k_proj: Linear,   // [Hkv·D, H]
+    v_proj: Linear,   // [Hkv·D, H]
+    o_proj: Linear,   // [H, Hq·D]
+    q_norm: Vec<f32>, // [D]
+    k_norm: Vec<f32>, // [D]
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    eps: f32,
+}
+
+impl Attention {
+    fn load(ck: &mut Checkpoint, p: &str, cfg: &Qwen3MoeConfig) -> Result<Attention, EngineError> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim());
+        let (hq, hkv, bias) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.attention_bias,
+        );
+        Ok(Attention {
+            q_proj: Linear::load(ck, &format!("{p}.q_proj"), hq * d, h, bias)?,
+            k_proj: Linear::load(ck, &format!("{p}.k_proj"), hkv * d, h, bias)?,
+            v_proj: Linear::load(ck, &format!("{p}.v_proj"), hkv * d, h, bias)?,
+            o_proj: Linear::load(ck, &format!("{p}.o_proj"), h, hq * d, false)?,
+            q_norm: ck.take(&format!("{p}.q_norm.weight"), &[d])?,
+            k_norm: ck.take(&format!("{p}.k_norm.weight"), &[d])?,
+            heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            eps: cfg.rms_norm_eps as f32,
+        })
+    }
+
+    /// `x`: T × H (already normed) → T × H. Appends this forward's keys/values to `kv[layer]`;
+    /// token `i` attends to the cache indices `visible[i]`.
+    fn forward(
+        &self,
+        x: &[f32],
+        positions: &[usize],
+        visible: &[Vec<usize>],
+        rope: &Rope,
+        kv: &mut KvCache,
+        layer: usize,
+    ) -> Vec<f32> {
+        let (t, d) = (positions.len(), self.head_dim);
+        let mut q = self.q_proj.forward(x, t); // T × Hq·D
+        let mut k = self.k_proj.forward(x, t); // T × Hkv·D
+        let v = self.v_proj.forward(x, t); // T × Hkv·D
+                                           // QK-norm per head, then RoPE at each token's own position.
+        for (i, &pos) in positions.iter().enumerate() {
+            for head in q[i * self.heads * d..(i + 1) * self.heads * d].chunks_exact_mut(d) {
+                rms_norm_in_place(head, &self.q_norm, self.eps);
+                rope.apply(head, pos);
+            }
+            for head in k[i * self.kv_heads * d..(i + 1) * self.kv_heads * d].chunks_exact_mut(d) {
+                rms_norm_in_place(head, &self.k_norm, self.eps);
+                rope.apply(head, pos);
+            }
+        }
+        kv.push(layer, &k, &v);
+        let (keys, values, row) = (kv.keys(layer), kv.values(layer), kv.row());
+        let scale = 1.0 / (d as f32).sqrt();
+        let group = self.heads / self.kv_heads;
+        let mut attn = vec![0.0f32; t * self.heads * d]; // T × Hq·D
+        let mut scores = Vec::new();
+        for i in 0..t {
+            for h in 0..self.heads {
+                let qh = &q[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
+                let kvh = h / group;
+                // softmax(q·kᵀ · D^-1/2) over the visible keys, in cache order.
+                scores.clear();
+                scores.extend(visible[i].iter().map(|&j| {
+                    crate::kernels::dot(qh, &keys[j * row + kvh * d..j * row + (kvh + 1) * d])
+                        * scale
+                }));
+                softmax_in_place(&mut scores);
+                let out = &mut attn[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
+                for (&j, &p) in visible[i].iter().zip(&scores) {
+                    let vj = &values[j * row + kvh * d..j * row + (kvh + 1) * d];
+                    for (o, &vv) in out.iter_mut().zip(vj) {
+                        *o += p * vv;
+                    }
+                }
+            }
+        }
+        self.o_proj.forward(&attn, t)
+    }
+}
+
+/// `Qwen3MoeMLP` for the dense layers: `down(silu(gate(x)) · up(x))`.
+#[derive(Debug, Clone)]
+struct DenseMlp {
+    gate: Linear, // [Im, H]
+    up: Linear,   // [Im, H]
+    down: Linear, // [H, Im]
+}
+
+impl DenseMlp {
+    fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
+        let g = self.gate.forward(x, t);
+        let u = self.up.forward(x, t);
+        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+        self.down.forward(&a, t)
+    }
+}
+
+/// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
+fn run_expert(layout: ExpertLayout, block: &[f32], xs: &[f32], m: usize) -> Vec<f32> {
+    let (h, i) = (layout.hidden, layout.intermediate);
+    let (gate, up, down) = layout.split(block);
+    let mut g = vec![0.0; m * i];
+    let mut u = vec![0.0; m * i];
+    matmul(xs, m, gate, i, h, &mut g); // m × I
+    matmul(xs, m, up, i, h, &mut u); // m × I
+    let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+    let mut y = vec![0.0; m * h];
+    matmul(&a, m, down, h, i, &mut y); // m × H
+    y
+}
+
+/// `Qwen3MoeSparseMoeBlock`: the router is here; the experts are in the cache.
+#[derive(Debug, Clone)]
+struct SparseMoe {
+    gate: Linear, // router [E, H]
+    top_k: usize,
+    norm_topk_prob: bool,
+    /// Ordinal of this layer among the sparse layers (the expert cache's layer index).
+    ordinal: usize,
+}
+
+impl SparseMoe {
+    /// Routes every token: its top-k experts (descending probability, ties to the lower id) and
+    /// their weights, renormalised when `norm_topk_prob`.
+    fn route(&self, x: &[f32], t: usize) -> Vec<Vec<(u32, f32)>> {
+        let mut logits = self.gate.forward(x, t); // T × E
+        let e = self.gate.out;
+        logits
+            .chunks_exact_mut(e)
+            .map(|probs| {
+                softmax_in_place(probs);
+                let mut ids: Vec<u32> = (0..e as u32).collect();
+                ids.sort_by(|&a, &b| {
+                    probs[b as usize]
+                        .total_cmp(&probs[a as usize])
+                        .then(a.cmp(&b))
+                });
+                let mut top: Vec<(u32, f32)> = ids[..self.top_k]
+                    .iter()
+                    .map(|&id| (id, probs[id as usize]))
+                    .collect();
+                if self.norm_topk_prob {
+                    let sum: f32 = top.iter().map(|(_, w)| w).sum();
+                    top.iter_mut().for_each(|(_, w)| *w /= sum);
+                }
+                top
+            })
+            .collect()
+    }
+
+    /// `x`: T × H (normed) → T × H and each token's routes. Loads every needed expert at most
+    /// once and runs it once over all tokens routed to it; each token sums its experts'
+    /// outputs in ascending expert id, as `index_add_` does in transformers.
+    fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        experts: &mut ExpertCache,
+    ) -> Result<(Vec<f32>, Vec<Vec<u32>>), EngineError> {
+        let routes = self.route(x, t);
+        let layout = experts.layout();
+        let h = layout.hidden;
+        let mut needed: Vec<u32> = routes.iter().flatten().map(|&(e, _)| e).collect();
+        needed.sort_unstable();
+        needed.dedup();
+        // outputs[token][k] = expert output for the k-th routed expert of that token.
+        let mut outputs: Vec<Vec<Option<Vec<f32>>>> =
+            routes.iter().map(|r| vec![None; r.len()]).collect();
+        experts.with_experts(self.ordinal, &needed, |e, block| {
+            let rows: Vec<(usize, usize)> = routes
+                .iter()
+                .enumerate()
+                .filter_map(|(tok, r)| r.iter().position(|&(id, _)| id == e).map(|k| (tok, k)))
+                .collect();
+            let xs: Vec<f32> = rows
+                .iter()
+                .flat_map(|&(tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
+                .collect();
+            let y = run_expert(layout, block, &xs, rows.len());
+            for (r, &(tok, k)) in rows.iter().enumerate() {
+                outputs[tok][k] = Some(y[r * h..(r + 1) * h].to_vec());
+            }
+        })?;
+        let mut out = vec![0.0f32; t * h];
+        for (tok, r) in routes.iter().enumerate() {
+            let mut order: Vec<usize> = (0..r.len()).collect();
+            order.sort_by_key(|&k| r[k].0);
+            let o = &mut out[tok * h..(tok + 1) * h];
+            for k in order {
+                let y = outputs[tok][k].as_ref().expect("every routed expert ran");
+                for (ov, &yv) in o.iter_mut().zip(y) {
+                    *ov += yv * r[k].1;
+                }
+            }
+        }
+        let ids = routes
+            .iter()
+            .map(|r| r.iter().map(|&(e, _)| e).collect())
+            .collect();
+        Ok((out, ids))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Mlp {
+    Dense(DenseMlp),
+    Sparse(SparseMoe),
+}
+
+/// `Qwen3MoeDecoderLayer`: `h = x + attn(norm(x)); out = h + mlp(norm(h))`.
+#[derive(Debug, Clone)]
+struct DecoderLayer {
+    input_layernorm: Vec<f32>, // [H]
+    self_attn: Attention,
+    post_attention_layernorm: Vec<f32>, // [H]
+    mlp: Mlp,
+}
+
+/// The whole target model (dense weights; routed experts live in the expert store).
+#[derive(Debug, Clone)]
+pub struct Qwen3Moe {
+    cfg: Qwen3MoeConfig,
+    embed_tokens: Vec<f32>, // [V, H]
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>, // [H]
+    /// `None` when tied to `embed_tokens`.
+    lm_head: Option<Linear>, // [V, H]
+    rope: Rope,
+}
+
+impl Qwen3Moe {
+    /// Loads a checkpoint directory: the dense weights into the model, every routed expert into
+    /// a host-RAM store (returned for the caller to wrap in an [`ExpertCache`]).
+    pub fn load(dir: &Path) -> Result<(Qwen3Moe, RamStore), EngineError> {
+        let cfg = Qwen3MoeConfig::load(dir)?;
+        let mut ck = Checkpoint::open(dir)?;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        let layout = ExpertLayout {
+            hidden: h,
+            intermediate: cfg.moe_intermediate_size,
+        };
+        let moe_layers = cfg.moe_layers();
+        let mut store = RamStore::new(layout, moe_layers.len(), cfg.num_experts);
+        let embed_tokens = ck.take("model.embed_tokens.weight", &[v, h])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let mlp = match moe_layers.iter().position(|&l| l == i) {
+                Some(ordinal) => {
+                    load_experts(&mut ck, &p, &cfg, ordinal, &mut store)?;
+                    Mlp::Sparse(SparseMoe {
+                        gate: Linear::load(
+                            &mut ck,
+                            &format!("{p}.mlp.gate"),
+                            cfg.num_experts,
+                            h,
+                            false,
+                        )?,
+                        top_k: cfg.num_experts_per_tok,
+                        norm_topk_prob: cfg.norm_topk_prob,
+                        ordinal,
+                    })
+                }
+                None => {
+                    let im = cfg.intermediate_size;
+                    Mlp::Dense(DenseMlp {
+                        gate: Linear::load(&mut ck, &format!("{p}.mlp.gate_proj"), im, h, false)?,
+                        up: Linear::load(&mut ck, &format!("{p}.mlp.up_proj"), im, h, false)?,
+                        down: Linear::load(&mut ck, &format!("{p}.mlp.down_proj"), h, im, false)?,
+                    })
+                }
+            };
+            layers.push(DecoderLayer {
+                input_layernorm: ck.take(&format!("{p}.input_layernorm.weight"), &[h])?,
+                self_attn: Attention::load(&mut ck, &format!("{p}.self_attn"), &cfg)?,
+                post_attention_layernorm: ck
+                    .take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+                mlp,
+            });
+        }
+        let norm = ck.take("model.norm.weight", &[h])?;
+        let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") {
+            None
+        } else {
+            Some(Linear::load(&mut ck, "lm_head", v, h, false)?)
+        };
+        ck.finish()?;
+        let rope = Rope::new(cfg.rope_theta(), cfg.head_dim());
+        Ok((
+            Qwen3Moe {
+                cfg,
+                embed_tokens,
+                layers,
+                norm,
+                lm_head,
+                rope,
+            },
+            store,
+        ))
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Qwen3MoeConfig {
+        &self.cfg
+    }
+
+    /// A KV cache shaped for this model.
+    pub fn new_kv_cache(&self) -> KvCache {
+        KvCache::new(
+            self.cfg.num_hidden_layers,
+            self.cfg.num_key_value_heads * self.cfg.head_dim(),
+        )
+    }
+
+    /// One forward over `batch`, appending its tokens to `kv`.
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        kv: &mut KvCache,
+        experts: &mut ExpertCache,
+    ) -> Result<ForwardOutput, EngineError> {
+        let (t, h, vocab) = (
+            batch.tokens.len(),
+            self.cfg.hidden_size,
+            self.cfg.vocab_size,
+        );
+        if let Some((index, &token)) = batch
+            .tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &tok)| tok as usize >= vocab)
+        {
+            return Err(EngineError::TokenOutOfRange {
+                token,
+                index,
+                vocab,
+            });
+        }
+        let cached = kv.len();
+        let positions: Vec<usize> = match batch.positions {
+            Some(p) if p.len() != t => {
+                return Err(EngineError::PositionCount {
+                    tokens: t,
+                    positions: p.len(),
+                })
+            }
+            Some(p) => p.to_vec(),
+            None => (cached..cached + t).collect(),
+        };
+        let visible = batch.mask.visible(cached, t)?;
+        let before = experts.stats().clone();
+        experts.begin_forward();
+        // Token embeddings: T × H.
+        let mut x: Vec<f32> = batch
+            .tokens
+            .iter()
+            .flat_map(|&tok| {
+                self.embed_tokens[tok as usize * h..(tok as usize + 1) * h]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        let mut taps = vec![Vec::new(); batch.taps.len()];
+        let mut routes = Vec::with_capacity(self.layers.len());
+        let mut normed = vec![0.0f32; t * h];
+        for (l, layer) in self.layers.iter().enumerate() {
+            for (slot, _) in batch.taps.iter().enumerate().filter(|(_, &tap)| tap == l) {
+                taps[slot] = x.clone();
+            }
+            // h = x + attn(input_layernorm(x))
+            rms_norm(
+                &x,
+                &layer.input_layernorm,
+                self.cfg.rms_norm_eps as f32,
+                &mut normed,
+            );
+            let attn = layer
+                .self_attn
+                .forward(&normed, &positions, &visible, &self.rope, kv, l);
+            x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
+            // out = h + mlp(post_attention_layernorm(h))
+            rms_norm(
+                &x,
+                &layer.post_attention_layernorm,
+                self.cfg.rms_norm_eps as f32,
+                &mut normed,
+            );
+            let mlp = match &layer.mlp {
+                Mlp::Dense(m) => {
+                    routes.push(None);
+                    m.forward(&normed, t)
+                }
+                Mlp::Sparse(m) => {
+                    let (out, ids) = m.forward(&normed, t, experts)?;
+                    routes.push(Some(ids));
+                    out
+                }
+            };
+            x.iter_mut().zip(&mlp).for_each(|(a, b)| *a += b);
+        }
+        kv.commit(t);
+        for (slot, &tap) in batch.taps.iter().enumerate() {
+            if tap >= self.layers.len() {
+                taps[slot] = x.clone();
+            }
+        }
+        let logit_rows: Vec<usize> = match batch.logits {
+            Logits::All => (0..t).collect(),
+            Logits::Last => (t.saturating_sub(1)..t).collect(),
+            Logits::Rows(r) => r.iter().copied().filter(|&i| i < t).collect(),
+            Logits::None => Vec::new(),
+        };
+        let logits = self.lm_head_rows(&x, &logit_rows);
+        Ok(ForwardOutput {
+            logits,
+            logit_rows,
+            vocab,
+            routes,
+            taps,
+            copies: experts.stats().since(&before),
+        })
+    }
+
+    /// Final norm then the LM head, for the chosen rows of the residual stream `x` (T × H).
+    fn lm_head_rows(&self, x: &[f32], rows: &[usize]) -> Vec<f32> {
+        let h = self.cfg.hidden_size;
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| x[r * h..(r + 1) * h].iter().copied())
+            .collect();
+        let mut normed = vec![0.0; picked.len()];
+        rms_norm(
+            &picked,
+            &self.norm,
+            self.cfg.rms_norm_eps as f32,
+            &mut normed,
+        );
+        match &self.lm_head {
+            Some(head) => head.forward(&normed, rows.len()),
+            None => {
+                let v = self.cfg.vocab_size;
+                let mut y = vec![0.0; rows.len() * v];
+                matmul(&normed, rows.len(), &self.embed_tokens, v, h, &mut y);
+                y
+            }
+        }
+    }
+}
+
+/// Moves layer `p`'s experts from the checkpoint into the store: block = gate | up | down.
+fn load_experts(
+    ck: &mut Checkpoint,
+    p: &str,
+    cfg: &Qwen3MoeConfig,
+    ordinal: usize,
+    store: &mut RamStore,
+) -> Result<(), EngineError> {
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    for e in 0..cfg.num_experts {
+        let q = format!("{p}.mlp.experts.{e}");
+        let gate = ck.take(&format!("{q}.gate_proj.weight"), &[i, h])?;
+        let up = ck.take(&format!("{q}.up_proj.weight"), &[i, h])?;
+        let down = ck.take(&format!("{q}.down_proj.weight"), &[h, i])?;
+        let block = store.block_mut(ordinal, e);
+        block[..h * i].copy_from_slice(&gate);
+        block[h * i..2 * h * i].copy_from_slice(&up);
+        block[2 * h * i..].copy_from_slice(&down);
+    }
+    Ok(())
+}

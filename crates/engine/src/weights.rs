@@ -1,0 +1,184 @@
+//! Reads a Hugging Face checkpoint's safetensors — one `model.safetensors` or the shards named by
+//! `model.safetensors.index.json` — memory-mapped, and hands out tensors as `f32` (F32 as is,
+//! BF16/F16 widened exactly) after checking each name, shape and dtype. Tracks which tensors
+//! were taken so that leftovers are reported. Knows nothing of the model's structure.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::tensor::{Dtype, TensorInfo};
+use safetensors::SafeTensors;
+
+use crate::error::EngineError;
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    /// Offset of the data section (8 + header length).
+    data_start: usize,
+    tensors: BTreeMap<String, TensorInfo>,
+}
+
+/// An opened checkpoint.
+pub struct Checkpoint {
+    shards: Vec<Shard>,
+    taken: HashSet<String>,
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors`, or every shard listed in `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
+        let index = dir.join("model.safetensors.index.json");
+        let files = if index.exists() {
+            shard_files(dir, &index)?
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let shards = files
+            .into_iter()
+            .map(open_shard)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Checkpoint {
+            shards,
+            taken: HashSet::new(),
+        })
+    }
+
+    /// Whether the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.shards.iter().any(|s| s.tensors.contains_key(name))
+    }
+
+    /// Takes tensor `name`, which must have exactly `shape`, as `f32` values (row-major).
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let shard = self
+            .shards
+            .iter()
+            .find(|s| s.tensors.contains_key(name))
+            .ok_or_else(|| EngineError::MissingTensor {
+                name: name.to_string(),
+                searched: self
+                    .shards
+                    .iter()
+                    .map(|s| s.path.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
+        let info = &shard.tensors[name];
+        if info.shape != shape {
+            return Err(EngineError::TensorShape {
+                path: shard.path.clone(),
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                got: info.shape.clone(),
+            });
+        }
+        let (start, end) = info.data_offsets;
+        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+        let values = widen(bytes, info.dtype).ok_or_else(|| EngineError::TensorDtype {
+            path: shard.path.clone(),
+            name: name.to_string(),
+            dtype: format!("{:?}", info.dtype),
+        })?;
+        self.taken.insert(name.to_string());
+        Ok(values)
+    }
+
+    /// Fails on the first tensor that was never taken (a checkpoint that is not this model).
+    pub fn finish(self) -> Result<(), EngineError> {
+        for shard in &self.shards {
+            if let Some(name) = shard.tensors.keys().find(|n| !self.taken.contains(*n)) {
+                return Err(EngineError::ExtraTensor {
+                    path: shard.path.clone(),
+                    name: name.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The shard file names of an index, validated to exist.
+fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, EngineError> {
+    #[derive(serde::Deserialize)]
+    struct Index {
+        weight_map: BTreeMap<String, String>,
+    }
+    let text = std::fs::read_to_string(index).map_err(EngineError::io(index))?;
+    let parsed: Index = serde_json::from_str(&text).map_err(|e| EngineError::Json {
+        path: index.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let mut names: Vec<&String> = parsed.weight_map.values().collect();
+    names.sort();
+    names.dedup();
+    names
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(name);
+            if name.contains('/') || !path.exists() {
+                Err(EngineError::MissingShard {
+                    index: index.to_path_buf(),
+                    shard: name.clone(),
+                })
+            } else {
+                Ok(path)
+            }
+        })
+        .collect()
+}
+
+fn open_shard(path: PathBuf) -> Result<Shard, EngineError> {
+    let file = File::open(&path).map_err(EngineError::io(&path))?;
+    // SAFETY: the file is opened read-only and only read through this map; a concurrent writer
+    // truncating it would be a misuse we cannot prevent (as for every mmap-based loader).
+    let map = unsafe { Mmap::map(&file) }.map_err(EngineError::io(&path))?;
+    let corrupt = |message: String| EngineError::Safetensors {
+        path: path.clone(),
+        message,
+    };
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&map).map_err(|e| corrupt(e.to_string()))?;
+    let data_start = 8 + header_len;
+    let data_len = map.len().saturating_sub(data_start);
+    let mut tensors = BTreeMap::new();
+    for (name, info) in metadata.tensors() {
+        let (start, end) = info.data_offsets;
+        let elems: usize = info.shape.iter().product();
+        let want = elems * info.dtype.bitsize() / 8;
+        if end > data_len || start > end || end - start != want {
+            return Err(corrupt(format!(
+                "tensor {name}: data offsets {start}..{end} do not fit {want} bytes in a {data_len}-byte data section (truncated?)"
+            )));
+        }
+        tensors.insert(name.clone(), info.clone());
+    }
+    drop(metadata);
+    Ok(Shard {
+        path,
+        map,
+        data_start,
+        tensors,
+    })
+}
+
+/// Little-endian F32/BF16/F16 bytes as `f32` (exact for the half types).
+fn widen(bytes: &[u8], dtype: Dtype) -> Option<Vec<f32>> {
+    Some(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32())
+            .collect(),
+        _ => return None,
+    })
+}

@@ -1,0 +1,460 @@
+//! The engine against `transformers`: every fixture under `fixtures/qwen3moe/` (made by
+//! `tools/fixtures/make_fixtures.py`) must give logits within 1e-4 relative of the reference,
+//! the same expert sets per layer and token, and the same greedy continuation. Then the
+//! offload and invariance properties on the same checkpoints: any slot count and the cleared
+//! cache equal all-resident bit for bit, a tree-masked forward equals the same tokens decoded one
+//! by one, and KV truncate/compact followed by more decoding equals a fresh run.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use specfit_engine::{Batch, CacheMode, ExpertCache, Logits, Mask, Qwen3Moe};
+
+fn fixture_dirs() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 7, "fixtures missing under {}", root.display());
+    dirs
+}
+
+fn reference(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    match v {
+        Value::Array(a) => a.iter().flat_map(floats).collect(),
+        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
+        _ => panic!("not numeric: {v}"),
+    }
+}
+
+fn ints(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {
+    let (model, store) = Qwen3Moe::load(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let cfg = model.config();
+    let layers = cfg.moe_layers().len();
+    let experts = cfg.num_experts;
+    let cache = ExpertCache::new(Box::new(store), layers, experts, slots, mode).unwrap();
+    (model, cache)
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    let max_ref = want.iter().map(|v| v.abs()).fold(0.0, f32::max);
+    max_diff / max_ref
+}
+
+/// Prefill then `n` greedy steps; returns the tokens and every forward's output logits.
+fn greedy(
+    model: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut kv = model.new_kv_cache();
+    let out = model
+        .forward(
+            &Batch {
+                logits: Logits::Last,
+                ..Batch::causal(prompt)
+            },
+            &mut kv,
+            cache,
+        )
+        .unwrap();
+    let mut tokens = vec![out.argmax(0)];
+    let mut logits = vec![out.logits.clone()];
+    while tokens.len() < n {
+        let last = [*tokens.last().unwrap()];
+        let out = model
+            .forward(&Batch::causal(&last), &mut kv, cache)
+            .unwrap();
+        tokens.push(out.argmax(0));
+        logits.push(out.logits.clone());
+    }
+    (tokens, logits)
+}
+
+#[test]
+fn logits_routes_and_greedy_tokens_match_transformers_on_every_fixture() {
+    for dir in fixture_dirs() {
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let r = reference(&dir);
+        let (model, mut cache) = load(&dir, 64, CacheMode::Lru);
+        let prompt = ints(&r["input_ids"]);
+        let mut kv = model.new_kv_cache();
+        let out = model
+            .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+            .unwrap();
+        let err = rel_err(&out.logits, &floats(&r["logits"]));
+        eprintln!("{name}: logits relative error {err:e}");
+        assert!(err <= 1e-4, "{name}: logits relative error {err:e}");
+        let want_routes = r["routes"]["topk_ids_sorted"].as_array().unwrap();
+        for (layer, want) in want_routes.iter().enumerate() {
+            match (&out.routes[layer], want) {
+                (None, Value::Null) => {}
+                (Some(got), Value::Array(tokens)) => {
+                    for (t, w) in tokens.iter().enumerate() {
+                        let mut g = got[t].clone();
+                        g.sort_unstable();
+                        assert_eq!(g, ints(w), "{name}: layer {layer} token {t}");
+                    }
+                }
+                (g, w) => panic!("{name}: layer {layer} dense/sparse mismatch: {g:?} vs {w}"),
+            }
+        }
+        let n = r["greedy"]["n"].as_u64().unwrap() as usize;
+        let (tokens, step_logits) = greedy(&model, &mut cache, &prompt, n);
+        assert_eq!(
+            tokens,
+            ints(&r["greedy"]["tokens"]),
+            "{name}: greedy tokens"
+        );
+        let want_steps = r["greedy"]["step_logits"].as_array().unwrap();
+        for (s, (got, want)) in step_logits.iter().zip(want_steps).enumerate() {
+            let err = rel_err(got, &floats(want));
+            assert!(
+                err <= 1e-4,
+                "{name}: greedy step {s} logits relative error {err:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn hidden_state_taps_match_the_residual_stream_entering_each_layer() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("eagle_target"))
+        .unwrap();
+    let r = reference(&dir);
+    let (model, mut cache) = load(&dir, 4, CacheMode::Lru);
+    let prompt = ints(&r["input_ids"]);
+    let taps = [2usize, 4, 5];
+    let mut kv = model.new_kv_cache();
+    let batch = Batch {
+        taps: &taps,
+        ..Batch::causal(&prompt)
+    };
+    let out = model.forward(&batch, &mut kv, &mut cache).unwrap();
+    for (slot, &layer) in taps.iter().enumerate() {
+        let err = rel_err(&out.taps[slot], &floats(&r["layer_inputs"][layer]));
+        assert!(err <= 1e-4, "layer {layer}: {err:e}");
+    }
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+#[test]
+fn offloaded_experts_at_any_slot_count_equal_all_resident_bit_for_bit() {
+    for dir in fixture_dirs() {
+        let r = reference(&dir);
+        let prompt = ints(&r["input_ids"]);
+        let (model, mut full) = load(&dir, usize::MAX, CacheMode::Lru);
+        let (want_tokens, want_logits) = greedy(&model, &mut full, &prompt, 6);
+        let experts = model.config().num_experts;
+        for (slots, mode) in [
+            (1, CacheMode::Lru),
+            (2, CacheMode::Lru),
+            (experts / 2, CacheMode::Lru),
+            (experts, CacheMode::ClearEveryForward),
+        ] {
+            let (_, mut cache) = load(&dir, slots.max(1), mode);
+            let (tokens, logits) = greedy(&model, &mut cache, &prompt, 6);
+            assert_eq!(
+                tokens,
+                want_tokens,
+                "{} slots {slots} {mode:?}",
+                dir.display()
+            );
+            for (a, b) in logits.iter().zip(&want_logits) {
+                assert_eq!(bits(a), bits(b), "{} slots {slots} {mode:?}", dir.display());
+            }
+            cache.verify_slots().unwrap();
+            if slots < experts || mode == CacheMode::ClearEveryForward {
+                assert!(cache.stats().total.misses > full.stats().total.misses);
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cleared_cache_copies_every_routed_expert_of_every_forward() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("topk_norm"))
+        .unwrap();
+    let (model, mut cache) = load(&dir, 8, CacheMode::ClearEveryForward);
+    let mut kv = model.new_kv_cache();
+    let tokens = [1u32, 5, 9];
+    let out = model
+        .forward(&Batch::causal(&tokens), &mut kv, &mut cache)
+        .unwrap();
+    let distinct: u64 = out
+        .routes
+        .iter()
+        .flatten()
+        .map(|layer| {
+            let mut all: Vec<u32> = layer.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            all.len() as u64
+        })
+        .sum();
+    assert_eq!(out.copies.total.misses, distinct);
+    assert_eq!(out.copies.total.hits, 0);
+    let again = model
+        .forward(&Batch::causal(&[7]), &mut kv, &mut cache)
+        .unwrap();
+    assert_eq!(again.copies.total.hits, 0);
+    assert_eq!(
+        again.copies.total.bytes_copied,
+        again.copies.total.misses * cache.layout().bytes() as u64
+    );
+}
+
+/// One decode step's logit bits and, per layer, the token's experts (`None` for dense layers).
+type Step = (Vec<u32>, Vec<Option<Vec<u32>>>);
+
+/// Decodes `path` one token at a time after `prompt` and returns each step's logits and routes.
+fn sequential(
+    model: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    path: &[u32],
+) -> Vec<Step> {
+    let mut kv = model.new_kv_cache();
+    model
+        .forward(
+            &Batch {
+                logits: Logits::None,
+                ..Batch::causal(prompt)
+            },
+            &mut kv,
+            cache,
+        )
+        .unwrap();
+    path.iter()
+        .map(|&tok| {
+            let out = model
+                .forward(&Batch::causal(&[tok]), &mut kv, cache)
+                .unwrap();
+            let routes = out
+                .routes
+                .iter()
+                .map(|l| l.as_ref().map(|r| r[0].clone()))
+                .collect();
+            (bits(&out.logits), routes)
+        })
+        .collect()
+}
+
+#[test]
+fn a_tree_masked_forward_equals_the_same_tokens_decoded_one_by_one() {
+    for dir in fixture_dirs() {
+        let r = reference(&dir);
+        let prompt = ints(&r["input_ids"]);
+        let (model, mut cache) = load(&dir, 3, CacheMode::Lru);
+        // A tree of 7 nodes: two branches under the root, a chain under the first.
+        let tokens = [17u32, 200, 33, 91, 5, 250, 64];
+        let parents = [None, None, Some(0), Some(2), Some(2), Some(1), Some(4)];
+        let depth = |mut i: usize| {
+            let mut d = 1;
+            while let Some(p) = parents[i] {
+                d += 1;
+                i = p;
+            }
+            d
+        };
+        let mut kv = model.new_kv_cache();
+        model
+            .forward(
+                &Batch {
+                    logits: Logits::None,
+                    ..Batch::causal(&prompt)
+                },
+                &mut kv,
+                &mut cache,
+            )
+            .unwrap();
+        let positions: Vec<usize> = (0..tokens.len())
+            .map(|i| prompt.len() - 1 + depth(i))
+            .collect();
+        let batch = Batch {
+            tokens: &tokens,
+            positions: Some(&positions),
+            mask: Mask::Tree(&parents),
+            taps: &[],
+            logits: Logits::All,
+        };
+        let tree = model.forward(&batch, &mut kv, &mut cache).unwrap();
+        for leaf in 0..tokens.len() {
+            let mut path = vec![leaf];
+            while let Some(p) = parents[*path.last().unwrap()] {
+                path.push(p);
+            }
+            path.reverse();
+            let seq = sequential(
+                &model,
+                &mut cache,
+                &prompt,
+                &path.iter().map(|&i| tokens[i]).collect::<Vec<_>>(),
+            );
+            let (logits, routes) = seq.last().unwrap();
+            assert_eq!(
+                &bits(tree.row(leaf)),
+                logits,
+                "{}: node {leaf}",
+                dir.display()
+            );
+            let tree_routes: Vec<Option<Vec<u32>>> = tree
+                .routes
+                .iter()
+                .map(|l| l.as_ref().map(|r| r[leaf].clone()))
+                .collect();
+            assert_eq!(&tree_routes, routes, "{}: node {leaf}", dir.display());
+        }
+    }
+}
+
+#[test]
+fn truncating_or_compacting_the_kv_cache_then_continuing_equals_a_fresh_run() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("head_dim"))
+        .unwrap();
+    let (model, mut cache) = load(&dir, 8, CacheMode::Lru);
+    let prompt = [1u32, 40, 41, 42];
+    let fresh = |cache: &mut ExpertCache, seq: &[u32], next: u32| {
+        let mut kv = model.new_kv_cache();
+        model.forward(&Batch::causal(seq), &mut kv, cache).unwrap();
+        bits(
+            &model
+                .forward(&Batch::causal(&[next]), &mut kv, cache)
+                .unwrap()
+                .logits,
+        )
+    };
+    // Truncate: run prompt + 3 extra, cut back to the prompt, continue.
+    let mut kv = model.new_kv_cache();
+    model
+        .forward(
+            &Batch::causal(&[1, 40, 41, 42, 7, 8, 9]),
+            &mut kv,
+            &mut cache,
+        )
+        .unwrap();
+    kv.truncate(4).unwrap();
+    let got = bits(
+        &model
+            .forward(&Batch::causal(&[100]), &mut kv, &mut cache)
+            .unwrap()
+            .logits,
+    );
+    assert_eq!(got, fresh(&mut cache, &prompt, 100));
+    // Compact: verify a tree, keep the accepted path (tokens 0 and 2), continue.
+    let mut kv = model.new_kv_cache();
+    model
+        .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+        .unwrap();
+    let tokens = [50u32, 60, 70];
+    let parents = [None, None, Some(0)];
+    let positions = [4usize, 4, 5];
+    model
+        .forward(
+            &Batch {
+                tokens: &tokens,
+                positions: Some(&positions),
+                mask: Mask::Tree(&parents),
+                taps: &[],
+                logits: Logits::All,
+            },
+            &mut kv,
+            &mut cache,
+        )
+        .unwrap();
+    kv.compact(4, &[4, 6]).unwrap();
+    assert_eq!(kv.len(), 6);
+    let got = bits(
+        &model
+            .forward(&Batch::causal(&[100]), &mut kv, &mut cache)
+            .unwrap()
+            .logits,
+    );
+    assert_eq!(got, fresh(&mut cache, &[1, 40, 41, 42, 50, 70], 100));
+    assert!(kv.compact(0, &[3, 2]).is_err());
+    assert!(kv.truncate(99).is_err());
+}
+
+#[test]
+fn bad_checkpoints_and_inputs_give_clear_errors() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("topk_norm"))
+        .unwrap();
+    let (model, mut cache) = load(&dir, 8, CacheMode::Lru);
+    let mut kv = model.new_kv_cache();
+    let err = model
+        .forward(&Batch::causal(&[1, 9999]), &mut kv, &mut cache)
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "token id 9999 at position 1 is outside the vocabulary (vocab_size = 256)"
+    );
+    // A truncated copy of the weights.
+    let tmp = std::env::temp_dir().join(format!("specfit-bad-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(dir.join("config.json"), tmp.join("config.json")).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    std::fs::write(tmp.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
+    let err = Qwen3Moe::load(&tmp).unwrap_err().to_string();
+    assert!(err.contains("not a valid safetensors file"), "{err}");
+    std::fs::write(tmp.join("model.safetensors"), b"garbage").unwrap();
+    assert!(Qwen3Moe::load(&tmp)
+        .unwrap_err()
+        .to_string()
+        .contains("not a valid safetensors file"));
+    // A config that disagrees with the weights.
+    std::fs::write(tmp.join("model.safetensors"), &bytes).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("\"hidden_size\": 32", "\"hidden_size\": 48");
+    std::fs::write(tmp.join("config.json"), cfg).unwrap();
+    let err = Qwen3Moe::load(&tmp).unwrap_err().to_string();
+    assert!(
+        err.contains(
+            "model.embed_tokens.weight has shape [256, 32], config.json implies [256, 48]"
+        ),
+        "{err}"
+    );
+    // An unknown architecture.
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("Qwen3MoeForCausalLM", "LlamaForCausalLM");
+    std::fs::write(tmp.join("config.json"), cfg).unwrap();
+    assert!(Qwen3Moe::load(&tmp)
+        .unwrap_err()
+        .to_string()
+        .contains("this engine runs Qwen3MoeForCausalLM"));
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

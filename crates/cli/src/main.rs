@@ -2,9 +2,12 @@
 //! only parses arguments and turns every error into one line on stderr and exit status 2.
 
 mod calibrate;
+mod convert;
 mod files;
+mod forward;
 mod select;
 mod synth;
+mod target;
 
 use std::process::ExitCode;
 
@@ -24,6 +27,10 @@ enum Command {
     Select(select::Args),
     /// Fit the cost model (intercepts a[n], beta; beta_hit/beta_miss) from probe rows by NNLS.
     Calibrate(calibrate::Args),
+    /// Write a checkpoint's routed experts as the expert-major disk file (for `--store disk`).
+    Convert(convert::Args),
+    /// One target forward over given token ids (and optional greedy steps), written as JSON.
+    Forward(forward::Args),
     /// Write seeded synthetic pools or probe rows (for demos, benches and tests).
     #[command(subcommand)]
     Synth(synth::Command),
@@ -35,6 +42,8 @@ fn main() -> ExitCode {
         Command::Select(args) => select::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Synth(cmd) => synth::run(&cmd),
+        Command::Forward(args) => forward::run(&args),
+        Command::Convert(args) => convert::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,9 +19,48 @@ pub mod kv;
 pub mod model;
 mod weights;
 
+use std::path::Path;
+
 pub use batch::{Batch, ForwardOutput, Logits, Mask};
 pub use config::{GenerationConfig, Qwen3MoeConfig};
 pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
 pub use kv::KvCache;
 pub use model::Qwen3Moe;
+
+/// Where routed experts rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tier {
+    /// All experts in host RAM.
+    Ram,
+    /// The expert-major file written by [`experts::convert`], read with O_DIRECT.
+    Disk(std::path::PathBuf),
+}
+
+/// The default disk expert file of a model directory.
+pub fn default_expert_file(dir: &Path) -> std::path::PathBuf {
+    dir.join("experts.specfit")
+}
+
+/// Loads the target in `dir` with its experts in `tier`, behind `slots` slots per MoE layer.
+pub fn load_target(
+    dir: &Path,
+    tier: &Tier,
+    slots: usize,
+    mode: CacheMode,
+) -> Result<(Qwen3Moe, ExpertCache), EngineError> {
+    let (model, store): (Qwen3Moe, Box<dyn ExpertStore>) = match tier {
+        Tier::Ram => {
+            let (model, store) = Qwen3Moe::load(dir)?;
+            (model, Box::new(store))
+        }
+        Tier::Disk(path) => {
+            let (model, fingerprint) = Qwen3Moe::load_dense(dir)?;
+            let store = experts::DiskStore::open(path, model.config(), fingerprint)?;
+            (model, Box::new(store))
+        }
+    };
+    let cfg = model.config();
+    let cache = ExpertCache::new(store, cfg.moe_layers().len(), cfg.num_experts, slots, mode)?;
+    Ok((model, cache))
+}

@@ -53,6 +53,33 @@ impl Checkpoint {
 
     /// Takes tensor `name`, which must have exactly `shape`, as `f32` values (row-major).
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let values = self.peek(name, shape)?;
+        self.taken.insert(name.to_string());
+        Ok(values)
+    }
+
+    /// Checks tensor `name` against `shape` and marks it used without reading it (experts
+    /// served from another store).
+    pub fn skip(&mut self, name: &str, shape: &[usize]) -> Result<(), EngineError> {
+        self.info(name, shape)?;
+        self.taken.insert(name.to_string());
+        Ok(())
+    }
+
+    /// Reads tensor `name` as `f32` without marking it used.
+    pub fn peek(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        let (shard, info) = self.info(name, shape)?;
+        let (start, end) = info.data_offsets;
+        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+        widen(bytes, info.dtype).ok_or_else(|| EngineError::TensorDtype {
+            path: shard.path.clone(),
+            name: name.to_string(),
+            dtype: format!("{:?}", info.dtype),
+        })
+    }
+
+    /// The shard and metadata of `name`, checked against `shape`.
+    fn info(&self, name: &str, shape: &[usize]) -> Result<(&Shard, &TensorInfo), EngineError> {
         let shard = self
             .shards
             .iter()
@@ -75,15 +102,7 @@ impl Checkpoint {
                 got: info.shape.clone(),
             });
         }
-        let (start, end) = info.data_offsets;
-        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
-        let values = widen(bytes, info.dtype).ok_or_else(|| EngineError::TensorDtype {
-            path: shard.path.clone(),
-            name: name.to_string(),
-            dtype: format!("{:?}", info.dtype),
-        })?;
-        self.taken.insert(name.to_string());
-        Ok(values)
+        Ok((shard, info))
     }
 
     /// Fails on the first tensor that was never taken (a checkpoint that is not this model).

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specfit_engine::{Batch, CacheMode, ExpertCache, Logits, Mask, Qwen3Moe};
+use specfit_engine::{Batch, CacheMode, ExpertCache, Logits, Mask, Qwen3Moe, Tier};
 
 fn fixture_dirs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe");
@@ -442,9 +442,7 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
     std::fs::write(tmp.join("config.json"), cfg).unwrap();
     let err = Qwen3Moe::load(&tmp).unwrap_err().to_string();
     assert!(
-        err.contains(
-            "model.embed_tokens.weight has shape [256, 32], config.json implies [256, 48]"
-        ),
+        err.contains("32], config.json implies [") && err.contains("48]"),
         "{err}"
     );
     // An unknown architecture.
@@ -456,5 +454,71 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
         .unwrap_err()
         .to_string()
         .contains("this engine runs Qwen3MoeForCausalLM"));
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specfit-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_disk_tier_reads_the_same_experts_as_ram_bit_for_bit() {
+    let tmp = temp_dir("disk-tier");
+    for dir in fixture_dirs() {
+        let file = tmp.join(format!(
+            "{}.specfit",
+            dir.file_name().unwrap().to_string_lossy()
+        ));
+        let report = specfit_engine::experts::convert(&dir, &file).unwrap();
+        assert_eq!(report.bytes, std::fs::metadata(&file).unwrap().len());
+        let r = reference(&dir);
+        let prompt = ints(&r["input_ids"]);
+        let (model, mut ram) = load(&dir, usize::MAX, CacheMode::Lru);
+        let (want_tokens, want_logits) = greedy(&model, &mut ram, &prompt, 5);
+        for slots in [1usize, 3, usize::MAX] {
+            let (_, mut disk) =
+                specfit_engine::load_target(&dir, &Tier::Disk(file.clone()), slots, CacheMode::Lru)
+                    .unwrap();
+            assert!(disk.tier().starts_with("disk"));
+            let (tokens, logits) = greedy(&model, &mut disk, &prompt, 5);
+            assert_eq!(tokens, want_tokens, "{} slots {slots}", dir.display());
+            for (a, b) in logits.iter().zip(&want_logits) {
+                assert_eq!(bits(a), bits(b));
+            }
+            disk.verify_slots().unwrap();
+            assert!(disk.stats().total.bytes_copied > 0);
+        }
+    }
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
+fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
+    let tmp = temp_dir("disk-bad");
+    let dirs = fixture_dirs();
+    let a = dirs.iter().find(|d| d.ends_with("topk_norm")).unwrap();
+    let b = dirs.iter().find(|d| d.ends_with("topk_raw")).unwrap();
+    let file = tmp.join("a.specfit");
+    specfit_engine::experts::convert(a, &file).unwrap();
+    let open = |path: &Path, dir: &Path| {
+        specfit_engine::load_target(dir, &Tier::Disk(path.to_path_buf()), 4, CacheMode::Lru)
+            .unwrap_err()
+            .to_string()
+    };
+    let err = open(&file, b);
+    assert!(
+        err.contains("made for") || err.contains("fingerprint"),
+        "{err}"
+    );
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = tmp.join("cut.specfit");
+    std::fs::write(&cut, &bytes[..bytes.len() - 4096]).unwrap();
+    assert!(open(&cut, a).contains("truncated"), "{}", open(&cut, a));
+    let junk = tmp.join("junk.specfit");
+    std::fs::write(&junk, b"definitely not experts").unwrap();
+    assert!(open(&junk, a).contains("bad magic"));
+    assert!(open(&tmp.join("missing.specfit"), a).contains("No such file"));
     std::fs::remove_dir_all(&tmp).unwrap();
 }

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use crate::error::EngineError;
+use crate::experts::aligned::{padded_len, AlignedBuf};
 use crate::experts::store::{ExpertLayout, ExpertStore};
 
 /// When the slots are invalidated.
@@ -71,8 +72,8 @@ impl CopyStats {
 
 /// One layer's slots.
 struct Slots {
-    /// `S × block` floats.
-    data: Vec<f32>,
+    /// `S` slots of `stride` floats, each 4 KiB-aligned.
+    data: AlignedBuf,
     /// Expert held by each slot.
     holds: Vec<Option<u32>>,
     /// Slot holding each expert.
@@ -85,10 +86,23 @@ struct Slots {
 pub struct ExpertCache {
     store: Box<dyn ExpertStore>,
     layout: ExpertLayout,
+    /// Floats per slot (the block padded to 4 KiB).
+    stride: usize,
     slots: Vec<Slots>,
     mode: CacheMode,
     clock: u64,
     stats: CopyStats,
+}
+
+impl std::fmt::Debug for ExpertCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertCache")
+            .field("tier", &self.store.tier())
+            .field("layers", &self.slots.len())
+            .field("slots_per_layer", &self.slots_per_layer())
+            .field("mode", &self.mode)
+            .finish()
+    }
 }
 
 impl ExpertCache {
@@ -105,9 +119,10 @@ impl ExpertCache {
         }
         let s = slots_per_layer.min(experts);
         let layout = store.layout();
+        let stride = padded_len(layout.len());
         let slots = (0..layers)
             .map(|_| Slots {
-                data: vec![0.0; s * layout.len()],
+                data: AlignedBuf::zeroed(s * stride),
                 holds: vec![None; s],
                 slot_of: vec![None; experts],
                 last_use: vec![0; s],
@@ -116,6 +131,7 @@ impl ExpertCache {
         Ok(ExpertCache {
             store,
             layout,
+            stride,
             slots,
             mode,
             clock: 0,
@@ -173,7 +189,7 @@ impl ExpertCache {
         needed: &[u32],
         mut f: impl FnMut(u32, &[f32]),
     ) -> Result<(), EngineError> {
-        let len = self.layout.len();
+        let (len, stride) = (self.layout.len(), self.stride);
         let (hit, miss): (Vec<u32>, Vec<u32>) = needed
             .iter()
             .partition(|&&e| self.slots[layer].slot_of[e as usize].is_some());
@@ -182,7 +198,7 @@ impl ExpertCache {
             let slots = &mut self.slots[layer];
             let s = slots.slot_of[e as usize].expect("resident") as usize;
             slots.last_use[s] = self.clock;
-            f(e, &slots.data[s * len..(s + 1) * len]);
+            f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
         }
         for &e in &miss {
             self.clock += 1;
@@ -197,7 +213,7 @@ impl ExpertCache {
             };
             self.stats.per_layer[layer].add(&stats);
             self.stats.total.add(&stats);
-            f(e, &slots.data[s * len..(s + 1) * len]);
+            f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
         }
         let hits = LayerStats {
             hits: hit.len() as u64,
@@ -210,7 +226,7 @@ impl ExpertCache {
 
     /// Copies expert `e` into the least recently used slot of `layer`; returns the copy time.
     fn load(&mut self, layer: usize, e: u32) -> Result<f64, EngineError> {
-        let len = self.layout.len();
+        let stride = self.stride;
         let clock = self.clock;
         let slots = &mut self.slots[layer];
         let victim = (0..slots.holds.len())
@@ -220,11 +236,8 @@ impl ExpertCache {
             slots.slot_of[old as usize] = None;
         }
         let start = Instant::now();
-        self.store.read_into(
-            layer,
-            e as usize,
-            &mut slots.data[victim * len..(victim + 1) * len],
-        )?;
+        let dst = &mut slots.data.as_mut_slice()[victim * stride..(victim + 1) * stride];
+        self.store.read_into(layer, e as usize, dst)?;
         let seconds = start.elapsed().as_secs_f64();
         slots.holds[victim] = Some(e);
         slots.slot_of[e as usize] = Some(victim as u32);
@@ -235,17 +248,19 @@ impl ExpertCache {
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the
     /// cache must never hold a stale or wrong expert). Returns the first mismatch.
     pub fn verify_slots(&mut self) -> Result<(), EngineError> {
-        let len = self.layout.len();
-        let mut fresh = vec![0.0f32; len];
+        let (len, stride) = (self.layout.len(), self.stride);
+        let mut fresh = AlignedBuf::zeroed(stride);
         for layer in 0..self.slots.len() {
             for s in 0..self.slots[layer].holds.len() {
                 let Some(e) = self.slots[layer].holds[s] else {
                     continue;
                 };
-                self.store.read_into(layer, e as usize, &mut fresh)?;
+                self.store
+                    .read_into(layer, e as usize, fresh.as_mut_slice())?;
                 let slots = &self.slots[layer];
                 if slots.slot_of[e as usize] != Some(s as u32)
-                    || slots.data[s * len..(s + 1) * len] != fresh[..]
+                    || slots.data.as_slice()[s * stride..s * stride + len]
+                        != fresh.as_slice()[..len]
                 {
                     return Err(EngineError::ExpertStore {
                         reason: format!(

@@ -3,8 +3,11 @@
 //! forward may compute an expert only from a slot. The router lives in the model file; this
 //! module only stores, copies and counts.
 
+pub mod aligned;
 mod cache;
+pub mod disk;
 mod store;
 
 pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
+pub use disk::{convert, ConvertReport, DiskStore, Fingerprint};
 pub use store::{ExpertLayout, ExpertStore, RamStore};

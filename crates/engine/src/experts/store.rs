@@ -41,7 +41,8 @@ impl ExpertLayout {
 pub trait ExpertStore: Send {
     /// Shape of every block.
     fn layout(&self) -> ExpertLayout;
-    /// Copies expert `(layer, expert)` into `dst` (exactly `layout().len()` floats).
+    /// Copies expert `(layer, expert)` into the first `layout().len()` floats of `dst`. `dst` is
+    /// a whole slot: 4 KiB-aligned and a multiple of 4 KiB long (so O_DIRECT can read into it).
     fn read_into(
         &mut self,
         layer: usize,
@@ -105,7 +106,8 @@ impl ExpertStore for RamStore {
         expert: usize,
         dst: &mut [f32],
     ) -> Result<(), EngineError> {
-        dst.copy_from_slice(self.block(layer, expert));
+        let len = self.layout.len();
+        dst[..len].copy_from_slice(self.block(layer, expert));
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use std::path::Path;
 use crate::batch::{Batch, ForwardOutput, Logits};
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
-use crate::experts::{ExpertCache, ExpertLayout, RamStore};
+use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
 use crate::kernels::{matmul, rms_norm, rms_norm_in_place, silu, softmax_in_place};
 use crate::kv::KvCache;
 use crate::weights::Checkpoint;
@@ -337,22 +337,39 @@ impl Qwen3Moe {
     /// Loads a checkpoint directory: the dense weights into the model, every routed expert into
     /// a host-RAM store (returned for the caller to wrap in an [`ExpertCache`]).
     pub fn load(dir: &Path) -> Result<(Qwen3Moe, RamStore), EngineError> {
+        let (model, store, _) = Qwen3Moe::load_inner(dir, true)?;
+        Ok((model, store.expect("experts loaded")))
+    }
+
+    /// Loads only the dense weights (routed experts are validated but left on disk) and
+    /// returns the experts' fingerprint, to open a [`crate::experts::DiskStore`] with.
+    pub fn load_dense(dir: &Path) -> Result<(Qwen3Moe, Fingerprint), EngineError> {
+        let (model, _, fingerprint) = Qwen3Moe::load_inner(dir, false)?;
+        Ok((model, fingerprint))
+    }
+
+    fn load_inner(
+        dir: &Path,
+        with_experts: bool,
+    ) -> Result<(Qwen3Moe, Option<RamStore>, Fingerprint), EngineError> {
         let cfg = Qwen3MoeConfig::load(dir)?;
         let mut ck = Checkpoint::open(dir)?;
+        let fingerprint = Fingerprint::of_checkpoint(&ck, &cfg)?;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let layout = ExpertLayout {
             hidden: h,
             intermediate: cfg.moe_intermediate_size,
         };
         let moe_layers = cfg.moe_layers();
-        let mut store = RamStore::new(layout, moe_layers.len(), cfg.num_experts);
+        let mut store =
+            with_experts.then(|| RamStore::new(layout, moe_layers.len(), cfg.num_experts));
         let embed_tokens = ck.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let mlp = match moe_layers.iter().position(|&l| l == i) {
                 Some(ordinal) => {
-                    load_experts(&mut ck, &p, &cfg, ordinal, &mut store)?;
+                    load_experts(&mut ck, &p, &cfg, ordinal, store.as_mut())?;
                     Mlp::Sparse(SparseMoe {
                         gate: Linear::load(
                             &mut ck,
@@ -401,6 +418,7 @@ impl Qwen3Moe {
                 rope,
             },
             store,
+            fingerprint,
         ))
     }
 
@@ -552,15 +570,25 @@ impl Qwen3Moe {
     }
 }
 
-/// Moves layer `p`'s experts from the checkpoint into the store: block = gate | up | down.
+/// Moves layer `p`'s experts from the checkpoint into the store (block = gate | up | down), or,
+/// without a store, only checks their shapes.
 fn load_experts(
     ck: &mut Checkpoint,
     p: &str,
     cfg: &Qwen3MoeConfig,
     ordinal: usize,
-    store: &mut RamStore,
+    store: Option<&mut RamStore>,
 ) -> Result<(), EngineError> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let Some(store) = store else {
+        for e in 0..cfg.num_experts {
+            let q = format!("{p}.mlp.experts.{e}");
+            ck.skip(&format!("{q}.gate_proj.weight"), &[i, h])?;
+            ck.skip(&format!("{q}.up_proj.weight"), &[i, h])?;
+            ck.skip(&format!("{q}.down_proj.weight"), &[h, i])?;
+        }
+        return Ok(());
+    };
     for e in 0..cfg.num_experts {
         let q = format!("{p}.mlp.experts.{e}");
         let gate = ck.take(&format!("{q}.gate_proj.weight"), &[i, h])?;

@@ -1,0 +1,34 @@
+//! `specfit convert`: writes a checkpoint's routed experts as the expert-major disk file that
+//! `--store disk` reads with O_DIRECT.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use specfit_engine::experts::convert;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Hugging Face checkpoint directory.
+    #[arg(long)]
+    model: PathBuf,
+    /// Output file (default: MODEL/experts.specfit).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| specfit_engine::default_expert_file(&args.model));
+    let report = convert(&args.model, &out)
+        .with_context(|| format!("converting {}", args.model.display()))?;
+    eprintln!(
+        "wrote {}: {} expert blocks, {:.1} MiB in {:.2} s",
+        report.path.display(),
+        report.blocks,
+        report.bytes as f64 / (1 << 20) as f64,
+        report.seconds
+    );
+    Ok(())
+}

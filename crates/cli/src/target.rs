@@ -1,0 +1,56 @@
+//! Command-line options shared by every command that runs the target model: where the experts
+//! rest and how many slots each MoE layer gets.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use specfit_engine::{load_target, CacheMode, ExpertCache, Qwen3Moe, Tier};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreArg {
+    /// Every expert in host RAM.
+    Ram,
+    /// The expert file written by `specfit convert`, read with O_DIRECT.
+    Disk,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TargetArgs {
+    /// Hugging Face checkpoint directory (config.json + safetensors).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Where routed experts rest.
+    #[arg(long, value_enum, default_value = "ram")]
+    pub store: StoreArg,
+    /// Disk expert file (default: MODEL/experts.specfit).
+    #[arg(long)]
+    pub experts: Option<PathBuf>,
+    /// Expert slots per MoE layer (default: all experts resident).
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// Empty the slots before every forward (the paper's "vanilla" baseline).
+    #[arg(long)]
+    pub clear_cache: bool,
+}
+
+impl TargetArgs {
+    /// Loads the model and its expert cache.
+    pub fn load(&self) -> Result<(Qwen3Moe, ExpertCache)> {
+        let tier = match self.store {
+            StoreArg::Ram => Tier::Ram,
+            StoreArg::Disk => Tier::Disk(
+                self.experts
+                    .clone()
+                    .unwrap_or_else(|| specfit_engine::default_expert_file(&self.model)),
+            ),
+        };
+        let mode = if self.clear_cache {
+            CacheMode::ClearEveryForward
+        } else {
+            CacheMode::Lru
+        };
+        let slots = self.slots.unwrap_or(usize::MAX);
+        load_target(&self.model, &tier, slots, mode)
+            .with_context(|| format!("loading {}", self.model.display()))
+    }
+}

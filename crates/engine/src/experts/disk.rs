@@ -1,0 +1,356 @@
+//! The disk tier: an expert-major file written once by [`convert`] (`specfit convert`) and read
+//! with O_DIRECT, one `pread` per missing expert straight into a 4 KiB-aligned slot — never
+//! through mmap page faults (59–89 MiB/s for random 128 KiB faults here, against ~1 GB/s for
+//! direct reads).
+//!
+//! Layout: `b"SPFTEXP\0"`, `u32` version (1), `u32` header length, a JSON header (shape, dtype,
+//! strides, a fingerprint of the source model), zero padding to `data_offset` (4 KiB-aligned),
+//! then one block per (MoE layer, expert) in that order, each `gate | up | down` as little-endian
+//! `f32` padded to `stride_bytes` (a multiple of 4 KiB). This module owns the format; the slot
+//! cache decides what to read.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Qwen3MoeConfig;
+use crate::error::EngineError;
+use crate::experts::aligned::{padded_len, ALIGN};
+use crate::experts::store::{ExpertLayout, ExpertStore};
+use crate::weights::Checkpoint;
+
+const MAGIC: &[u8; 8] = b"SPFTEXP\0";
+const VERSION: u32 = 1;
+
+/// Identifies the model a disk file was made from: shape plus an FNV-1a hash of two expert blocks
+/// (the first expert of the first sparse layer and the last of the last).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint(pub u64);
+
+impl Fingerprint {
+    /// The fingerprint of a checkpoint's experts (reads two blocks).
+    pub fn of_checkpoint(
+        ck: &Checkpoint,
+        cfg: &Qwen3MoeConfig,
+    ) -> Result<Fingerprint, EngineError> {
+        let layers = cfg.moe_layers();
+        let mut h = Fnv::new();
+        for v in [
+            layers.len(),
+            cfg.num_experts,
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+        ] {
+            h.write(&(v as u64).to_le_bytes());
+        }
+        if let (Some(&first), Some(&last)) = (layers.first(), layers.last()) {
+            for (layer, expert) in [(first, 0), (last, cfg.num_experts - 1)] {
+                for v in expert_block(ck, cfg, layer, expert)? {
+                    h.write(&v.to_le_bytes());
+                }
+            }
+        }
+        Ok(Fingerprint(h.0))
+    }
+}
+
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// One expert's block `gate | up | down` read from the checkpoint.
+pub(crate) fn expert_block(
+    ck: &Checkpoint,
+    cfg: &Qwen3MoeConfig,
+    layer: usize,
+    expert: usize,
+) -> Result<Vec<f32>, EngineError> {
+    let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
+    let p = format!("model.layers.{layer}.mlp.experts.{expert}");
+    let mut block = ck.peek(&format!("{p}.gate_proj.weight"), &[i, h])?;
+    block.extend(ck.peek(&format!("{p}.up_proj.weight"), &[i, h])?);
+    block.extend(ck.peek(&format!("{p}.down_proj.weight"), &[h, i])?);
+    Ok(block)
+}
+
+/// The JSON header of a disk expert file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskHeader {
+    pub format: String,
+    pub moe_layers: usize,
+    pub experts: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub dtype: String,
+    pub block_bytes: usize,
+    pub stride_bytes: usize,
+    pub data_offset: u64,
+    pub fingerprint: Fingerprint,
+}
+
+/// What `convert` wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConvertReport {
+    pub path: PathBuf,
+    pub blocks: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// Writes the expert-major disk file for the checkpoint in `dir` to `out` (atomically: a
+/// temporary file in the same directory, synced, then renamed).
+pub fn convert(dir: &Path, out: &Path) -> Result<ConvertReport, EngineError> {
+    let start = Instant::now();
+    let cfg = Qwen3MoeConfig::load(dir)?;
+    let ck = Checkpoint::open(dir)?;
+    let layers = cfg.moe_layers();
+    let layout = ExpertLayout {
+        hidden: cfg.hidden_size,
+        intermediate: cfg.moe_intermediate_size,
+    };
+    let stride_bytes = padded_len(layout.len()) * 4;
+    let header = DiskHeader {
+        format: "specfit-experts".into(),
+        moe_layers: layers.len(),
+        experts: cfg.num_experts,
+        hidden: layout.hidden,
+        intermediate: layout.intermediate,
+        dtype: "f32".into(),
+        block_bytes: layout.bytes(),
+        stride_bytes,
+        data_offset: 0,
+        fingerprint: Fingerprint::of_checkpoint(&ck, &cfg)?,
+    };
+    let json_len = serde_json::to_vec(&header).expect("serialisable").len() + 32;
+    let data_offset = (16 + json_len).div_ceil(ALIGN) * ALIGN;
+    let header = DiskHeader {
+        data_offset: data_offset as u64,
+        ..header
+    };
+    let json = serde_json::to_vec(&header).expect("serialisable");
+    debug_assert!(16 + json.len() <= data_offset);
+    let tmp = out.with_extension("tmp");
+    let write = || -> Result<u64, EngineError> {
+        let file = File::create(&tmp).map_err(EngineError::io(&tmp))?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        let io = EngineError::io(&tmp);
+        let mut head = Vec::with_capacity(data_offset);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        head.extend_from_slice(&json);
+        head.resize(data_offset, 0);
+        let mut bytes = head.len() as u64;
+        let mut buf = Vec::with_capacity(stride_bytes);
+        let result = (|| -> Result<(), EngineError> {
+            w.write_all(&head).map_err(EngineError::io(&tmp))?;
+            for &layer in &layers {
+                for e in 0..cfg.num_experts {
+                    buf.clear();
+                    for v in expert_block(&ck, &cfg, layer, e)? {
+                        buf.extend_from_slice(&v.to_le_bytes());
+                    }
+                    buf.resize(stride_bytes, 0);
+                    w.write_all(&buf).map_err(EngineError::io(&tmp))?;
+                    bytes += stride_bytes as u64;
+                }
+            }
+            let file = w.into_inner().map_err(|e| EngineError::Io {
+                path: tmp.clone(),
+                source: e.into_error(),
+            })?;
+            file.sync_all().map_err(EngineError::io(&tmp))
+        })();
+        result.map_err(|e| match e {
+            EngineError::Io { source, .. } => io(source),
+            other => other,
+        })?;
+        Ok(bytes)
+    };
+    let bytes = match write() {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+    };
+    std::fs::rename(&tmp, out).map_err(EngineError::io(out))?;
+    Ok(ConvertReport {
+        path: out.to_path_buf(),
+        blocks: layers.len() * cfg.num_experts,
+        bytes,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Reads expert blocks from a disk file, with O_DIRECT where the filesystem allows it.
+pub struct DiskStore {
+    path: PathBuf,
+    file: File,
+    header: DiskHeader,
+    layout: ExpertLayout,
+    direct: bool,
+}
+
+impl std::fmt::Debug for DiskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiskStore")
+            .field("path", &self.path)
+            .field("direct", &self.direct)
+            .finish()
+    }
+}
+
+impl DiskStore {
+    /// Opens `path` for the model whose shape and fingerprint are given; any mismatch, a bad
+    /// header or a truncated file is an error naming the file.
+    pub fn open(
+        path: &Path,
+        cfg: &Qwen3MoeConfig,
+        fingerprint: Fingerprint,
+    ) -> Result<DiskStore, EngineError> {
+        let bad = |reason: String| EngineError::ExpertStore {
+            reason: format!("{}: {reason}", path.display()),
+        };
+        let plain = File::open(path).map_err(EngineError::io(path))?;
+        let mut prefix = [0u8; 16];
+        plain
+            .read_exact_at(&mut prefix, 0)
+            .map_err(|_| bad("too short for a specfit expert file".into()))?;
+        if &prefix[..8] != MAGIC {
+            return Err(bad(
+                "not a specfit expert file (bad magic); make one with `specfit convert`".into(),
+            ));
+        }
+        let version = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(bad(format!(
+                "version {version}, this build reads version {VERSION}"
+            )));
+        }
+        let json_len = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes")) as usize;
+        let mut json = vec![0u8; json_len];
+        plain
+            .read_exact_at(&mut json, 16)
+            .map_err(|_| bad("truncated header".into()))?;
+        let header: DiskHeader =
+            serde_json::from_slice(&json).map_err(|e| bad(format!("bad header: {e}")))?;
+        let layout = ExpertLayout {
+            hidden: cfg.hidden_size,
+            intermediate: cfg.moe_intermediate_size,
+        };
+        let expected = (
+            cfg.moe_layers().len(),
+            cfg.num_experts,
+            layout.hidden,
+            layout.intermediate,
+        );
+        let got = (
+            header.moe_layers,
+            header.experts,
+            header.hidden,
+            header.intermediate,
+        );
+        if got != expected || header.dtype != "f32" || header.block_bytes != layout.bytes() {
+            return Err(bad(format!(
+                "made for (moe layers, experts, hidden, intermediate) = {got:?} in {}, this model is {expected:?} in f32",
+                header.dtype
+            )));
+        }
+        if header.fingerprint != fingerprint {
+            return Err(bad(format!(
+                "fingerprint {:016x} does not match this model's {:016x}: it was made from another checkpoint; rerun `specfit convert`",
+                header.fingerprint.0, fingerprint.0
+            )));
+        }
+        if header.stride_bytes % ALIGN != 0
+            || header.data_offset % ALIGN as u64 != 0
+            || header.stride_bytes < header.block_bytes
+        {
+            return Err(bad("header strides are not 4 KiB-aligned".into()));
+        }
+        let need =
+            header.data_offset + (header.moe_layers * header.experts * header.stride_bytes) as u64;
+        let len = plain.metadata().map_err(EngineError::io(path))?.len();
+        if len < need {
+            return Err(bad(format!(
+                "truncated: {len} bytes, the header needs {need}"
+            )));
+        }
+        let (file, direct) = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+        {
+            Ok(f) => (f, true),
+            Err(_) => (plain, false),
+        };
+        Ok(DiskStore {
+            path: path.to_path_buf(),
+            file,
+            header,
+            layout,
+            direct,
+        })
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+}
+
+impl ExpertStore for DiskStore {
+    fn layout(&self) -> ExpertLayout {
+        self.layout
+    }
+
+    fn read_into(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        dst: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let stride = self.header.stride_bytes;
+        let offset =
+            self.header.data_offset + ((layer * self.header.experts + expert) * stride) as u64;
+        assert!(dst.len() * 4 >= stride, "slot smaller than a disk block");
+        // SAFETY: `dst` is a live, exclusively borrowed f32 slice of at least `stride` bytes; any
+        // byte pattern is a valid f32. The file stores little-endian f32, the layout of this
+        // target (checked below at compile time).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, stride) };
+        self.file
+            .read_exact_at(bytes, offset)
+            .map_err(|e| EngineError::ExpertStore {
+                reason: format!(
+                    "{}: reading layer {layer} expert {expert}: {e}",
+                    self.path.display()
+                ),
+            })
+    }
+
+    fn tier(&self) -> &'static str {
+        if self.direct {
+            "disk (O_DIRECT)"
+        } else {
+            "disk (buffered)"
+        }
+    }
+}
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the disk expert format stores little-endian f32");

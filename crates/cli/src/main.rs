@@ -5,6 +5,7 @@ mod calibrate;
 mod convert;
 mod files;
 mod forward;
+mod generate;
 mod select;
 mod synth;
 mod target;
@@ -27,6 +28,8 @@ enum Command {
     Select(select::Args),
     /// Fit the cost model (intercepts a[n], beta; beta_hit/beta_miss) from probe rows by NNLS.
     Calibrate(calibrate::Args),
+    /// Decode text on the offloaded engine and report tok/s and expert copies.
+    Generate(generate::Args),
     /// Write a checkpoint's routed experts as the expert-major disk file (for `--store disk`).
     Convert(convert::Args),
     /// One target forward over given token ids (and optional greedy steps), written as JSON.
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Synth(cmd) => synth::run(&cmd),
         Command::Forward(args) => forward::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Generate(args) => generate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -243,3 +243,171 @@ fn bad_probe_files_exit_with_status_two() {
         "missing field",
     );
 }
+
+/// A copy of a fixture checkpoint with a word-level tokenizer over its 256 ids: 0–2 are the
+/// ChatML specials, id `i` ≥ 3 is the word `w{i}`.
+fn fixture_with_tokenizer(name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/qwen3moe")
+        .join(name);
+    let dir = temp(&format!("model-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let mut vocab = serde_json::Map::new();
+    for (i, s) in specials.iter().enumerate() {
+        vocab.insert(s.to_string(), serde_json::json!(i));
+    }
+    for i in 3..256 {
+        vocab.insert(format!("w{i}"), serde_json::json!(i));
+    }
+    let added: Vec<_> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| serde_json::json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|endoftext|>"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let cfg = serde_json::json!({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn forward_writes_the_transformers_logits_and_greedy_tokens() {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe/topk_norm");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("reference.json")).unwrap())
+            .unwrap();
+    let ids: Vec<String> = reference["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let out = temp("forward.json");
+    let run = specfit(
+        &[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            &ids.join(","),
+            "--greedy",
+            "8",
+            "--slots",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(got["tokens"], reference["greedy"]["tokens"]);
+    assert_eq!(got["routes"][0][0], reference["routes"]["topk_ids"][0][0]);
+    let bad = specfit(
+        &[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            "1,256",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("token id 256 at position 1 is outside the vocabulary"));
+}
+
+#[test]
+fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
+    let dir = fixture_with_tokenizer("topk_norm");
+    let d = dir.to_str().unwrap();
+    let prompt = "<|im_start|> w243 w56 w119 w188 w74 w255 w15 w15 w216 w31 w187";
+    let conv = specfit(&["convert", "--model", d], None);
+    assert!(
+        conv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&conv.stderr)
+    );
+    for extra in [
+        vec![],
+        vec!["--store", "disk", "--slots", "2"],
+        vec!["--slots", "3", "--clear-cache"],
+    ] {
+        let mut args = vec![
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "20",
+        ];
+        args.extend(extra.iter());
+        let out = specfit(&args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        // transformers' greedy tokens are 41 175 100 51 216 41 2(eos) 228.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "w41 w175 w100 w51 w216 w41",
+            "{args:?}"
+        );
+        assert!(stderr.contains("7 tokens"), "{stderr}");
+        assert!(stderr.contains("misses"), "{stderr}");
+    }
+    let chat = specfit(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "w5 w6",
+            "--chat",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "4",
+        ],
+        None,
+    );
+    assert!(
+        chat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&chat.stderr)
+    );
+    let no_tok = specfit(
+        &[
+            "generate",
+            "--model",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fixtures/qwen3moe/topk_norm")
+                .to_str()
+                .unwrap(),
+            "--prompt",
+            "x",
+        ],
+        None,
+    );
+    assert_eq!(no_tok.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_tok.stderr).contains("tokenizer.json"));
+}

@@ -75,14 +75,7 @@ impl ForwardOutput {
 
     /// Argmax (lowest index on ties) of output row `r`.
     pub fn argmax(&self, r: usize) -> u32 {
-        let row = self.row(r);
-        let mut best = 0;
-        for (i, &v) in row.iter().enumerate() {
-            if v > row[best] {
-                best = i;
-            }
-        }
-        best as u32
+        crate::sampling::argmax(self.row(r))
     }
 }
 

@@ -14,9 +14,12 @@ pub mod batch;
 pub mod config;
 mod error;
 pub mod experts;
+pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod sampling;
+pub mod tokenizer;
 mod weights;
 
 use std::path::Path;
@@ -25,8 +28,11 @@ pub use batch::{Batch, ForwardOutput, Logits, Mask};
 pub use config::{GenerationConfig, Qwen3MoeConfig};
 pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
+pub use generate::{generate, GenerateOptions, GenerateReport};
 pub use kv::KvCache;
 pub use model::Qwen3Moe;
+pub use sampling::{Sampler, Sampling};
+pub use tokenizer::Tokenizer;
 
 /// Where routed experts rest.
 #[derive(Debug, Clone, PartialEq, Eq)]

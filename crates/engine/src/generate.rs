@@ -1,0 +1,89 @@
+//! Plain autoregressive decoding on the offloaded engine: prefill, then one forward per token,
+//! with the copy counters and timings a user of offloaded MoE decoding wants to see. Speculative
+//! decoding builds on the same pieces but is not here.
+
+use std::time::Instant;
+
+use crate::batch::{Batch, Logits};
+use crate::error::EngineError;
+use crate::experts::{ExpertCache, LayerStats};
+use crate::model::Qwen3Moe;
+use crate::sampling::Sampler;
+
+/// Settings of one generation.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    /// Stop after emitting any of these (the stop token is included in the output).
+    pub stop: Vec<u32>,
+}
+
+/// What a generation produced and what it cost.
+#[derive(Debug, Clone, Default)]
+pub struct GenerateReport {
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub prefill_seconds: f64,
+    /// Wall time of the decode forwards (after prefill).
+    pub decode_seconds: f64,
+    /// Copies during prefill and during decoding.
+    pub prefill_copies: LayerStats,
+    pub decode_copies: LayerStats,
+}
+
+impl GenerateReport {
+    /// Decoded tokens per second (the first token comes from the prefill forward).
+    pub fn tokens_per_second(&self) -> f64 {
+        let decoded = self.tokens.len().saturating_sub(1);
+        if self.decode_seconds > 0.0 {
+            decoded as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Generates after `prompt`, calling `on_token` with each new token as soon as it is chosen.
+pub fn generate(
+    model: &Qwen3Moe,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+    sampler: &mut Sampler,
+    options: &GenerateOptions,
+    mut on_token: impl FnMut(u32),
+) -> Result<GenerateReport, EngineError> {
+    let mut report = GenerateReport {
+        prompt_tokens: prompt.len(),
+        ..GenerateReport::default()
+    };
+    if options.max_tokens == 0 {
+        return Ok(report);
+    }
+    let mut kv = model.new_kv_cache();
+    let start = Instant::now();
+    let out = model.forward(
+        &Batch {
+            logits: Logits::Last,
+            ..Batch::causal(prompt)
+        },
+        &mut kv,
+        experts,
+    )?;
+    report.prefill_seconds = start.elapsed().as_secs_f64();
+    report.prefill_copies = out.copies.total;
+    let mut next = sampler.sample(out.row(0));
+    let start = Instant::now();
+    let before = experts.stats().clone();
+    loop {
+        report.tokens.push(next);
+        on_token(next);
+        if report.tokens.len() >= options.max_tokens || options.stop.contains(&next) {
+            break;
+        }
+        let out = model.forward(&Batch::causal(&[next]), &mut kv, experts)?;
+        next = sampler.sample(out.row(0));
+    }
+    report.decode_seconds = start.elapsed().as_secs_f64();
+    report.decode_copies = experts.stats().since(&before).total;
+    Ok(report)
+}

@@ -1,0 +1,107 @@
+//! The checkpoint's tokenizer (`tokenizer.json`, Hugging Face `tokenizers`) and chat format
+//! (`tokenizer_config.json`'s `chat_template`). Only ChatML templates are rendered (the Qwen
+//! family's format: `<|im_start|>role\ncontent<|im_end|>\n`); any other template is an error
+//! rather than a silently different prompt. It does not know about models.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::EngineError;
+
+/// A loaded tokenizer plus its chat format.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and, when present, the chat template of
+    /// `dir/tokenizer_config.json`.
+    pub fn load(dir: &Path) -> Result<Tokenizer, EngineError> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            return Err(EngineError::Io {
+                path: path.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no tokenizer.json in the model directory",
+                ),
+            });
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| EngineError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let config = dir.join("tokenizer_config.json");
+        let chat_template = if config.exists() {
+            let text = std::fs::read_to_string(&config).map_err(EngineError::io(&config))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| EngineError::Json {
+                    path: config.clone(),
+                    message: e.to_string(),
+                })?;
+            v.get("chat_template")
+                .and_then(|t| t.as_str())
+                .map(str::to_string)
+        } else {
+            None
+        };
+        Ok(Tokenizer {
+            inner,
+            chat_template,
+            path,
+        })
+    }
+
+    /// Token ids of `text` (special tokens written in the text are recognised).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.inner
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EngineError::Json {
+                path: self.path.clone(),
+                message: format!("encoding: {e}"),
+            })
+    }
+
+    /// Text of `ids`, without special tokens.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.inner.decode(ids, true).map_err(|e| EngineError::Json {
+            path: self.path.clone(),
+            message: format!("decoding: {e}"),
+        })
+    }
+
+    /// The id of a special token such as `<|im_end|>`.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// `prompt` as one user turn followed by the assistant's turn, in the checkpoint's ChatML
+    /// format.
+    pub fn chat_prompt(&self, prompt: &str) -> Result<String, EngineError> {
+        match &self.chat_template {
+            Some(t) if t.contains("<|im_start|>") && t.contains("<|im_end|>") => Ok(format!(
+                "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+            )),
+            Some(_) => Err(EngineError::Config {
+                field: "chat_template",
+                value: "(not ChatML)".into(),
+                reason: "only ChatML chat templates are supported",
+            }),
+            None => Err(EngineError::Config {
+                field: "chat_template",
+                value: "(missing)".into(),
+                reason: "tokenizer_config.json has no chat_template; drop --chat",
+            }),
+        }
+    }
+}

@@ -13,8 +13,14 @@ pub struct Args {
     #[command(flatten)]
     target: TargetArgs,
     /// The prompt text.
+    #[arg(long, required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
+    prompt: Option<String>,
+    /// The prompt as comma-separated token ids (no tokenizer needed; output is printed as ids).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Do not stop at end-of-sequence tokens (for timing a fixed number of tokens).
     #[arg(long)]
-    prompt: String,
+    ignore_eos: bool,
     /// Wrap the prompt in the checkpoint's chat template (ChatML).
     #[arg(long)]
     chat: bool,
@@ -43,22 +49,30 @@ pub fn run(args: &Args) -> Result<()> {
         "--top-p {} must be in (0, 1]",
         args.top_p
     );
-    let tokenizer = Tokenizer::load(&args.target.model)?;
-    let (model, mut cache) = args.target.load()?;
-    let text = if args.chat {
-        tokenizer.chat_prompt(&args.prompt)?
-    } else {
-        args.prompt.clone()
+    let tokenizer = match args.prompt {
+        Some(_) => Some(Tokenizer::load(&args.target.model)?),
+        None => None,
     };
-    let prompt = tokenizer.encode(&text)?;
+    let (model, mut cache) = args.target.load()?;
+    let prompt = match (&tokenizer, &args.prompt, &args.prompt_ids) {
+        (Some(tok), Some(text), _) => {
+            let text = if args.chat { tok.chat_prompt(text)? } else { text.clone() };
+            tok.encode(&text)?
+        }
+        (_, _, Some(ids)) => ids.clone(),
+        _ => unreachable!("clap requires --prompt or --prompt-ids"),
+    };
     ensure!(!prompt.is_empty(), "the prompt encodes to no tokens");
     let mut stop = GenerationConfig::load(&args.target.model)?
         .eos_token_id
         .or(model.config().eos_token_id.clone())
         .map(|t| t.to_vec())
         .unwrap_or_default();
-    if let Some(end) = tokenizer.token_id("<|im_end|>").filter(|_| args.chat) {
+    if let Some(end) = tokenizer.as_ref().and_then(|t| t.token_id("<|im_end|>")).filter(|_| args.chat) {
         stop.push(end);
+    }
+    if args.ignore_eos {
+        stop.clear();
     }
     let rule = if args.temperature == 0.0 {
         Sampling::Greedy
@@ -79,6 +93,11 @@ pub fn run(args: &Args) -> Result<()> {
     let mut stream_error = None;
     let report = generate(&model, &mut cache, &prompt, &mut sampler, &options, |tok| {
         ids.push(tok);
+        let Some(tokenizer) = &tokenizer else {
+            let _ = write!(out, "{}{tok}", if ids.len() > 1 { "," } else { "" });
+            let _ = out.flush();
+            return;
+        };
         match tokenizer.decode(&ids) {
             Ok(text) if text.len() > shown && text.is_char_boundary(shown) => {
                 let _ = write!(out, "{}", &text[shown..]);

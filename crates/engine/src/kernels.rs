@@ -112,16 +112,47 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// `out[r, j] = x[r, :] · w[j, :]` for `x` of `rows × k` and `w` of `n × k` (the `nn.Linear`
 /// layout), `out` of `rows × n`. Each output is one [`dot`], so rows are independent.
+///
+/// Large calls are split by output feature across the worker pool ([`crate::threads`]); each
+/// output is still one `dot` computed by one thread, so the split never changes a bit.
 pub fn matmul(x: &[f32], rows: usize, w: &[f32], n: usize, k: usize, out: &mut [f32]) {
-    debug_assert_eq!(x.len(), rows * k);
-    debug_assert_eq!(w.len(), n * k);
-    debug_assert_eq!(out.len(), rows * n);
-    // Weight rows outer, token rows inner: a weight row is read once per call and reused from
-    // L1 for every token (the tree-verify case), while each output is still a single dot.
-    for j in 0..n {
+    assert_eq!(x.len(), rows * k, "matmul: x is not rows × k");
+    assert_eq!(w.len(), n * k, "matmul: w is not n × k");
+    assert_eq!(out.len(), rows * n, "matmul: out is not rows × n");
+    let pool = crate::threads::pool();
+    let parts = pool.threads();
+    if parts == 1 || rows * n * k < PARALLEL_MIN_MACS || n < 2 * parts {
+        matmul_columns(x, rows, w, n, k, 0..n, crate::threads::SharedOut(out.as_mut_ptr()));
+        return;
+    }
+    let target = crate::threads::SharedOut(out.as_mut_ptr());
+    pool.run(&|part| {
+        let cols = n * part / parts..n * (part + 1) / parts;
+        matmul_columns(x, rows, w, n, k, cols, target);
+    });
+}
+
+/// Smallest matmul (in multiply-adds) worth splitting across threads.
+const PARALLEL_MIN_MACS: usize = 1 << 15;
+
+/// Outputs `out[r, j]` for `j` in `cols`. Weight rows outer, token rows inner: a weight row is
+/// read once per call and reused from L1 for every token (the tree-verify case).
+fn matmul_columns(
+    x: &[f32],
+    rows: usize,
+    w: &[f32],
+    n: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+    out: crate::threads::SharedOut,
+) {
+    for j in cols {
         let wj = &w[j * k..(j + 1) * k];
         for r in 0..rows {
-            out[r * n + j] = dot(&x[r * k..(r + 1) * k], wj);
+            let v = dot(&x[r * k..(r + 1) * k], wj);
+            // SAFETY: `out` points to `rows × n` floats (asserted by `matmul`), and concurrent
+            // callers own disjoint column ranges, so no element is written twice.
+            unsafe { *out.0.add(r * n + j) = v };
         }
     }
 }

@@ -14,6 +14,9 @@ pub struct Args {
     /// Output file (default: MODEL/experts.specfit).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Storage dtype of the expert blocks (default: the checkpoint's).
+    #[arg(long, value_enum)]
+    weights: Option<crate::target::WeightsArg>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -21,12 +24,17 @@ pub fn run(args: &Args) -> Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| specfit_engine::default_expert_file(&args.model));
-    let report = convert(&args.model, &out)
-        .with_context(|| format!("converting {}", args.model.display()))?;
+    let report = convert(
+        &args.model,
+        &out,
+        args.weights.map(crate::target::WeightsArg::dtype),
+    )
+    .with_context(|| format!("converting {}", args.model.display()))?;
     eprintln!(
-        "wrote {}: {} expert blocks, {:.1} MiB in {:.2} s",
+        "wrote {}: {} expert blocks in {}, {:.1} MiB in {:.2} s",
         report.path.display(),
         report.blocks,
+        report.dtype.name(),
         report.bytes as f64 / (1 << 20) as f64,
         report.seconds
     );

@@ -13,7 +13,11 @@ pub struct Args {
     #[command(flatten)]
     target: TargetArgs,
     /// The prompt text.
-    #[arg(long, required_unless_present = "prompt_ids", conflicts_with = "prompt_ids")]
+    #[arg(
+        long,
+        required_unless_present = "prompt_ids",
+        conflicts_with = "prompt_ids"
+    )]
     prompt: Option<String>,
     /// The prompt as comma-separated token ids (no tokenizer needed; output is printed as ids).
     #[arg(long, value_delimiter = ',')]
@@ -56,7 +60,11 @@ pub fn run(args: &Args) -> Result<()> {
     let (model, mut cache) = args.target.load()?;
     let prompt = match (&tokenizer, &args.prompt, &args.prompt_ids) {
         (Some(tok), Some(text), _) => {
-            let text = if args.chat { tok.chat_prompt(text)? } else { text.clone() };
+            let text = if args.chat {
+                tok.chat_prompt(text)?
+            } else {
+                text.clone()
+            };
             tok.encode(&text)?
         }
         (_, _, Some(ids)) => ids.clone(),
@@ -68,7 +76,11 @@ pub fn run(args: &Args) -> Result<()> {
         .or(model.config().eos_token_id.clone())
         .map(|t| t.to_vec())
         .unwrap_or_default();
-    if let Some(end) = tokenizer.as_ref().and_then(|t| t.token_id("<|im_end|>")).filter(|_| args.chat) {
+    if let Some(end) = tokenizer
+        .as_ref()
+        .and_then(|t| t.token_id("<|im_end|>"))
+        .filter(|_| args.chat)
+    {
         stop.push(end);
     }
     if args.ignore_eos {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use specfit_engine::{load_target, CacheMode, ExpertCache, Qwen3Moe, Tier};
+use specfit_engine::{load_target, CacheMode, ExpertCache, Qwen3Moe, Tier, WeightDtype};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreArg {
@@ -12,6 +12,21 @@ pub enum StoreArg {
     Ram,
     /// The expert file written by `specfit convert`, read with O_DIRECT.
     Disk,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightsArg {
+    F32,
+    Bf16,
+}
+
+impl WeightsArg {
+    pub fn dtype(self) -> WeightDtype {
+        match self {
+            WeightsArg::F32 => WeightDtype::F32,
+            WeightsArg::Bf16 => WeightDtype::Bf16,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -31,6 +46,9 @@ pub struct TargetArgs {
     /// Empty the slots before every forward (the paper's "vanilla" baseline).
     #[arg(long)]
     pub clear_cache: bool,
+    /// Storage dtype of the matrices (default: the checkpoint's; bf16 is widened exactly).
+    #[arg(long, value_enum)]
+    pub weights: Option<WeightsArg>,
 }
 
 impl TargetArgs {
@@ -50,7 +68,13 @@ impl TargetArgs {
             CacheMode::Lru
         };
         let slots = self.slots.unwrap_or(usize::MAX);
-        load_target(&self.model, &tier, slots, mode)
-            .with_context(|| format!("loading {}", self.model.display()))
+        load_target(
+            &self.model,
+            &tier,
+            slots,
+            mode,
+            self.weights.map(WeightsArg::dtype),
+        )
+        .with_context(|| format!("loading {}", self.model.display()))
     }
 }

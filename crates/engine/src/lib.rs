@@ -30,6 +30,7 @@ pub use config::{GenerationConfig, Qwen3MoeConfig};
 pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
 pub use generate::{generate, GenerateOptions, GenerateReport};
+pub use kernels::WeightDtype;
 pub use kv::KvCache;
 pub use model::Qwen3Moe;
 pub use sampling::{Sampler, Sampling};
@@ -49,21 +50,24 @@ pub fn default_expert_file(dir: &Path) -> std::path::PathBuf {
     dir.join("experts.specfit")
 }
 
-/// Loads the target in `dir` with its experts in `tier`, behind `slots` slots per MoE layer.
+/// Loads the target in `dir` with its experts in `tier`, behind `slots` slots per MoE layer;
+/// matrices keep the checkpoint's dtype unless `dtype` says otherwise.
 pub fn load_target(
     dir: &Path,
     tier: &Tier,
     slots: usize,
     mode: CacheMode,
+    dtype: Option<WeightDtype>,
 ) -> Result<(Qwen3Moe, ExpertCache), EngineError> {
     let (model, store): (Qwen3Moe, Box<dyn ExpertStore>) = match tier {
         Tier::Ram => {
-            let (model, store) = Qwen3Moe::load(dir)?;
+            let (model, store) = Qwen3Moe::load(dir, dtype)?;
             (model, Box::new(store))
         }
         Tier::Disk(path) => {
-            let (model, fingerprint) = Qwen3Moe::load_dense(dir)?;
-            let store = experts::DiskStore::open(path, model.config(), fingerprint)?;
+            let (model, fingerprint) = Qwen3Moe::load_dense(dir, dtype)?;
+            let store =
+                experts::DiskStore::open(path, model.config(), fingerprint, model.weight_dtype())?;
             (model, Box::new(store))
         }
     };

@@ -57,7 +57,11 @@ impl Pool {
                     .clone()
             })
             .collect();
-        Pool { shared, workers, gate: Mutex::new(()) }
+        Pool {
+            shared,
+            workers,
+            gate: Mutex::new(()),
+        }
     }
 
     /// Threads that share a job (workers plus the caller).
@@ -111,7 +115,8 @@ fn worker(shared: Arc<Shared>, w: usize) {
             }
         };
         seen = epoch;
-        let job = (*shared.job.lock().unwrap_or_else(|e| e.into_inner())).expect("job set before epoch");
+        let job =
+            (*shared.job.lock().unwrap_or_else(|e| e.into_inner())).expect("job set before epoch");
         // SAFETY: see `Pool::run`: the job outlives this epoch.
         let f = unsafe { &*job.0 };
         if catch_unwind(AssertUnwindSafe(|| f(w + 1))).is_err() {

@@ -12,6 +12,7 @@ use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 
 use crate::error::EngineError;
+use crate::kernels::{WeightBuf, WeightDtype};
 
 struct Shard {
     path: PathBuf,
@@ -25,6 +26,8 @@ struct Shard {
 pub struct Checkpoint {
     shards: Vec<Shard>,
     taken: HashSet<String>,
+    /// Dtype matrices are kept in ([`Checkpoint::take_weight`]).
+    storage: WeightDtype,
 }
 
 impl Checkpoint {
@@ -40,10 +43,13 @@ impl Checkpoint {
             .into_iter()
             .map(open_shard)
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Checkpoint {
+        let mut ck = Checkpoint {
             shards,
             taken: HashSet::new(),
-        })
+            storage: WeightDtype::F32,
+        };
+        ck.storage = ck.native_dtype();
+        Ok(ck)
     }
 
     /// Whether the checkpoint holds `name`.
@@ -76,6 +82,79 @@ impl Checkpoint {
             name: name.to_string(),
             dtype: format!("{:?}", info.dtype),
         })
+    }
+
+    /// Keeps matrices taken with [`Checkpoint::take_weight`] in `dtype` from now on.
+    pub fn set_storage(&mut self, dtype: WeightDtype) {
+        self.storage = dtype;
+    }
+
+    /// The dtype [`Checkpoint::take_weight`] returns.
+    pub fn storage(&self) -> WeightDtype {
+        self.storage
+    }
+
+    /// Takes a matrix in the storage dtype.
+    pub fn take_weight(&mut self, name: &str, shape: &[usize]) -> Result<WeightBuf, EngineError> {
+        self.take_as(name, shape, self.storage)
+    }
+
+    /// Takes tensor `name` stored as `dtype`: bf16 tensors stay bit-exact when `dtype` is bf16;
+    /// f32/f16 tensors are rounded to nearest-even when bf16 is asked for.
+    pub fn take_as(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        dtype: WeightDtype,
+    ) -> Result<WeightBuf, EngineError> {
+        let values = self.peek_as(name, shape, dtype)?;
+        self.taken.insert(name.to_string());
+        Ok(values)
+    }
+
+    /// As [`Checkpoint::take_as`], without marking the tensor used.
+    pub fn peek_as(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtype: WeightDtype,
+    ) -> Result<WeightBuf, EngineError> {
+        let (shard, info) = self.info(name, shape)?;
+        if dtype == WeightDtype::Bf16 && info.dtype == Dtype::BF16 {
+            let (start, end) = info.data_offsets;
+            let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+            return Ok(WeightBuf::Bf16(
+                bytes
+                    .chunks_exact(2)
+                    .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                    .collect(),
+            ));
+        }
+        let values = self.peek(name, shape)?;
+        Ok(match dtype {
+            WeightDtype::F32 => WeightBuf::F32(values),
+            WeightDtype::Bf16 => WeightBuf::Bf16(
+                values
+                    .iter()
+                    .map(|&v| half::bf16::from_f32(v).to_bits())
+                    .collect(),
+            ),
+        })
+    }
+
+    /// The dtype weights keep by default: bf16 when the token embedding is stored in bf16, else
+    /// f32 (f16 checkpoints are widened to f32).
+    pub fn native_dtype(&self) -> WeightDtype {
+        let bf16 = self
+            .shards
+            .iter()
+            .find_map(|s| s.tensors.get("model.embed_tokens.weight"))
+            .is_some_and(|i| i.dtype == Dtype::BF16);
+        if bf16 {
+            WeightDtype::Bf16
+        } else {
+            WeightDtype::F32
+        }
     }
 
     /// The shard and metadata of `name`, checked against `shape`.

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specfit_engine::{Batch, CacheMode, ExpertCache, Logits, Mask, Qwen3Moe, Tier};
+use specfit_engine::{Batch, CacheMode, ExpertCache, Logits, Mask, Qwen3Moe, Tier, WeightDtype};
 
 fn fixture_dirs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe");
@@ -43,7 +43,8 @@ fn ints(v: &Value) -> Vec<u32> {
 }
 
 fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {
-    let (model, store) = Qwen3Moe::load(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let (model, store) =
+        Qwen3Moe::load(dir, None).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let cfg = model.config();
     let layers = cfg.moe_layers().len();
     let experts = cfg.num_experts;
@@ -427,10 +428,10 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
     std::fs::copy(dir.join("config.json"), tmp.join("config.json")).unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(tmp.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();
-    let err = Qwen3Moe::load(&tmp).unwrap_err().to_string();
+    let err = Qwen3Moe::load(&tmp, None).unwrap_err().to_string();
     assert!(err.contains("not a valid safetensors file"), "{err}");
     std::fs::write(tmp.join("model.safetensors"), b"garbage").unwrap();
-    assert!(Qwen3Moe::load(&tmp)
+    assert!(Qwen3Moe::load(&tmp, None)
         .unwrap_err()
         .to_string()
         .contains("not a valid safetensors file"));
@@ -440,7 +441,7 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
         .unwrap()
         .replace("\"hidden_size\": 32", "\"hidden_size\": 48");
     std::fs::write(tmp.join("config.json"), cfg).unwrap();
-    let err = Qwen3Moe::load(&tmp).unwrap_err().to_string();
+    let err = Qwen3Moe::load(&tmp, None).unwrap_err().to_string();
     assert!(
         err.contains("32], config.json implies [") && err.contains("48]"),
         "{err}"
@@ -450,7 +451,7 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
         .unwrap()
         .replace("Qwen3MoeForCausalLM", "LlamaForCausalLM");
     std::fs::write(tmp.join("config.json"), cfg).unwrap();
-    assert!(Qwen3Moe::load(&tmp)
+    assert!(Qwen3Moe::load(&tmp, None)
         .unwrap_err()
         .to_string()
         .contains("this engine runs Qwen3MoeForCausalLM"));
@@ -471,16 +472,21 @@ fn the_disk_tier_reads_the_same_experts_as_ram_bit_for_bit() {
             "{}.specfit",
             dir.file_name().unwrap().to_string_lossy()
         ));
-        let report = specfit_engine::experts::convert(&dir, &file).unwrap();
+        let report = specfit_engine::experts::convert(&dir, &file, None).unwrap();
         assert_eq!(report.bytes, std::fs::metadata(&file).unwrap().len());
         let r = reference(&dir);
         let prompt = ints(&r["input_ids"]);
         let (model, mut ram) = load(&dir, usize::MAX, CacheMode::Lru);
         let (want_tokens, want_logits) = greedy(&model, &mut ram, &prompt, 5);
         for slots in [1usize, 3, usize::MAX] {
-            let (_, mut disk) =
-                specfit_engine::load_target(&dir, &Tier::Disk(file.clone()), slots, CacheMode::Lru)
-                    .unwrap();
+            let (_, mut disk) = specfit_engine::load_target(
+                &dir,
+                &Tier::Disk(file.clone()),
+                slots,
+                CacheMode::Lru,
+                None,
+            )
+            .unwrap();
             assert!(disk.tier().starts_with("disk"));
             let (tokens, logits) = greedy(&model, &mut disk, &prompt, 5);
             assert_eq!(tokens, want_tokens, "{} slots {slots}", dir.display());
@@ -501,11 +507,17 @@ fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
     let a = dirs.iter().find(|d| d.ends_with("topk_norm")).unwrap();
     let b = dirs.iter().find(|d| d.ends_with("topk_raw")).unwrap();
     let file = tmp.join("a.specfit");
-    specfit_engine::experts::convert(a, &file).unwrap();
+    specfit_engine::experts::convert(a, &file, None).unwrap();
     let open = |path: &Path, dir: &Path| {
-        specfit_engine::load_target(dir, &Tier::Disk(path.to_path_buf()), 4, CacheMode::Lru)
-            .unwrap_err()
-            .to_string()
+        specfit_engine::load_target(
+            dir,
+            &Tier::Disk(path.to_path_buf()),
+            4,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap_err()
+        .to_string()
     };
     let err = open(&file, b);
     assert!(
@@ -521,4 +533,65 @@ fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
     assert!(open(&junk, a).contains("bad magic"));
     assert!(open(&tmp.join("missing.specfit"), a).contains("No such file"));
     std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
+fn bf16_storage_gives_the_bits_of_f32_storage_on_a_bf16_checkpoint_on_either_tier() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("bf16"))
+        .unwrap();
+    let r = reference(&dir);
+    let prompt = ints(&r["input_ids"]);
+    let run = |tier: &Tier, dtype| {
+        let (model, mut cache) =
+            specfit_engine::load_target(&dir, tier, 3, CacheMode::Lru, Some(dtype)).unwrap();
+        assert_eq!(model.weight_dtype(), dtype);
+        greedy(&model, &mut cache, &prompt, 5)
+    };
+    let (tok32, log32) = run(&Tier::Ram, WeightDtype::F32);
+    let (tok16, log16) = run(&Tier::Ram, WeightDtype::Bf16);
+    assert_eq!(tok16, tok32);
+    for (a, b) in log16.iter().zip(&log32) {
+        assert_eq!(bits(a), bits(b));
+    }
+    let tmp = temp_dir("bf16-disk");
+    let file = tmp.join("bf16.specfit");
+    let report = specfit_engine::experts::convert(&dir, &file, None).unwrap();
+    assert_eq!(report.dtype, WeightDtype::Bf16);
+    let (tok_disk, log_disk) = run(&Tier::Disk(file.clone()), WeightDtype::Bf16);
+    assert_eq!(tok_disk, tok32);
+    assert_eq!(bits(&log_disk[4]), bits(&log32[4]));
+    let err = specfit_engine::load_target(
+        &dir,
+        &Tier::Disk(file),
+        3,
+        CacheMode::Lru,
+        Some(WeightDtype::F32),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("stores bf16 experts but the model is loaded with f32 weights"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
+fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("topk_norm"))
+        .unwrap();
+    let r = reference(&dir);
+    let (model, mut cache) =
+        specfit_engine::load_target(&dir, &Tier::Ram, 8, CacheMode::Lru, Some(WeightDtype::Bf16))
+            .unwrap();
+    let mut kv = model.new_kv_cache();
+    let out = model
+        .forward(&Batch::causal(&ints(&r["input_ids"])), &mut kv, &mut cache)
+        .unwrap();
+    let err = rel_err(&out.logits, &floats(&r["logits"]));
+    assert!(err < 5e-2, "bf16 rounding error {err}");
 }

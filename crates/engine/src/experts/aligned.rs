@@ -1,14 +1,15 @@
-//! A zeroed `f32` buffer whose start is 4 KiB-aligned, so that O_DIRECT reads can land in it
-//! directly (the kernel requires buffer, offset and length to be block-aligned).
+//! A zeroed byte buffer whose start is 4 KiB-aligned, so that O_DIRECT reads can land in it
+//! directly (the kernel requires buffer, offset and length to be block-aligned) and `f32`/bf16
+//! views of it are always aligned.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 
 /// Alignment of slot memory and of every block in the disk expert file.
 pub const ALIGN: usize = 4096;
 
-/// `len` floats, 4 KiB-aligned.
+/// `len` bytes, 4 KiB-aligned.
 pub struct AlignedBuf {
-    ptr: *mut f32,
+    ptr: *mut u8,
     len: usize,
     layout: Layout,
 }
@@ -17,24 +18,23 @@ pub struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` floats.
+    /// A zeroed buffer of `len` bytes.
     pub fn zeroed(len: usize) -> AlignedBuf {
-        let bytes = (len * 4).max(ALIGN).div_ceil(ALIGN) * ALIGN;
-        let layout = Layout::from_size_align(bytes, ALIGN).expect("valid layout");
+        let layout = Layout::from_size_align(padded(len.max(1)), ALIGN).expect("valid layout");
         // SAFETY: `layout` has non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) } as *mut f32;
+        let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
         AlignedBuf { ptr, len, layout }
     }
 
-    pub fn as_slice(&self) -> &[f32] {
-        // SAFETY: `ptr` points to at least `len` initialised (zeroed or written) floats.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to at least `len` initialised (zeroed or written) bytes.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
-    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as above, and `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
@@ -43,13 +43,13 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with exactly this layout.
-        unsafe { dealloc(self.ptr as *mut u8, self.layout) }
+        unsafe { dealloc(self.ptr, self.layout) }
     }
 }
 
-/// Floats in one 4 KiB-aligned slot holding `floats` floats.
-pub fn padded_len(floats: usize) -> usize {
-    (floats * 4).div_ceil(ALIGN) * ALIGN / 4
+/// `bytes` rounded up to a multiple of 4 KiB.
+pub fn padded(bytes: usize) -> usize {
+    bytes.div_ceil(ALIGN) * ALIGN
 }
 
 #[cfg(test)]
@@ -58,15 +58,15 @@ mod tests {
 
     #[test]
     fn buffers_are_aligned_and_zeroed() {
-        for len in [1usize, 1024, 1025, 5000] {
+        for len in [1usize, 4096, 4097, 20000] {
             let mut b = AlignedBuf::zeroed(len);
             assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
-            assert!(b.as_slice().iter().all(|&v| v == 0.0));
-            b.as_mut_slice()[len - 1] = 1.0;
-            assert_eq!(b.as_slice()[len - 1], 1.0);
+            assert!(b.as_slice().iter().all(|&v| v == 0));
+            b.as_mut_slice()[len - 1] = 1;
+            assert_eq!(b.as_slice()[len - 1], 1);
         }
-        assert_eq!(padded_len(1), 1024);
-        assert_eq!(padded_len(1024), 1024);
-        assert_eq!(padded_len(1025), 2048);
+        assert_eq!(padded(1), 4096);
+        assert_eq!(padded(4096), 4096);
+        assert_eq!(padded(4097), 8192);
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use crate::error::EngineError;
-use crate::experts::aligned::{padded_len, AlignedBuf};
+use crate::experts::aligned::{padded, AlignedBuf};
 use crate::experts::store::{ExpertLayout, ExpertStore};
 
 /// When the slots are invalidated.
@@ -72,7 +72,7 @@ impl CopyStats {
 
 /// One layer's slots.
 struct Slots {
-    /// `S` slots of `stride` floats, each 4 KiB-aligned.
+    /// `S` slots of `stride` bytes, each 4 KiB-aligned.
     data: AlignedBuf,
     /// Expert held by each slot.
     holds: Vec<Option<u32>>,
@@ -86,7 +86,7 @@ struct Slots {
 pub struct ExpertCache {
     store: Box<dyn ExpertStore>,
     layout: ExpertLayout,
-    /// Floats per slot (the block padded to 4 KiB).
+    /// Bytes per slot (the block padded to 4 KiB).
     stride: usize,
     slots: Vec<Slots>,
     mode: CacheMode,
@@ -119,7 +119,7 @@ impl ExpertCache {
         }
         let s = slots_per_layer.min(experts);
         let layout = store.layout();
-        let stride = padded_len(layout.len());
+        let stride = padded(layout.bytes());
         let slots = (0..layers)
             .map(|_| Slots {
                 data: AlignedBuf::zeroed(s * stride),
@@ -179,7 +179,7 @@ impl ExpertCache {
         }
     }
 
-    /// Runs `f(expert, weights)` for every expert of `needed` (distinct ids) in `layer`: the
+    /// Runs `f(expert, block bytes)` for every expert of `needed` (distinct ids) in `layer`: the
     /// resident ones first, then each missing one right after it is copied into the least
     /// recently used slot. Every expert is therefore copied at most once per call, even when
     /// `needed` outnumbers the slots.
@@ -187,9 +187,9 @@ impl ExpertCache {
         &mut self,
         layer: usize,
         needed: &[u32],
-        mut f: impl FnMut(u32, &[f32]),
+        mut f: impl FnMut(u32, &[u8]),
     ) -> Result<(), EngineError> {
-        let (len, stride) = (self.layout.len(), self.stride);
+        let (len, stride) = (self.layout.bytes(), self.stride);
         let (hit, miss): (Vec<u32>, Vec<u32>) = needed
             .iter()
             .partition(|&&e| self.slots[layer].slot_of[e as usize].is_some());
@@ -248,7 +248,7 @@ impl ExpertCache {
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the
     /// cache must never hold a stale or wrong expert). Returns the first mismatch.
     pub fn verify_slots(&mut self) -> Result<(), EngineError> {
-        let (len, stride) = (self.layout.len(), self.stride);
+        let (len, stride) = (self.layout.bytes(), self.stride);
         let mut fresh = AlignedBuf::zeroed(stride);
         for layer in 0..self.slots.len() {
             for s in 0..self.slots[layer].holds.len() {

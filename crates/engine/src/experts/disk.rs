@@ -1,13 +1,13 @@
 //! The disk tier: an expert-major file written once by [`convert`] (`specfit convert`) and read
 //! with O_DIRECT, one `pread` per missing expert straight into a 4 KiB-aligned slot — never
-//! through mmap page faults (59–89 MiB/s for random 128 KiB faults here, against ~1 GB/s for
-//! direct reads).
+//! through mmap page faults (59–89 MiB/s for random 128 KiB faults on this kind of machine,
+//! against ~1 GB/s for direct reads).
 //!
 //! Layout: `b"SPFTEXP\0"`, `u32` version (1), `u32` header length, a JSON header (shape, dtype,
 //! strides, a fingerprint of the source model), zero padding to `data_offset` (4 KiB-aligned),
 //! then one block per (MoE layer, expert) in that order, each `gate | up | down` as little-endian
-//! `f32` padded to `stride_bytes` (a multiple of 4 KiB). This module owns the format; the slot
-//! cache decides what to read.
+//! f32 or bf16 padded to `stride_bytes` (a multiple of 4 KiB). This module owns the format; the
+//! slot cache decides what to read.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
@@ -19,15 +19,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
-use crate::experts::aligned::{padded_len, ALIGN};
+use crate::experts::aligned::{padded, ALIGN};
 use crate::experts::store::{ExpertLayout, ExpertStore};
+use crate::kernels::{WeightBuf, WeightDtype};
 use crate::weights::Checkpoint;
 
 const MAGIC: &[u8; 8] = b"SPFTEXP\0";
 const VERSION: u32 = 1;
 
 /// Identifies the model a disk file was made from: shape plus an FNV-1a hash of two expert blocks
-/// (the first expert of the first sparse layer and the last of the last).
+/// (the first expert of the first sparse layer and the last of the last), taken as f32 so that
+/// it does not depend on the storage dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fingerprint(pub u64);
 
@@ -49,9 +51,8 @@ impl Fingerprint {
         }
         if let (Some(&first), Some(&last)) = (layers.first(), layers.last()) {
             for (layer, expert) in [(first, 0), (last, cfg.num_experts - 1)] {
-                for v in expert_block(ck, cfg, layer, expert)? {
-                    h.write(&v.to_le_bytes());
-                }
+                let block = expert_block_bytes(ck, cfg, layer, expert, WeightDtype::F32)?;
+                h.write(&block);
             }
         }
         Ok(Fingerprint(h.0))
@@ -71,19 +72,32 @@ impl Fnv {
     }
 }
 
-/// One expert's block `gate | up | down` read from the checkpoint.
-pub(crate) fn expert_block(
+/// One expert's block `gate | up | down` as little-endian bytes of `dtype`.
+pub(crate) fn expert_block_bytes(
     ck: &Checkpoint,
     cfg: &Qwen3MoeConfig,
     layer: usize,
     expert: usize,
-) -> Result<Vec<f32>, EngineError> {
+    dtype: WeightDtype,
+) -> Result<Vec<u8>, EngineError> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let p = format!("model.layers.{layer}.mlp.experts.{expert}");
-    let mut block = ck.peek(&format!("{p}.gate_proj.weight"), &[i, h])?;
-    block.extend(ck.peek(&format!("{p}.up_proj.weight"), &[i, h])?);
-    block.extend(ck.peek(&format!("{p}.down_proj.weight"), &[h, i])?);
-    Ok(block)
+    let mut bytes = Vec::with_capacity(3 * h * i * dtype.size());
+    for (part, shape) in [
+        ("gate_proj", [i, h]),
+        ("up_proj", [i, h]),
+        ("down_proj", [h, i]),
+    ] {
+        match ck.peek_as(&format!("{p}.{part}.weight"), &shape, dtype)? {
+            WeightBuf::F32(v) => v
+                .iter()
+                .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+            WeightBuf::Bf16(v) => v
+                .iter()
+                .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+        }
+    }
+    Ok(bytes)
 }
 
 /// The JSON header of a disk expert file.
@@ -108,35 +122,43 @@ pub struct ConvertReport {
     pub path: PathBuf,
     pub blocks: usize,
     pub bytes: u64,
+    pub dtype: WeightDtype,
     pub seconds: f64,
 }
 
 /// Writes the expert-major disk file for the checkpoint in `dir` to `out` (atomically: a
-/// temporary file in the same directory, synced, then renamed).
-pub fn convert(dir: &Path, out: &Path) -> Result<ConvertReport, EngineError> {
+/// temporary file in the same directory, synced, then renamed), storing blocks as `dtype`
+/// (default: the checkpoint's own, see [`Checkpoint::native_dtype`]).
+pub fn convert(
+    dir: &Path,
+    out: &Path,
+    dtype: Option<WeightDtype>,
+) -> Result<ConvertReport, EngineError> {
     let start = Instant::now();
     let cfg = Qwen3MoeConfig::load(dir)?;
     let ck = Checkpoint::open(dir)?;
+    let dtype = dtype.unwrap_or_else(|| ck.native_dtype());
     let layers = cfg.moe_layers();
     let layout = ExpertLayout {
         hidden: cfg.hidden_size,
         intermediate: cfg.moe_intermediate_size,
+        dtype,
     };
-    let stride_bytes = padded_len(layout.len()) * 4;
+    let stride_bytes = padded(layout.bytes());
     let header = DiskHeader {
         format: "specfit-experts".into(),
         moe_layers: layers.len(),
         experts: cfg.num_experts,
         hidden: layout.hidden,
         intermediate: layout.intermediate,
-        dtype: "f32".into(),
+        dtype: dtype.name().into(),
         block_bytes: layout.bytes(),
         stride_bytes,
         data_offset: 0,
         fingerprint: Fingerprint::of_checkpoint(&ck, &cfg)?,
     };
     let json_len = serde_json::to_vec(&header).expect("serialisable").len() + 32;
-    let data_offset = (16 + json_len).div_ceil(ALIGN) * ALIGN;
+    let data_offset = padded(16 + json_len);
     let header = DiskHeader {
         data_offset: data_offset as u64,
         ..header
@@ -147,38 +169,27 @@ pub fn convert(dir: &Path, out: &Path) -> Result<ConvertReport, EngineError> {
     let write = || -> Result<u64, EngineError> {
         let file = File::create(&tmp).map_err(EngineError::io(&tmp))?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
-        let io = EngineError::io(&tmp);
         let mut head = Vec::with_capacity(data_offset);
         head.extend_from_slice(MAGIC);
         head.extend_from_slice(&VERSION.to_le_bytes());
         head.extend_from_slice(&(json.len() as u32).to_le_bytes());
         head.extend_from_slice(&json);
         head.resize(data_offset, 0);
+        w.write_all(&head).map_err(EngineError::io(&tmp))?;
         let mut bytes = head.len() as u64;
-        let mut buf = Vec::with_capacity(stride_bytes);
-        let result = (|| -> Result<(), EngineError> {
-            w.write_all(&head).map_err(EngineError::io(&tmp))?;
-            for &layer in &layers {
-                for e in 0..cfg.num_experts {
-                    buf.clear();
-                    for v in expert_block(&ck, &cfg, layer, e)? {
-                        buf.extend_from_slice(&v.to_le_bytes());
-                    }
-                    buf.resize(stride_bytes, 0);
-                    w.write_all(&buf).map_err(EngineError::io(&tmp))?;
-                    bytes += stride_bytes as u64;
-                }
+        for &layer in &layers {
+            for e in 0..cfg.num_experts {
+                let mut block = expert_block_bytes(&ck, &cfg, layer, e, dtype)?;
+                block.resize(stride_bytes, 0);
+                w.write_all(&block).map_err(EngineError::io(&tmp))?;
+                bytes += stride_bytes as u64;
             }
-            let file = w.into_inner().map_err(|e| EngineError::Io {
-                path: tmp.clone(),
-                source: e.into_error(),
-            })?;
-            file.sync_all().map_err(EngineError::io(&tmp))
-        })();
-        result.map_err(|e| match e {
-            EngineError::Io { source, .. } => io(source),
-            other => other,
+        }
+        let file = w.into_inner().map_err(|e| EngineError::Io {
+            path: tmp.clone(),
+            source: e.into_error(),
         })?;
+        file.sync_all().map_err(EngineError::io(&tmp))?;
         Ok(bytes)
     };
     let bytes = match write() {
@@ -193,6 +204,7 @@ pub fn convert(dir: &Path, out: &Path) -> Result<ConvertReport, EngineError> {
         path: out.to_path_buf(),
         blocks: layers.len() * cfg.num_experts,
         bytes,
+        dtype,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
@@ -216,12 +228,13 @@ impl std::fmt::Debug for DiskStore {
 }
 
 impl DiskStore {
-    /// Opens `path` for the model whose shape and fingerprint are given; any mismatch, a bad
-    /// header or a truncated file is an error naming the file.
+    /// Opens `path` for the model whose shape and fingerprint are given, reading blocks stored
+    /// as `dtype`; any mismatch, a bad header or a truncated file is an error naming the file.
     pub fn open(
         path: &Path,
         cfg: &Qwen3MoeConfig,
         fingerprint: Fingerprint,
+        dtype: WeightDtype,
     ) -> Result<DiskStore, EngineError> {
         let bad = |reason: String| EngineError::ExpertStore {
             reason: format!("{}: {reason}", path.display()),
@@ -252,6 +265,7 @@ impl DiskStore {
         let layout = ExpertLayout {
             hidden: cfg.hidden_size,
             intermediate: cfg.moe_intermediate_size,
+            dtype,
         };
         let expected = (
             cfg.moe_layers().len(),
@@ -265,16 +279,24 @@ impl DiskStore {
             header.hidden,
             header.intermediate,
         );
-        if got != expected || header.dtype != "f32" || header.block_bytes != layout.bytes() {
+        if got != expected {
             return Err(bad(format!(
-                "made for (moe layers, experts, hidden, intermediate) = {got:?} in {}, this model is {expected:?} in f32",
-                header.dtype
+                "made for (moe layers, experts, hidden, intermediate) = {got:?}, this model is {expected:?}"
             )));
         }
         if header.fingerprint != fingerprint {
             return Err(bad(format!(
                 "fingerprint {:016x} does not match this model's {:016x}: it was made from another checkpoint; rerun `specfit convert`",
                 header.fingerprint.0, fingerprint.0
+            )));
+        }
+        if header.dtype != dtype.name() || header.block_bytes != layout.bytes() {
+            return Err(bad(format!(
+                "stores {} experts but the model is loaded with {} weights; load with --weights {} or rerun `specfit convert --weights {}`",
+                header.dtype,
+                dtype.name(),
+                header.dtype,
+                dtype.name()
             )));
         }
         if header.stride_bytes % ALIGN != 0
@@ -323,18 +345,13 @@ impl ExpertStore for DiskStore {
         &mut self,
         layer: usize,
         expert: usize,
-        dst: &mut [f32],
+        dst: &mut [u8],
     ) -> Result<(), EngineError> {
         let stride = self.header.stride_bytes;
         let offset =
             self.header.data_offset + ((layer * self.header.experts + expert) * stride) as u64;
-        assert!(dst.len() * 4 >= stride, "slot smaller than a disk block");
-        // SAFETY: `dst` is a live, exclusively borrowed f32 slice of at least `stride` bytes; any
-        // byte pattern is a valid f32. The file stores little-endian f32, the layout of this
-        // target (checked below at compile time).
-        let bytes = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr() as *mut u8, stride) };
         self.file
-            .read_exact_at(bytes, offset)
+            .read_exact_at(&mut dst[..stride], offset)
             .map_err(|e| EngineError::ExpertStore {
                 reason: format!(
                     "{}: reading layer {layer} expert {expert}: {e}",
@@ -353,4 +370,4 @@ impl ExpertStore for DiskStore {
 }
 
 #[cfg(not(target_endian = "little"))]
-compile_error!("the disk expert format stores little-endian f32");
+compile_error!("the disk expert format stores little-endian values");

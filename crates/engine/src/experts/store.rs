@@ -1,20 +1,23 @@
 //! Where routed experts rest: the trait every tier implements, and the host-RAM tier. One expert
-//! is one contiguous block `gate | up | down` of `f32`: `gate` and `up` are `I × H`, `down` is
-//! `H × I` (the `nn.Linear` layouts of the checkpoint).
+//! is one contiguous block `gate | up | down` in the storage dtype: `gate` and `up` are `I × H`,
+//! `down` is `H × I` (the `nn.Linear` layouts of the checkpoint).
 
 use crate::error::EngineError;
+use crate::kernels::{WeightDtype, WeightView};
 
-/// Shape of one expert block.
+/// Shape and dtype of one expert block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertLayout {
     /// `hidden_size`.
     pub hidden: usize,
     /// `moe_intermediate_size`.
     pub intermediate: usize,
+    /// Storage dtype.
+    pub dtype: WeightDtype,
 }
 
 impl ExpertLayout {
-    /// Floats in one block (3 · H · I).
+    /// Elements in one block (3 · H · I).
     pub fn len(&self) -> usize {
         3 * self.hidden * self.intermediate
     }
@@ -24,31 +27,51 @@ impl ExpertLayout {
         self.len() == 0
     }
 
-    /// Bytes of one block as stored in fast memory.
+    /// Bytes of one block.
     pub fn bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<f32>()
+        self.len() * self.dtype.size()
     }
 
-    /// `(gate, up, down)` views of a block.
-    pub fn split<'a>(&self, block: &'a [f32]) -> (&'a [f32], &'a [f32], &'a [f32]) {
+    /// `(gate, up, down)` views of a block's bytes. `block` must be aligned to the dtype (slots
+    /// are 4 KiB-aligned).
+    pub fn split<'a>(&self, block: &'a [u8]) -> (WeightView<'a>, WeightView<'a>, WeightView<'a>) {
         let m = self.hidden * self.intermediate;
-        (&block[..m], &block[m..2 * m], &block[2 * m..3 * m])
+        let all = view(&block[..self.bytes()], self.dtype);
+        (
+            all.slice(0..m),
+            all.slice(m..2 * m),
+            all.slice(2 * m..3 * m),
+        )
+    }
+}
+
+/// Reinterprets aligned little-endian bytes as a weight view.
+fn view(bytes: &[u8], dtype: WeightDtype) -> WeightView<'_> {
+    match dtype {
+        WeightDtype::F32 => {
+            // SAFETY: every bit pattern is a valid f32; `align_to` only yields the aligned middle.
+            let (head, mid, _) = unsafe { bytes.align_to::<f32>() };
+            assert!(head.is_empty(), "expert block is not 4-byte aligned");
+            WeightView::F32(mid)
+        }
+        WeightDtype::Bf16 => {
+            // SAFETY: as above for u16.
+            let (head, mid, _) = unsafe { bytes.align_to::<u16>() };
+            assert!(head.is_empty(), "expert block is not 2-byte aligned");
+            WeightView::Bf16(mid)
+        }
     }
 }
 
 /// Slow memory holding every routed expert. `layer` is the MoE layer's ordinal (0 = the first
 /// sparse layer), `expert` the expert id.
 pub trait ExpertStore: Send {
-    /// Shape of every block.
+    /// Shape and dtype of every block.
     fn layout(&self) -> ExpertLayout;
-    /// Copies expert `(layer, expert)` into the first `layout().len()` floats of `dst`. `dst` is
+    /// Copies expert `(layer, expert)` into the first `layout().bytes()` bytes of `dst`. `dst` is
     /// a whole slot: 4 KiB-aligned and a multiple of 4 KiB long (so O_DIRECT can read into it).
-    fn read_into(
-        &mut self,
-        layer: usize,
-        expert: usize,
-        dst: &mut [f32],
-    ) -> Result<(), EngineError>;
+    fn read_into(&mut self, layer: usize, expert: usize, dst: &mut [u8])
+        -> Result<(), EngineError>;
     /// Name of the tier, for reports.
     fn tier(&self) -> &'static str;
 }
@@ -57,7 +80,7 @@ pub trait ExpertStore: Send {
 pub struct RamStore {
     layout: ExpertLayout,
     experts: usize,
-    data: Vec<f32>,
+    data: Vec<u8>,
 }
 
 impl RamStore {
@@ -66,20 +89,20 @@ impl RamStore {
         RamStore {
             layout,
             experts,
-            data: vec![0.0; layers * experts * layout.len()],
+            data: vec![0; layers * experts * layout.bytes()],
         }
     }
 
-    /// The block of `(layer, expert)`, for filling at load time.
-    pub fn block_mut(&mut self, layer: usize, expert: usize) -> &mut [f32] {
-        let len = self.layout.len();
+    /// The bytes of block `(layer, expert)`, for filling at load time.
+    pub fn block_mut(&mut self, layer: usize, expert: usize) -> &mut [u8] {
+        let len = self.layout.bytes();
         let at = (layer * self.experts + expert) * len;
         &mut self.data[at..at + len]
     }
 
-    /// The block of `(layer, expert)`.
-    pub fn block(&self, layer: usize, expert: usize) -> &[f32] {
-        let len = self.layout.len();
+    /// The bytes of block `(layer, expert)`.
+    pub fn block(&self, layer: usize, expert: usize) -> &[u8] {
+        let len = self.layout.bytes();
         let at = (layer * self.experts + expert) * len;
         &self.data[at..at + len]
     }
@@ -90,7 +113,7 @@ impl std::fmt::Debug for RamStore {
         f.debug_struct("RamStore")
             .field("layout", &self.layout)
             .field("experts", &self.experts)
-            .field("floats", &self.data.len())
+            .field("bytes", &self.data.len())
             .finish()
     }
 }
@@ -104,9 +127,9 @@ impl ExpertStore for RamStore {
         &mut self,
         layer: usize,
         expert: usize,
-        dst: &mut [f32],
+        dst: &mut [u8],
     ) -> Result<(), EngineError> {
-        let len = self.layout.len();
+        let len = self.layout.bytes();
         dst[..len].copy_from_slice(self.block(layer, expert));
         Ok(())
     }

@@ -13,8 +13,11 @@ use std::path::Path;
 use crate::batch::{Batch, ForwardOutput, Logits};
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
+use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
-use crate::kernels::{matmul, rms_norm, rms_norm_in_place, silu, softmax_in_place};
+use crate::kernels::{
+    matmul, rms_norm, rms_norm_in_place, silu, softmax_in_place, WeightBuf, WeightDtype,
+};
 use crate::kv::KvCache;
 use crate::weights::Checkpoint;
 
@@ -52,7 +55,7 @@ impl Rope {
 /// `y = x Wᵀ (+ b)` with W in the `nn.Linear` layout `[out, in]`.
 #[derive(Debug, Clone)]
 struct Linear {
-    w: Vec<f32>,
+    w: WeightBuf,
     bias: Option<Vec<f32>>,
     out: usize,
     inp: usize,
@@ -66,7 +69,7 @@ impl Linear {
         inp: usize,
         bias: bool,
     ) -> Result<Linear, EngineError> {
-        let w = ck.take(&format!("{name}.weight"), &[out, inp])?;
+        let w = ck.take_weight(&format!("{name}.weight"), &[out, inp])?;
         let bias = if bias {
             Some(ck.take(&format!("{name}.bias"), &[out])?)
         } else {
@@ -78,7 +81,7 @@ impl Linear {
     /// `rows × in` → `rows × out`.
     fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut y = vec![0.0; rows * self.out];
-        matmul(x, rows, &self.w, self.out, self.inp, &mut y);
+        matmul(x, rows, self.w.view(), self.out, self.inp, &mut y);
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out) {
                 for (v, bv) in row.iter_mut().zip(b) {
@@ -201,7 +204,7 @@ impl DenseMlp {
 }
 
 /// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
-fn run_expert(layout: ExpertLayout, block: &[f32], xs: &[f32], m: usize) -> Vec<f32> {
+fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
     let (gate, up, down) = layout.split(block);
     let mut g = vec![0.0; m * i];
@@ -325,7 +328,7 @@ struct DecoderLayer {
 #[derive(Debug, Clone)]
 pub struct Qwen3Moe {
     cfg: Qwen3MoeConfig,
-    embed_tokens: Vec<f32>, // [V, H]
+    embed_tokens: WeightBuf, // [V, H]
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>, // [H]
     /// `None` when tied to `embed_tokens`.
@@ -336,40 +339,52 @@ pub struct Qwen3Moe {
 impl Qwen3Moe {
     /// Loads a checkpoint directory: the dense weights into the model, every routed expert into
     /// a host-RAM store (returned for the caller to wrap in an [`ExpertCache`]).
-    pub fn load(dir: &Path) -> Result<(Qwen3Moe, RamStore), EngineError> {
-        let (model, store, _) = Qwen3Moe::load_inner(dir, true)?;
+    /// Matrices keep the checkpoint's dtype unless `dtype` says otherwise.
+    pub fn load(
+        dir: &Path,
+        dtype: Option<WeightDtype>,
+    ) -> Result<(Qwen3Moe, RamStore), EngineError> {
+        let (model, store, _) = Qwen3Moe::load_inner(dir, true, dtype)?;
         Ok((model, store.expect("experts loaded")))
     }
 
     /// Loads only the dense weights (routed experts are validated but left on disk) and
     /// returns the experts' fingerprint, to open a [`crate::experts::DiskStore`] with.
-    pub fn load_dense(dir: &Path) -> Result<(Qwen3Moe, Fingerprint), EngineError> {
-        let (model, _, fingerprint) = Qwen3Moe::load_inner(dir, false)?;
+    pub fn load_dense(
+        dir: &Path,
+        dtype: Option<WeightDtype>,
+    ) -> Result<(Qwen3Moe, Fingerprint), EngineError> {
+        let (model, _, fingerprint) = Qwen3Moe::load_inner(dir, false, dtype)?;
         Ok((model, fingerprint))
     }
 
     fn load_inner(
         dir: &Path,
         with_experts: bool,
+        dtype: Option<WeightDtype>,
     ) -> Result<(Qwen3Moe, Option<RamStore>, Fingerprint), EngineError> {
         let cfg = Qwen3MoeConfig::load(dir)?;
         let mut ck = Checkpoint::open(dir)?;
+        if let Some(d) = dtype {
+            ck.set_storage(d);
+        }
         let fingerprint = Fingerprint::of_checkpoint(&ck, &cfg)?;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         let layout = ExpertLayout {
             hidden: h,
             intermediate: cfg.moe_intermediate_size,
+            dtype: ck.storage(),
         };
         let moe_layers = cfg.moe_layers();
         let mut store =
             with_experts.then(|| RamStore::new(layout, moe_layers.len(), cfg.num_experts));
-        let embed_tokens = ck.take("model.embed_tokens.weight", &[v, h])?;
+        let embed_tokens = ck.take_weight("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let mlp = match moe_layers.iter().position(|&l| l == i) {
                 Some(ordinal) => {
-                    load_experts(&mut ck, &p, &cfg, ordinal, store.as_mut())?;
+                    load_experts(&mut ck, i, &cfg, ordinal, store.as_mut())?;
                     Mlp::Sparse(SparseMoe {
                         gate: Linear::load(
                             &mut ck,
@@ -420,6 +435,14 @@ impl Qwen3Moe {
             store,
             fingerprint,
         ))
+    }
+
+    /// The dtype the matrices are stored in.
+    pub fn weight_dtype(&self) -> WeightDtype {
+        match self.embed_tokens {
+            WeightBuf::F32(_) => WeightDtype::F32,
+            WeightBuf::Bf16(_) => WeightDtype::Bf16,
+        }
     }
 
     /// The configuration.
@@ -478,9 +501,11 @@ impl Qwen3Moe {
             .tokens
             .iter()
             .flat_map(|&tok| {
-                self.embed_tokens[tok as usize * h..(tok as usize + 1) * h]
-                    .iter()
-                    .copied()
+                let row = self
+                    .embed_tokens
+                    .view()
+                    .slice(tok as usize * h..(tok as usize + 1) * h);
+                (0..h).map(move |c| row.get(c))
             })
             .collect();
         let mut taps = vec![Vec::new(); batch.taps.len()];
@@ -563,41 +588,32 @@ impl Qwen3Moe {
             None => {
                 let v = self.cfg.vocab_size;
                 let mut y = vec![0.0; rows.len() * v];
-                matmul(&normed, rows.len(), &self.embed_tokens, v, h, &mut y);
+                matmul(&normed, rows.len(), self.embed_tokens.view(), v, h, &mut y);
                 y
             }
         }
     }
 }
 
-/// Moves layer `p`'s experts from the checkpoint into the store (block = gate | up | down), or,
-/// without a store, only checks their shapes.
+/// Copies layer `layer`'s experts from the checkpoint into the store (block = gate | up | down,
+/// in the storage dtype), or, without a store, only checks their shapes.
 fn load_experts(
     ck: &mut Checkpoint,
-    p: &str,
+    layer: usize,
     cfg: &Qwen3MoeConfig,
     ordinal: usize,
-    store: Option<&mut RamStore>,
+    mut store: Option<&mut RamStore>,
 ) -> Result<(), EngineError> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
-    let Some(store) = store else {
-        for e in 0..cfg.num_experts {
-            let q = format!("{p}.mlp.experts.{e}");
-            ck.skip(&format!("{q}.gate_proj.weight"), &[i, h])?;
-            ck.skip(&format!("{q}.up_proj.weight"), &[i, h])?;
-            ck.skip(&format!("{q}.down_proj.weight"), &[h, i])?;
-        }
-        return Ok(());
-    };
     for e in 0..cfg.num_experts {
-        let q = format!("{p}.mlp.experts.{e}");
-        let gate = ck.take(&format!("{q}.gate_proj.weight"), &[i, h])?;
-        let up = ck.take(&format!("{q}.up_proj.weight"), &[i, h])?;
-        let down = ck.take(&format!("{q}.down_proj.weight"), &[h, i])?;
-        let block = store.block_mut(ordinal, e);
-        block[..h * i].copy_from_slice(&gate);
-        block[h * i..2 * h * i].copy_from_slice(&up);
-        block[2 * h * i..].copy_from_slice(&down);
+        if let Some(store) = store.as_deref_mut() {
+            let bytes = expert_block_bytes(ck, cfg, layer, e, ck.storage())?;
+            store.block_mut(ordinal, e).copy_from_slice(&bytes);
+        }
+        let q = format!("model.layers.{layer}.mlp.experts.{e}");
+        ck.skip(&format!("{q}.gate_proj.weight"), &[i, h])?;
+        ck.skip(&format!("{q}.up_proj.weight"), &[i, h])?;
+        ck.skip(&format!("{q}.down_proj.weight"), &[h, i])?;
     }
     Ok(())
 }

@@ -46,10 +46,10 @@ OUT = HERE / "out"
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 
 # Chosen from the throughput measured on this machine at nice 19 (README "Target model"): ~1,600 tokens/s
-# when the CPUs are free, 150-200 tokens/s while a cargo build holds both cores, 587 tokens/s averaged over a
-# 20-step window with a build in it. 800 steps x 4,096 tokens = 3.28 M tokens (1.3 epochs): ~35 min when idle,
-# ~60-90 min with the expected share of builds.
-DEFAULT_STEPS = 800
+# when the CPUs are free, 150-200 tokens/s while builds hold both cores; the first 12 minutes of a real run
+# averaged ~290 tokens/s. 600 steps x 4,096 tokens = 2.46 M tokens (~1 epoch): ~26 min when idle, ~70 min at
+# 587 tokens/s (a half-contended mix), longer under sustained builds.
+DEFAULT_STEPS = 600
 
 
 def parse_args():

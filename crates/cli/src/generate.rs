@@ -136,14 +136,22 @@ pub fn run(args: &Args) -> Result<()> {
         report.prefill_seconds * 1e3
     );
     eprintln!(
-        "experts ({}, {} slots/layer{}): per decoded token {:.1} hits, {:.1} misses, {:.2} MiB copied; copies took {:.0}% of decode time",
+        "experts ({}, {} slots/layer{}): per decoded token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies took {:.0}% of decode time",
         cache.tier(),
         cache.slots_per_layer(),
         if args.target.clear_cache { ", cleared every forward" } else { "" },
         d.hits as f64 / decoded,
         d.misses as f64 / decoded,
         d.bytes_copied as f64 / decoded / (1 << 20) as f64,
-        if report.decode_seconds > 0.0 { 100.0 * d.copy_seconds / report.decode_seconds } else { 0.0 }
+        if report.decode_seconds > 0.0 { 100.0 * d.wait_seconds / report.decode_seconds } else { 0.0 }
     );
+    if d.copy_seconds > 0.0 {
+        eprintln!(
+            "expert reads: {:.0} MiB/s per read, {:.1} ms of reads and {:.1} ms of waiting per decoded token",
+            d.bytes_copied as f64 / d.copy_seconds / (1 << 20) as f64,
+            1e3 * d.copy_seconds / decoded,
+            1e3 * d.wait_seconds / decoded
+        );
+    }
     Ok(())
 }

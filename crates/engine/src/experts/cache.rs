@@ -2,11 +2,19 @@
 //! miss and evicted least-recently-used. Every hit, miss, copied byte and copy time is counted,
 //! per layer and in total. With [`CacheMode::ClearEveryForward`] the slots are emptied before each
 //! forward (the paper's "vanilla" baseline, where every routed expert is copied).
+//!
+//! Misses are read by the I/O threads ([`crate::experts::io`]) while the resident experts are
+//! computed, several reads in flight at once; each missing expert is still copied exactly once
+//! per call, even when the call needs more experts than there are slots.
 
+use std::collections::VecDeque;
+use std::sync::mpsc::channel;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::EngineError;
 use crate::experts::aligned::{padded, AlignedBuf};
+use crate::experts::io::{start_read, Completion, SlotPtr};
 use crate::experts::store::{ExpertLayout, ExpertStore};
 
 /// When the slots are invalidated.
@@ -24,7 +32,10 @@ pub struct LayerStats {
     pub hits: u64,
     pub misses: u64,
     pub bytes_copied: u64,
+    /// Sum of the durations of the reads (they may overlap each other and compute).
     pub copy_seconds: f64,
+    /// Time the forward stood still waiting for reads: the copies' cost on the critical path.
+    pub wait_seconds: f64,
 }
 
 impl LayerStats {
@@ -33,6 +44,7 @@ impl LayerStats {
         self.misses += other.misses;
         self.bytes_copied += other.bytes_copied;
         self.copy_seconds += other.copy_seconds;
+        self.wait_seconds += other.wait_seconds;
     }
 }
 
@@ -51,6 +63,7 @@ impl CopyStats {
             misses: a.misses - b.misses,
             bytes_copied: a.bytes_copied - b.bytes_copied,
             copy_seconds: a.copy_seconds - b.copy_seconds,
+            wait_seconds: a.wait_seconds - b.wait_seconds,
         };
         let per_layer: Vec<LayerStats> = self
             .per_layer
@@ -84,7 +97,7 @@ struct Slots {
 
 /// The fast-memory side of expert offload.
 pub struct ExpertCache {
-    store: Box<dyn ExpertStore>,
+    store: Arc<dyn ExpertStore>,
     layout: ExpertLayout,
     /// Bytes per slot (the block padded to 4 KiB).
     stride: usize,
@@ -129,7 +142,7 @@ impl ExpertCache {
             })
             .collect();
         Ok(ExpertCache {
-            store,
+            store: Arc::from(store),
             layout,
             stride,
             slots,
@@ -179,70 +192,128 @@ impl ExpertCache {
         }
     }
 
-    /// Runs `f(expert, block bytes)` for every expert of `needed` (distinct ids) in `layer`: the
-    /// resident ones first, then each missing one right after it is copied into the least
-    /// recently used slot. Every expert is therefore copied at most once per call, even when
-    /// `needed` outnumbers the slots.
+    /// Runs `f(expert, block bytes)` once for every expert of `needed` (distinct ids) in
+    /// `layer`. Resident experts run first while the missing ones are read into free slots
+    /// (least recently used first) by the I/O threads; each missing expert runs as soon as its
+    /// read is done, and its slot may then take a later miss. Every expert is copied at most
+    /// once per call, whatever the slot count.
     pub fn with_experts(
         &mut self,
         layer: usize,
         needed: &[u32],
         mut f: impl FnMut(u32, &[u8]),
     ) -> Result<(), EngineError> {
-        let (len, stride) = (self.layout.bytes(), self.stride);
         let (hit, miss): (Vec<u32>, Vec<u32>) = needed
             .iter()
             .partition(|&&e| self.slots[layer].slot_of[e as usize].is_some());
+        let slot_count = self.slots[layer].holds.len();
+        // Slots whose expert this call still has to run (not evictable).
+        let mut busy = vec![false; slot_count];
         for &e in &hit {
-            self.clock += 1;
-            let slots = &mut self.slots[layer];
-            let s = slots.slot_of[e as usize].expect("resident") as usize;
-            slots.last_use[s] = self.clock;
-            f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
+            busy[self.slots[layer].slot_of[e as usize].expect("resident") as usize] = true;
         }
-        for &e in &miss {
-            self.clock += 1;
-            let seconds = self.load(layer, e)?;
-            let slots = &self.slots[layer];
-            let s = slots.slot_of[e as usize].expect("just loaded") as usize;
-            let stats = LayerStats {
-                hits: 0,
-                misses: 1,
-                bytes_copied: self.layout.bytes() as u64,
-                copy_seconds: seconds,
-            };
-            self.stats.per_layer[layer].add(&stats);
-            self.stats.total.add(&stats);
-            f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
-        }
-        let hits = LayerStats {
+        let (done_tx, done_rx) = channel::<Completion>();
+        let mut pending: VecDeque<u32> = miss.iter().copied().collect();
+        let mut in_flight: VecDeque<(u32, usize)> = VecDeque::new(); // (expert, slot), launch order
+        let mut ready: Vec<Option<(Result<(), EngineError>, f64)>> =
+            (0..slot_count).map(|_| None).collect();
+        let mut stats = LayerStats {
             hits: hit.len() as u64,
             ..LayerStats::default()
         };
-        self.stats.per_layer[layer].add(&hits);
-        self.stats.total.add(&hits);
-        Ok(())
+        let mut error = None;
+        self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+        for &e in &hit {
+            let s = self.slots[layer].slot_of[e as usize].expect("resident") as usize;
+            self.run_slot(layer, s, e, &mut f);
+            busy[s] = false;
+            self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+        }
+        while let Some((e, s)) = in_flight.pop_front() {
+            let wait = Instant::now();
+            while ready[s].is_none() {
+                let (tag, result, seconds) = done_rx.recv().expect("I/O threads alive");
+                ready[tag] = Some((result, seconds));
+            }
+            stats.wait_seconds += wait.elapsed().as_secs_f64();
+            let (result, seconds) = ready[s].take().expect("just received");
+            stats.copy_seconds += seconds;
+            match result {
+                Ok(()) if error.is_none() => {
+                    stats.misses += 1;
+                    stats.bytes_copied += self.layout.bytes() as u64;
+                    self.run_slot(layer, s, e, &mut f);
+                }
+                Ok(()) => {}
+                Err(err) => {
+                    error.get_or_insert(err);
+                    self.forget(layer, s);
+                }
+            }
+            busy[s] = false;
+            if error.is_none() {
+                self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+            }
+        }
+        self.stats.per_layer[layer].add(&stats);
+        self.stats.total.add(&stats);
+        match error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
-    /// Copies expert `e` into the least recently used slot of `layer`; returns the copy time.
-    fn load(&mut self, layer: usize, e: u32) -> Result<f64, EngineError> {
-        let stride = self.stride;
-        let clock = self.clock;
-        let slots = &mut self.slots[layer];
-        let victim = (0..slots.holds.len())
-            .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
-            .expect("at least one slot");
-        if let Some(old) = slots.holds[victim].take() {
-            slots.slot_of[old as usize] = None;
+    /// Starts reads for pending misses while a slot is free; the least recently used free slot
+    /// is taken first (empty slots before occupied ones).
+    fn launch(
+        &mut self,
+        layer: usize,
+        pending: &mut VecDeque<u32>,
+        in_flight: &mut VecDeque<(u32, usize)>,
+        busy: &mut [bool],
+        done: &std::sync::mpsc::Sender<Completion>,
+    ) {
+        while let Some(&e) = pending.front() {
+            let slots = &mut self.slots[layer];
+            let Some(victim) = (0..busy.len())
+                .filter(|&s| !busy[s])
+                .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
+            else {
+                return;
+            };
+            pending.pop_front();
+            if let Some(old) = slots.holds[victim].take() {
+                slots.slot_of[old as usize] = None;
+            }
+            slots.holds[victim] = Some(e);
+            slots.slot_of[e as usize] = Some(victim as u32);
+            busy[victim] = true;
+            let stride = self.stride;
+            let slot = &mut slots.data.as_mut_slice()[victim * stride..(victim + 1) * stride];
+            let ptr = SlotPtr {
+                ptr: slot.as_mut_ptr(),
+                len: stride,
+            };
+            start_read(&self.store, layer, e as usize, ptr, victim, done);
+            in_flight.push_back((e, victim));
         }
-        let start = Instant::now();
-        let dst = &mut slots.data.as_mut_slice()[victim * stride..(victim + 1) * stride];
-        self.store.read_into(layer, e as usize, dst)?;
-        let seconds = start.elapsed().as_secs_f64();
-        slots.holds[victim] = Some(e);
-        slots.slot_of[e as usize] = Some(victim as u32);
-        slots.last_use[victim] = clock;
-        Ok(seconds)
+    }
+
+    /// Runs `f` on slot `s` of `layer`, which holds expert `e`, and marks it used.
+    fn run_slot(&mut self, layer: usize, s: usize, e: u32, f: &mut impl FnMut(u32, &[u8])) {
+        self.clock += 1;
+        let (len, stride) = (self.layout.bytes(), self.stride);
+        let slots = &mut self.slots[layer];
+        slots.last_use[s] = self.clock;
+        f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
+    }
+
+    /// Empties slot `s` of `layer` (after a failed read).
+    fn forget(&mut self, layer: usize, s: usize) {
+        let slots = &mut self.slots[layer];
+        if let Some(e) = slots.holds[s].take() {
+            slots.slot_of[e as usize] = None;
+        }
     }
 
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the

@@ -341,12 +341,7 @@ impl ExpertStore for DiskStore {
         self.layout
     }
 
-    fn read_into(
-        &mut self,
-        layer: usize,
-        expert: usize,
-        dst: &mut [u8],
-    ) -> Result<(), EngineError> {
+    fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let stride = self.header.stride_bytes;
         let offset =
             self.header.data_offset + ((layer * self.header.experts + expert) * stride) as u64;

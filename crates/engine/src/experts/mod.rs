@@ -6,6 +6,7 @@
 pub mod aligned;
 mod cache;
 pub mod disk;
+mod io;
 mod store;
 
 pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};

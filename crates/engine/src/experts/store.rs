@@ -65,13 +65,13 @@ fn view(bytes: &[u8], dtype: WeightDtype) -> WeightView<'_> {
 
 /// Slow memory holding every routed expert. `layer` is the MoE layer's ordinal (0 = the first
 /// sparse layer), `expert` the expert id.
-pub trait ExpertStore: Send {
+pub trait ExpertStore: Send + Sync {
     /// Shape and dtype of every block.
     fn layout(&self) -> ExpertLayout;
     /// Copies expert `(layer, expert)` into the first `layout().bytes()` bytes of `dst`. `dst` is
     /// a whole slot: 4 KiB-aligned and a multiple of 4 KiB long (so O_DIRECT can read into it).
-    fn read_into(&mut self, layer: usize, expert: usize, dst: &mut [u8])
-        -> Result<(), EngineError>;
+    /// Several reads may run at once from different threads.
+    fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError>;
     /// Name of the tier, for reports.
     fn tier(&self) -> &'static str;
 }
@@ -123,12 +123,7 @@ impl ExpertStore for RamStore {
         self.layout
     }
 
-    fn read_into(
-        &mut self,
-        layer: usize,
-        expert: usize,
-        dst: &mut [u8],
-    ) -> Result<(), EngineError> {
+    fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let len = self.layout.bytes();
         dst[..len].copy_from_slice(self.block(layer, expert));
         Ok(())

@@ -1,0 +1,91 @@
+//! Expert reads off the compute thread: a few I/O threads (`SPECFIT_IO_THREADS`, default 2; 0
+//! reads synchronously on the calling thread) so
+//! that several O_DIRECT reads are in flight at once (one read at a time leaves the device
+//! idle between requests) and reads overlap the computation of experts already resident.
+
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use crate::error::EngineError;
+use crate::experts::store::ExpertStore;
+
+/// A pointer to one slot's bytes, handed to an I/O thread.
+pub(crate) struct SlotPtr {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+// SAFETY: the cache hands each slot to exactly one read and does not touch it (or free it)
+// until that read's completion has been received.
+unsafe impl Send for SlotPtr {}
+
+/// A finished read: the caller's tag, the outcome, and how long the read took.
+pub(crate) type Completion = (usize, Result<(), EngineError>, f64);
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct IoPool {
+    /// `None` when `SPECFIT_IO_THREADS=0`: reads run on the calling thread.
+    tx: Option<Mutex<Sender<Job>>>,
+}
+
+fn pool() -> &'static IoPool {
+    static POOL: OnceLock<IoPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::env::var("SPECFIT_IO_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(2);
+        if threads == 0 {
+            return IoPool { tx: None };
+        }
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..threads {
+            let rx = Arc::clone(&rx);
+            std::thread::Builder::new()
+                .name(format!("specfit-io-{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
+                        Ok(job) => job,
+                        Err(_) => return,
+                    };
+                    job();
+                })
+                .expect("spawn I/O thread");
+        }
+        IoPool {
+            tx: Some(Mutex::new(tx)),
+        }
+    })
+}
+
+/// Starts reading `(layer, expert)` from `store` into `slot`; the completion arrives on `done`
+/// tagged `tag`.
+pub(crate) fn start_read(
+    store: &Arc<dyn ExpertStore>,
+    layer: usize,
+    expert: usize,
+    slot: SlotPtr,
+    tag: usize,
+    done: &Sender<Completion>,
+) {
+    let store = Arc::clone(store);
+    let done = done.clone();
+    let job: Job = Box::new(move || {
+        let slot = slot; // capture the whole `SlotPtr` (it is `Send`), not its raw field
+        let start = Instant::now();
+        // SAFETY: see `SlotPtr`: this read is the only user of the slot until it completes.
+        let dst = unsafe { std::slice::from_raw_parts_mut(slot.ptr, slot.len) };
+        let result = store.read_into(layer, expert, dst);
+        let _ = done.send((tag, result, start.elapsed().as_secs_f64()));
+    });
+    match &pool().tx {
+        Some(tx) => tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .expect("I/O threads alive"),
+        None => job(),
+    }
+}

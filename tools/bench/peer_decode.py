@@ -1,0 +1,361 @@
+"""Peer comparison of autoregressive decode speed at batch 1 (issue 3, BENCHMARKS.md).
+
+One run measures, on the same random Qwen3-MoE checkpoint (tools/bench/make_peer_model.py), the
+same prompt token ids and the same number of greedy tokens (eos ignored):
+
+  transformers (torch CPU)  f32 checkpoint, f32 compute; bf16 checkpoint, bf16 compute
+  llama.cpp (llama-cpp-python, low-level API)  f32 GGUF + f32 KV cache; f16 GGUF + f16 KV cache
+  specfit (target/release/specfit generate)  f32 checkpoint; bf16 checkpoint
+
+Decode tok/s counts decode only, as specfit does: the first token comes from the prefill logits,
+then N-1 one-token forwards (each followed by an argmax) are timed, tok/s = (N-1) / time.
+Every engine gets one untimed warm-up run, then --reps timed runs (best and median reported).
+Each Python engine runs in its own subprocess (torch's and ggml's OpenMP pools never share one),
+one after the other.
+
+Agreement: the greedy sequences are compared with transformers' (length of the common prefix).
+f32 rows are compared with transformers f32; bf16/f16 rows also with transformers running the bf16
+checkpoint widened to f32 (what specfit's bf16 path computes exactly). With random weights small
+numeric differences can flip near-ties, so this reports and does not assert.
+
+    tools/.venv/bin/python tools/bench/peer_decode.py            # writes bench-results/peer_decode.json
+
+GGUFs are made by tools/bench/convert_peer_gguf.py (see tools/bench/README.md); a missing one is
+converted on the fly when --llama-cpp-src is given.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+# key -> (engine, weights, description of the compute)
+ENGINES = {
+    "hf-f32": ("transformers", "f32", "f32 checkpoint, f32 compute"),
+    "hf-bf16": ("transformers", "bf16", "bf16 checkpoint, bf16 compute"),
+    "llama-f32": ("llama.cpp", "f32", "f32 GGUF, f32 KV cache"),
+    "llama-f16": ("llama.cpp", "f16", "f16 GGUF, f16 KV cache"),
+    "specfit-f32": ("specfit", "f32", "f32 checkpoint, f32 compute"),
+    "specfit-bf16": ("specfit", "bf16", "bf16 checkpoint widened exactly, f32 compute"),
+}
+# Agreement reference for the low-precision rows (timed once, not in the table).
+REF_BF16 = "hf-bf16ckpt-f32"
+
+
+# ----------------------------------------------------------------------------------------------
+# workers (run in a subprocess: `peer_decode.py --worker KEY ...`, print one JSON line)
+
+
+def hf_worker(args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    ckpt, dtype = {
+        "hf-f32": ("f32", torch.float32),
+        "hf-bf16": ("bf16", torch.bfloat16),
+        REF_BF16: ("bf16", torch.float32),
+    }[args.worker]
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir / ckpt, dtype=dtype).eval()
+    prompt = torch.tensor([args.prompt_ids])
+
+    def run() -> tuple[list[int], float, float]:
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = model(input_ids=prompt, use_cache=True)
+            tok = int(out.logits[0, -1].float().argmax())
+            t1 = time.perf_counter()
+            toks = [tok]
+            past = out.past_key_values
+            for _ in range(args.tokens - 1):
+                out = model(input_ids=torch.tensor([[tok]]), past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                tok = int(out.logits[0, -1].float().argmax())
+                toks.append(tok)
+            t2 = time.perf_counter()
+        return toks, t1 - t0, t2 - t1
+
+    return timed(run, args.warmup, args.reps, args.tokens) | {
+        "threads": torch.get_num_threads(),
+        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
+    }
+
+
+def llama_worker(args: argparse.Namespace) -> dict:
+    import ctypes
+
+    import llama_cpp as L
+    import numpy as np
+
+    @L.llama_log_callback
+    def quiet(level, text, user_data):  # noqa: ARG001
+        if args.verbose:
+            sys.stderr.write(text.decode(errors="replace"))
+
+    L.llama_log_set(quiet, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    gguf, kv = {"llama-f32": (args.gguf_f32, L.GGML_TYPE_F32), "llama-f16": (args.gguf_f16, L.GGML_TYPE_F16)}[
+        args.worker
+    ]
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = L.llama_model_load_from_file(str(gguf).encode(), mp)
+    if not model:
+        raise SystemExit(f"llama.cpp could not load {gguf}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    prompt = (L.llama_token * len(args.prompt_ids))(*args.prompt_ids)
+
+    def run() -> tuple[list[int], float, float]:
+        cp = L.llama_context_default_params()
+        cp.n_ctx = 512
+        cp.n_batch = 512
+        cp.n_ubatch = 512
+        cp.n_seq_max = 1
+        cp.n_threads = args.threads
+        cp.n_threads_batch = args.threads
+        cp.type_k = kv
+        cp.type_v = kv
+        ctx = L.llama_init_from_model(model, cp)
+        if not ctx:
+            raise SystemExit("llama.cpp could not create a context")
+
+        def argmax() -> int:
+            ptr = L.llama_get_logits_ith(ctx, -1)
+            return int(np.ctypeslib.as_array(ptr, shape=(n_vocab,)).argmax())
+
+        one = (L.llama_token * 1)()
+        t0 = time.perf_counter()
+        if L.llama_decode(ctx, L.llama_batch_get_one(prompt, len(args.prompt_ids))) != 0:
+            raise SystemExit("llama_decode failed on the prompt")
+        tok = argmax()
+        t1 = time.perf_counter()
+        toks = [tok]
+        for _ in range(args.tokens - 1):
+            one[0] = tok
+            if L.llama_decode(ctx, L.llama_batch_get_one(one, 1)) != 0:
+                raise SystemExit("llama_decode failed")
+            tok = argmax()
+            toks.append(tok)
+        t2 = time.perf_counter()
+        L.llama_free(ctx)
+        return toks, t1 - t0, t2 - t1
+
+    res = timed(run, args.warmup, args.reps, args.tokens)
+    L.llama_model_free(model)
+    return res | {
+        "threads": args.threads,
+        "kv_cache": {L.GGML_TYPE_F32: "f32", L.GGML_TYPE_F16: "f16"}[kv],
+        "flash_attn": "auto (library default)",
+        "gguf": str(gguf.relative_to(ROOT) if gguf.is_relative_to(ROOT) else gguf),
+        "system_info": L.llama_print_system_info().decode().strip(),
+        "versions": {"llama-cpp-python": L.__version__},
+    }
+
+
+def timed(run, warmup: int, reps: int, n: int) -> dict:
+    for _ in range(warmup):
+        run()
+    tok_s, prefill_ms, seqs = [], [], []
+    for _ in range(reps):
+        toks, prefill, decode = run()
+        tok_s.append((n - 1) / decode)
+        prefill_ms.append(prefill * 1e3)
+        seqs.append(toks)
+    return {"tok_s": tok_s, "prefill_ms": prefill_ms, "tokens": seqs[0], "deterministic": all(s == seqs[0] for s in seqs)}
+
+
+# ----------------------------------------------------------------------------------------------
+# specfit (the CLI binary, one process per run)
+
+SPECFIT_LINE = re.compile(r"(\d+) tokens, ([\d.]+) tok/s decode; prefill (\d+) tokens in ([\d.]+) ms")
+
+
+def specfit_bench(args: argparse.Namespace, key: str) -> dict:
+    ckpt = {"specfit-f32": "f32", "specfit-bf16": "bf16"}[key]
+    cmd = [
+        str(args.specfit), "generate", "--model", str(args.model_dir / ckpt),
+        "--prompt-ids", ",".join(map(str, args.prompt_ids)),
+        "--max-tokens", str(args.tokens), "--ignore-eos",
+    ]
+    env = os.environ | {"SPECFIT_THREADS": str(args.threads)}
+
+    def run() -> tuple[list[int], float, float]:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
+        m = SPECFIT_LINE.search(p.stderr)
+        if not m:
+            raise SystemExit(f"no tok/s line in specfit's stderr:\n{p.stderr}")
+        toks = [int(t) for t in p.stdout.strip().split(",")]
+        if len(toks) != args.tokens or int(m.group(1)) != args.tokens:
+            raise SystemExit(f"specfit made {len(toks)} tokens, asked for {args.tokens}")
+        tok_s = float(m.group(2))
+        return toks, float(m.group(4)) / 1e3, (args.tokens - 1) / tok_s
+
+    res = timed(run, args.warmup, args.reps, args.tokens)
+    return res | {"threads": args.threads, "command": "SPECFIT_THREADS=%d " % args.threads + " ".join(
+        str(pathlib.Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd)}
+
+
+# ----------------------------------------------------------------------------------------------
+# driver
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def run_worker_subprocess(args: argparse.Namespace, key: str) -> dict:
+    cmd = [sys.executable, __file__, "--worker", key, "--model-dir", str(args.model_dir),
+           "--gguf-f32", str(args.gguf_f32), "--gguf-f16", str(args.gguf_f16),
+           "--prompt-ids", ",".join(map(str, args.prompt_ids)), "--tokens", str(args.tokens),
+           "--threads", str(args.threads),
+           "--reps", str(1 if key == REF_BF16 else args.reps),
+           "--warmup", str(0 if key == REF_BF16 else args.warmup)]
+    if args.verbose:
+        cmd.append("--verbose")
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"worker {key} failed ({p.returncode})")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, outtype: str) -> None:
+    if path.is_file():
+        return
+    if args.llama_cpp_src is None:
+        raise SystemExit(f"{path} is missing: convert it (tools/bench/README.md) or pass --llama-cpp-src")
+    subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp",
+                    str(args.llama_cpp_src), "--model", str(args.model_dir / "f32"), "--outtype", outtype,
+                    "--outfile", str(path)], check=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model-dir", type=pathlib.Path, default=ROOT / "bench-models/peer115m",
+                    help="holds f32/ and bf16/ (make_peer_model.py)")
+    ap.add_argument("--gguf-f32", type=pathlib.Path, default=None)
+    ap.add_argument("--gguf-f16", type=pathlib.Path, default=None)
+    ap.add_argument("--llama-cpp-src", type=pathlib.Path, default=None,
+                    help="llama.cpp source tree, to convert missing GGUFs")
+    ap.add_argument("--specfit", type=pathlib.Path, default=ROOT / "target/release/specfit")
+    ap.add_argument("--prompt-ids", default="1,100,200,300,400,500,600,700")
+    ap.add_argument("--tokens", type=int, default=128, help="tokens generated (first from the prefill)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/peer_decode.json")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.prompt_ids = [int(t) for t in args.prompt_ids.split(",")]
+    args.model_dir = args.model_dir.resolve()
+    args.gguf_f32 = (args.gguf_f32 or args.model_dir / "gguf/peer115m-f32.gguf").resolve()
+    args.gguf_f16 = (args.gguf_f16 or args.model_dir / "gguf/peer115m-f16.gguf").resolve()
+    if args.tokens < 2:
+        ap.error("--tokens must be at least 2")
+
+    if args.worker:
+        res = llama_worker(args) if args.worker.startswith("llama") else hf_worker(args)
+        print(json.dumps(res))
+        return
+
+    keys = [k for k in args.engines.split(",") if k]
+    for k in keys:
+        if k not in ENGINES:
+            ap.error(f"unknown engine {k}")
+    if "llama-f32" in keys:
+        ensure_gguf(args, args.gguf_f32, "f32")
+    if "llama-f16" in keys:
+        ensure_gguf(args, args.gguf_f16, "f16")
+
+    load_before = os.getloadavg()
+    results: dict[str, dict] = {}
+    for key in keys + [REF_BF16]:
+        print(f"[peer_decode] {key} ...", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        res = specfit_bench(args, key) if key.startswith("specfit") else run_worker_subprocess(args, key)
+        res["best"] = max(res["tok_s"])
+        res["median"] = statistics.median(res["tok_s"])
+        results[key] = res
+        print(f"[peer_decode] {key}: best {res['best']:.1f} tok/s, median {res['median']:.1f} "
+              f"({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
+
+    hf = results.get("hf-f32", {}).get("tokens")
+    ref_bf16 = results[REF_BF16]["tokens"]
+    base = results.get("llama-f32")
+    for key, res in results.items():
+        res["agree_hf_f32"] = common_prefix(res["tokens"], hf) if hf else None
+        res["agree_hf_bf16ckpt_f32"] = common_prefix(res["tokens"], ref_bf16)
+        if base:
+            res["ratio_best"] = res["best"] / base["best"]
+            res["ratio_median"] = res["median"] / base["median"]
+
+    specfit_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+    report = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "model": str(args.model_dir.relative_to(ROOT) if args.model_dir.is_relative_to(ROOT) else args.model_dir),
+        "prompt_ids": args.prompt_ids, "tokens": args.tokens, "threads": args.threads, "reps": args.reps,
+        "warmup": args.warmup,
+        "tok_s_definition": "(tokens-1) / time of the one-token forwards after the prefill (+argmax)",
+        "specfit_commit": specfit_commit,
+        "engines": {k: {"engine": ENGINES[k][0] if k in ENGINES else "transformers",
+                        "weights": ENGINES[k][1] if k in ENGINES else "bf16 (widened to f32)",
+                        "compute": ENGINES[k][2] if k in ENGINES else "bf16 checkpoint, f32 compute"} | v
+                    for k, v in results.items()},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(markdown(report))
+    print(f"\n(written to {args.out})", file=sys.stderr)
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def markdown(report: dict) -> str:
+    n = report["tokens"]
+    rows = [
+        "| engine | weights | threads | decode tok/s (best / median) | × llama.cpp f32 (best / median) "
+        f"| greedy prefix = transformers f32 (of {n}) | = transformers bf16→f32 (of {n}) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, r in report["engines"].items():
+        if key == REF_BF16:
+            continue
+        ratio = f"{r['ratio_best']:.2f} / {r['ratio_median']:.2f}" if "ratio_best" in r else "–"
+        agree = "–" if r["agree_hf_f32"] is None else str(r["agree_hf_f32"])
+        rows.append(f"| {r['engine']} | {r['compute']} | {r['threads']} | {r['best']:.1f} / {r['median']:.1f} "
+                    f"| {ratio} | {agree} | {r['agree_hf_bf16ckpt_f32']} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    main()

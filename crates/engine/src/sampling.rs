@@ -2,6 +2,8 @@
 //! nucleus (top-p) sampling with a seeded generator, so that runs are reproducible. It does not
 //! know about models; speculative verification uses the same distribution ([`Sampler::probs`]).
 
+use specfit_selector::synth::Rng;
+
 /// How tokens are chosen.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Sampling {
@@ -14,37 +16,18 @@ pub enum Sampling {
     },
 }
 
-/// SplitMix64 stream for sampling.
-#[derive(Debug, Clone)]
-pub struct SampleRng(u64);
-
-impl SampleRng {
-    pub fn new(seed: u64) -> SampleRng {
-        SampleRng(seed)
-    }
-
-    /// Uniform in [0, 1) with 53 random bits.
-    pub fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// A sampling rule with its random stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     pub rule: Sampling,
-    rng: SampleRng,
+    rng: Rng,
 }
 
 impl Sampler {
     pub fn new(rule: Sampling, seed: u64) -> Sampler {
         Sampler {
             rule,
-            rng: SampleRng::new(seed),
+            rng: Rng::new(seed),
         }
     }
 

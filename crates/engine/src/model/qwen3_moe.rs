@@ -15,193 +15,10 @@ use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
-use crate::kernels::{
-    matmul, rms_norm, rms_norm_in_place, silu, softmax_in_place, WeightBuf, WeightDtype,
-};
+use crate::kernels::{matmul, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype};
 use crate::kv::KvCache;
+use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
-
-/// Rotary position embedding (rotate-half over the full head_dim).
-#[derive(Debug, Clone)]
-struct Rope {
-    /// `1 / θ^(2i/D)` for i < D/2, in f32 as transformers computes it.
-    inv_freq: Vec<f32>,
-}
-
-impl Rope {
-    fn new(theta: f64, head_dim: usize) -> Rope {
-        let inv_freq = (0..head_dim / 2)
-            .map(|i| {
-                let exponent = (2 * i) as f32 / head_dim as f32;
-                1.0 / theta.powf(exponent as f64) as f32
-            })
-            .collect();
-        Rope { inv_freq }
-    }
-
-    /// Rotates one head vector `x` (D) for `position`: `x·cos + rotate_half(x)·sin`.
-    fn apply(&self, x: &mut [f32], position: usize) {
-        let half = self.inv_freq.len();
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let angle = position as f32 * f;
-            let (sin, cos) = (angle.sin(), angle.cos());
-            let (a, b) = (x[i], x[i + half]);
-            x[i] = a * cos + (-b) * sin;
-            x[i + half] = b * cos + a * sin;
-        }
-    }
-}
-
-/// `y = x Wᵀ (+ b)` with W in the `nn.Linear` layout `[out, in]`.
-#[derive(Debug, Clone)]
-struct Linear {
-    w: WeightBuf,
-    bias: Option<Vec<f32>>,
-    out: usize,
-    inp: usize,
-}
-
-impl Linear {
-    fn load(
-        ck: &mut Checkpoint,
-        name: &str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<Linear, EngineError> {
-        let w = ck.take_weight(&format!("{name}.weight"), &[out, inp])?;
-        let bias = if bias {
-            Some(ck.take(&format!("{name}.bias"), &[out])?)
-        } else {
-            None
-        };
-        Ok(Linear { w, bias, out, inp })
-    }
-
-    /// `rows × in` → `rows × out`.
-    fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        let mut y = vec![0.0; rows * self.out];
-        matmul(x, rows, self.w.view(), self.out, self.inp, &mut y);
-        if let Some(b) = &self.bias {
-            for row in y.chunks_exact_mut(self.out) {
-                for (v, bv) in row.iter_mut().zip(b) {
-                    *v += bv;
-                }
-            }
-        }
-        y
-    }
-}
-
-/// `Qwen3MoeAttention`.
-#[derive(Debug, Clone)]
-struct Attention {
-    q_proj: Linear,   // [Hq·D, H]
-    k_proj: Linear,   // [Hkv·D, H]
-    v_proj: Linear,   // [Hkv·D, H]
-    o_proj: Linear,   // [H, Hq·D]
-    q_norm: Vec<f32>, // [D]
-    k_norm: Vec<f32>, // [D]
-    heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    eps: f32,
-}
-
-impl Attention {
-    fn load(ck: &mut Checkpoint, p: &str, cfg: &Qwen3MoeConfig) -> Result<Attention, EngineError> {
-        let (h, d) = (cfg.hidden_size, cfg.head_dim());
-        let (hq, hkv, bias) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.attention_bias,
-        );
-        Ok(Attention {
-            q_proj: Linear::load(ck, &format!("{p}.q_proj"), hq * d, h, bias)?,
-            k_proj: Linear::load(ck, &format!("{p}.k_proj"), hkv * d, h, bias)?,
-            v_proj: Linear::load(ck, &format!("{p}.v_proj"), hkv * d, h, bias)?,
-            o_proj: Linear::load(ck, &format!("{p}.o_proj"), h, hq * d, false)?,
-            q_norm: ck.take(&format!("{p}.q_norm.weight"), &[d])?,
-            k_norm: ck.take(&format!("{p}.k_norm.weight"), &[d])?,
-            heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
-            eps: cfg.rms_norm_eps as f32,
-        })
-    }
-
-    /// `x`: T × H (already normed) → T × H. Appends this forward's keys/values to `kv[layer]`;
-    /// token `i` attends to the cache indices `visible[i]`.
-    fn forward(
-        &self,
-        x: &[f32],
-        positions: &[usize],
-        visible: &[Vec<usize>],
-        rope: &Rope,
-        kv: &mut KvCache,
-        layer: usize,
-    ) -> Vec<f32> {
-        let (t, d) = (positions.len(), self.head_dim);
-        let mut q = self.q_proj.forward(x, t); // T × Hq·D
-        let mut k = self.k_proj.forward(x, t); // T × Hkv·D
-        let v = self.v_proj.forward(x, t); // T × Hkv·D
-                                           // QK-norm per head, then RoPE at each token's own position.
-        for (i, &pos) in positions.iter().enumerate() {
-            for head in q[i * self.heads * d..(i + 1) * self.heads * d].chunks_exact_mut(d) {
-                rms_norm_in_place(head, &self.q_norm, self.eps);
-                rope.apply(head, pos);
-            }
-            for head in k[i * self.kv_heads * d..(i + 1) * self.kv_heads * d].chunks_exact_mut(d) {
-                rms_norm_in_place(head, &self.k_norm, self.eps);
-                rope.apply(head, pos);
-            }
-        }
-        kv.push(layer, &k, &v);
-        let (keys, values, row) = (kv.keys(layer), kv.values(layer), kv.row());
-        let scale = 1.0 / (d as f32).sqrt();
-        let group = self.heads / self.kv_heads;
-        let mut attn = vec![0.0f32; t * self.heads * d]; // T × Hq·D
-        let mut scores = Vec::new();
-        for i in 0..t {
-            for h in 0..self.heads {
-                let qh = &q[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
-                let kvh = h / group;
-                // softmax(q·kᵀ · D^-1/2) over the visible keys, in cache order.
-                scores.clear();
-                scores.extend(visible[i].iter().map(|&j| {
-                    crate::kernels::dot(qh, &keys[j * row + kvh * d..j * row + (kvh + 1) * d])
-                        * scale
-                }));
-                softmax_in_place(&mut scores);
-                let out = &mut attn[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
-                for (&j, &p) in visible[i].iter().zip(&scores) {
-                    let vj = &values[j * row + kvh * d..j * row + (kvh + 1) * d];
-                    for (o, &vv) in out.iter_mut().zip(vj) {
-                        *o += p * vv;
-                    }
-                }
-            }
-        }
-        self.o_proj.forward(&attn, t)
-    }
-}
-
-/// `Qwen3MoeMLP` for the dense layers: `down(silu(gate(x)) · up(x))`.
-#[derive(Debug, Clone)]
-struct DenseMlp {
-    gate: Linear, // [Im, H]
-    up: Linear,   // [Im, H]
-    down: Linear, // [H, Im]
-}
-
-impl DenseMlp {
-    fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let g = self.gate.forward(x, t);
-        let u = self.up.forward(x, t);
-        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
-        self.down.forward(&a, t)
-    }
-}
 
 /// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
 fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
@@ -400,16 +217,16 @@ impl Qwen3Moe {
                 }
                 None => {
                     let im = cfg.intermediate_size;
-                    Mlp::Dense(DenseMlp {
-                        gate: Linear::load(&mut ck, &format!("{p}.mlp.gate_proj"), im, h, false)?,
-                        up: Linear::load(&mut ck, &format!("{p}.mlp.up_proj"), im, h, false)?,
-                        down: Linear::load(&mut ck, &format!("{p}.mlp.down_proj"), h, im, false)?,
-                    })
+                    Mlp::Dense(DenseMlp::load(&mut ck, &format!("{p}.mlp"), h, im)?)
                 }
             };
             layers.push(DecoderLayer {
                 input_layernorm: ck.take(&format!("{p}.input_layernorm.weight"), &[h])?,
-                self_attn: Attention::load(&mut ck, &format!("{p}.self_attn"), &cfg)?,
+                self_attn: Attention::load(
+                    &mut ck,
+                    &format!("{p}.self_attn"),
+                    &attention_shape(&cfg),
+                )?,
                 post_attention_layernorm: ck
                     .take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
                 mlp,
@@ -592,6 +409,20 @@ impl Qwen3Moe {
                 y
             }
         }
+    }
+}
+
+/// The attention shape of a Qwen3-MoE layer: QK-norm, input and output of width H.
+fn attention_shape(cfg: &Qwen3MoeConfig) -> AttentionShape {
+    AttentionShape {
+        input: cfg.hidden_size,
+        output: cfg.hidden_size,
+        heads: cfg.num_attention_heads,
+        kv_heads: cfg.num_key_value_heads,
+        head_dim: cfg.head_dim(),
+        qk_norm: true,
+        bias: cfg.attention_bias,
+        eps: cfg.rms_norm_eps as f32,
     }
 }
 

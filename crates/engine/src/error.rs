@@ -56,6 +56,12 @@ pub enum EngineError {
     BadMask { reason: String },
     #[error("KV cache: {reason}")]
     BadCacheEdit { reason: String },
+    #[error("drafter {field} = {drafter} does not fit the target ({target})")]
+    DrafterMismatch {
+        field: &'static str,
+        drafter: String,
+        target: String,
+    },
     #[error("expert store: {reason}")]
     ExpertStore { reason: String },
     #[error("slots per layer = {slots}: need at least 1 (clear the cache every forward for the vanilla mode)")]

@@ -32,7 +32,7 @@ pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
 pub use generate::{generate, GenerateOptions, GenerateReport};
 pub use kernels::WeightDtype;
 pub use kv::KvCache;
-pub use model::Qwen3Moe;
+pub use model::{DraftHidden, DraftOutput, Eagle3, Qwen3Moe};
 pub use sampling::{Sampler, Sampling};
 pub use tokenizer::Tokenizer;
 

@@ -157,6 +157,39 @@ impl Checkpoint {
         }
     }
 
+    /// Takes an integer tensor (I64 or I32) as `i64` values.
+    pub fn take_i64(&mut self, name: &str, shape: &[usize]) -> Result<Vec<i64>, EngineError> {
+        let (shard, info) = self.info(name, shape)?;
+        let (start, end) = info.data_offsets;
+        let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+        let values = match info.dtype {
+            Dtype::I64 => bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+            Dtype::I32 => bytes
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+                .collect(),
+            other => {
+                return Err(EngineError::TensorDtype {
+                    path: shard.path.clone(),
+                    name: name.to_string(),
+                    dtype: format!("{other:?} (expected I64)"),
+                })
+            }
+        };
+        self.taken.insert(name.to_string());
+        Ok(values)
+    }
+
+    /// Marks `name` used whatever its dtype, if present (buffers this engine does not need).
+    pub fn ignore(&mut self, name: &str) {
+        if self.contains(name) {
+            self.taken.insert(name.to_string());
+        }
+    }
+
     /// The shard and metadata of `name`, checked against `shape`.
     fn info(&self, name: &str, shape: &[usize]) -> Result<(&Shard, &TensorInfo), EngineError> {
         let shard = self

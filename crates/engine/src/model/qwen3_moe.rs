@@ -15,7 +15,9 @@ use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
-use crate::kernels::{matmul, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype};
+use crate::kernels::{
+    matmul, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
+};
 use crate::kv::KvCache;
 use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
@@ -260,6 +262,11 @@ impl Qwen3Moe {
             WeightBuf::F32(_) => WeightDtype::F32,
             WeightBuf::Bf16(_) => WeightDtype::Bf16,
         }
+    }
+
+    /// The token embedding (the EAGLE-3 drafter shares it).
+    pub fn embed(&self) -> WeightView<'_> {
+        self.embed_tokens.view()
     }
 
     /// The configuration.

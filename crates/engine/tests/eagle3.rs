@@ -1,0 +1,197 @@
+//! The EAGLE-3 drafter against the PyTorch reference of `tools/fixtures/make_eagle3_fixture.py`:
+//! logits and fed-back hidden states within 1e-4 relative, the same draft tokens, and the cached
+//! next step; then the target's taps feeding it end to end, and drafters that do not fit.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use specfit_engine::{Batch, DraftHidden, Eagle3, Mask, Qwen3Moe};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    match v {
+        Value::Array(a) => a.iter().flat_map(floats).collect(),
+        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
+        _ => panic!("not numeric"),
+    }
+}
+
+fn ints(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let d = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    d / want.iter().map(|v| v.abs()).fold(0.0, f32::max)
+}
+
+fn argmax(row: &[f32]) -> usize {
+    specfit_engine::sampling::argmax(row) as usize
+}
+
+#[test]
+fn the_drafter_matches_the_pytorch_reference_step_by_step() {
+    let dir = root().join("fixtures/eagle3/tiny");
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let (target, _) = Qwen3Moe::load(&root().join("fixtures/qwen3moe/eagle_target"), None).unwrap();
+    let drafter = Eagle3::load(&dir, target.config()).unwrap();
+    assert_eq!(drafter.taps(), &[2, 4, 5]);
+    let tokens = ints(&r["input_ids"]);
+    let features = floats(&r["target_hidden"]);
+    let mut kv = drafter.new_kv_cache();
+    let out = drafter
+        .forward(
+            target.embed(),
+            &tokens,
+            DraftHidden::Target(&features),
+            None,
+            Mask::Causal,
+            &mut kv,
+        )
+        .unwrap();
+    let err = rel_err(&out.hidden, &floats(&r["hidden_out"]));
+    assert!(err <= 1e-4, "hidden_out relative error {err:e}");
+    let err = rel_err(&out.logits, &floats(&r["logits"]));
+    assert!(err <= 1e-4, "logits relative error {err:e}");
+    let drafts: Vec<u32> = (0..tokens.len())
+        .map(|t| drafter.to_target(argmax(out.row(t))))
+        .collect();
+    assert_eq!(drafts, ints(&r["argmax_target_ids"]));
+    // One more step: the last output fed back (no fc), attending to the cached positions.
+    let step = &r["step"];
+    let h = drafter.config().hidden_size;
+    let last = &out.hidden[(tokens.len() - 1) * h..];
+    let token = [step["input_id"].as_u64().unwrap() as u32];
+    let pos = [step["position_id"].as_u64().unwrap() as usize];
+    let next = drafter
+        .forward(
+            target.embed(),
+            &token,
+            DraftHidden::Own(last),
+            Some(&pos),
+            Mask::Causal,
+            &mut kv,
+        )
+        .unwrap();
+    assert!(rel_err(&next.hidden, &floats(&step["hidden_out"])) <= 1e-4);
+    assert!(rel_err(&next.logits, &floats(&step["logits"])) <= 1e-4);
+    assert_eq!(
+        drafter.to_target(argmax(next.row(0))),
+        step["argmax_target_id"].as_u64().unwrap() as u32
+    );
+}
+
+#[test]
+fn the_targets_taps_feed_the_drafter_end_to_end() {
+    let dir = root().join("fixtures/eagle3/tiny");
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let (target, store) = Qwen3Moe::load(&tdir, None).unwrap();
+    let cfg = target.config().clone();
+    let mut cache = specfit_engine::ExpertCache::new(
+        Box::new(store),
+        cfg.moe_layers().len(),
+        cfg.num_experts,
+        2,
+        specfit_engine::CacheMode::Lru,
+    )
+    .unwrap();
+    let drafter = Eagle3::load(&dir, &cfg).unwrap();
+    let prompt = ints(&r["target_input_ids"]);
+    let mut kv = target.new_kv_cache();
+    let out = target
+        .forward(
+            &Batch {
+                taps: drafter.taps(),
+                ..Batch::causal(&prompt)
+            },
+            &mut kv,
+            &mut cache,
+        )
+        .unwrap();
+    let h = cfg.hidden_size;
+    let features: Vec<f32> = (0..prompt.len())
+        .flat_map(|t| {
+            out.taps
+                .iter()
+                .flat_map(move |tap| tap[t * h..(t + 1) * h].iter().copied())
+        })
+        .collect();
+    assert!(rel_err(&features, &floats(&r["target_hidden"])) <= 1e-4);
+    let mut dkv = drafter.new_kv_cache();
+    let d = drafter
+        .forward(
+            target.embed(),
+            &ints(&r["input_ids"]),
+            DraftHidden::Target(&features),
+            None,
+            Mask::Causal,
+            &mut dkv,
+        )
+        .unwrap();
+    let drafts: Vec<u32> = (0..prompt.len())
+        .map(|t| drafter.to_target(argmax(d.row(t))))
+        .collect();
+    assert_eq!(drafts, ints(&r["argmax_target_ids"]));
+}
+
+#[test]
+fn drafters_that_do_not_fit_the_target_are_refused() {
+    let dir = root().join("fixtures/eagle3/tiny");
+    let base = specfit_engine::Qwen3MoeConfig::load(&root().join("fixtures/qwen3moe/eagle_target"))
+        .unwrap();
+    let refuse = |cfg: &specfit_engine::Qwen3MoeConfig| match Eagle3::load(&dir, cfg) {
+        Ok(_) => panic!("a drafter that does not fit was accepted"),
+        Err(e) => e.to_string(),
+    };
+    let wider = specfit_engine::Qwen3MoeConfig {
+        hidden_size: 48,
+        ..base.clone()
+    };
+    assert!(
+        refuse(&wider).contains("does not fit the target"),
+        "{}",
+        refuse(&wider)
+    );
+    let shallow = specfit_engine::Qwen3MoeConfig {
+        num_hidden_layers: 2,
+        ..base.clone()
+    };
+    assert!(
+        refuse(&shallow).contains("eagle_aux_hidden_state_layer_ids"),
+        "{}",
+        refuse(&shallow)
+    );
+    let tmp = std::env::temp_dir().join(format!("specfit-eagle-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(dir.join("model.safetensors"), tmp.join("model.safetensors")).unwrap();
+    let cfg = std::fs::read_to_string(dir.join("config.json"))
+        .unwrap()
+        .replace("\"vocab_size\": 256", "\"vocab_size\": 300");
+    std::fs::write(tmp.join("config.json"), cfg).unwrap();
+    let err = match Eagle3::load(&tmp, &base) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("drafter vocab_size = 300 does not fit the target (vocab_size 256)"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -19,6 +19,7 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod sampling;
+pub mod spec;
 pub mod threads;
 pub mod tokenizer;
 mod weights;

@@ -1,0 +1,397 @@
+//! EAGLE-3 tree speculative decoding on the offloaded engine, greedy: draft a tree with the
+//! drafter (EAGLE-2/3 dynamic expansion), let a [`Verify`] rule choose the part to verify,
+//! verify it in one target forward with a tree mask (copying only the experts it misses), and
+//! commit the longest path whose tokens equal the target's argmax plus the bonus token. Because
+//! the target forward is batch-invariant, the committed tokens are exactly those of plain greedy
+//! decoding. Choosing with SpecFit's selector (routes, costs) lives in the caller's rule; this
+//! module owns drafting, verification, acceptance and the caches.
+
+use std::time::Instant;
+
+use crate::batch::{Batch, Logits, Mask};
+use crate::error::EngineError;
+use crate::experts::{ExpertCache, LayerStats};
+use crate::kernels::softmax_in_place;
+use crate::kv::KvCache;
+use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
+use crate::sampling::argmax;
+
+/// One drafted node: a target token under a parent (`None` = the root).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftNode {
+    pub parent: Option<usize>,
+    pub token: u32,
+    /// Product of the drafter's probabilities along the path.
+    pub prob: f64,
+    pub depth: usize,
+}
+
+/// Which drafted nodes to verify: given the pool (parents before children), the chosen
+/// ancestor-closed node indices, ascending. Empty = verify the root alone.
+pub trait Verify {
+    fn choose(&mut self, pool: &[DraftNode]) -> Result<Vec<usize>, EngineError>;
+}
+
+/// The vanilla EAGLE-3 rule: the `k` most probable nodes (ties by index).
+#[derive(Debug, Clone, Copy)]
+pub struct TopK(pub usize);
+
+impl Verify for TopK {
+    fn choose(&mut self, pool: &[DraftNode]) -> Result<Vec<usize>, EngineError> {
+        let mut order: Vec<usize> = (0..pool.len()).collect();
+        order.sort_by(|&a, &b| pool[b].prob.total_cmp(&pool[a].prob).then(a.cmp(&b)));
+        let mut chosen = vec![false; pool.len()];
+        let mut picked = Vec::new();
+        // Greedy among nodes whose parent is chosen, so the set is ancestor-closed.
+        while picked.len() < self.0 {
+            let next = order
+                .iter()
+                .copied()
+                .find(|&i| !chosen[i] && pool[i].parent.is_none_or(|p| chosen[p]));
+            let Some(i) = next else { break };
+            chosen[i] = true;
+            picked.push(i);
+        }
+        picked.sort_unstable();
+        Ok(picked)
+    }
+}
+
+/// Tree shape: `branching` children per expanded node, the `branching` best nodes of each level
+/// expanded, `levels` levels (defaults 2 and 5: an 18-node pool).
+#[derive(Debug, Clone, Copy)]
+pub struct TreeShape {
+    pub branching: usize,
+    pub levels: usize,
+}
+
+impl Default for TreeShape {
+    fn default() -> Self {
+        TreeShape {
+            branching: 2,
+            levels: 5,
+        }
+    }
+}
+
+/// What a speculative generation produced and cost.
+#[derive(Debug, Clone, Default)]
+pub struct SpecReport {
+    pub tokens: Vec<u32>,
+    pub cycles: usize,
+    /// Draft nodes verified, summed over cycles.
+    pub verified_nodes: usize,
+    /// Tokens committed per cycle, summed (accepted drafts + bonus).
+    pub committed: usize,
+    pub draft_seconds: f64,
+    pub select_seconds: f64,
+    pub verify_seconds: f64,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub copies: LayerStats,
+}
+
+/// The drafter's state between cycles.
+struct DraftState {
+    kv: KvCache,
+    /// Last committed-position hidden output and logits (they predict level 1).
+    hidden: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// Settings of one speculative generation.
+#[derive(Debug, Clone, Default)]
+pub struct SpecOptions {
+    pub shape: TreeShape,
+    /// At most this many new tokens.
+    pub max_tokens: usize,
+    /// Stop after emitting any of these.
+    pub stop: Vec<u32>,
+}
+
+/// Greedy speculative generation after `prompt`, choosing verified nodes with `rule`.
+pub fn generate_spec(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+    rule: &mut dyn Verify,
+    options: &SpecOptions,
+) -> Result<SpecReport, EngineError> {
+    let (shape, max_tokens, stop) = (options.shape, options.max_tokens, &options.stop[..]);
+    let mut report = SpecReport::default();
+    if max_tokens == 0 {
+        return Ok(report);
+    }
+    let start = Instant::now();
+    let stats_before = experts.stats().clone();
+    // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
+    let mut kv = target.new_kv_cache();
+    let pre = target.forward(
+        &Batch {
+            taps: drafter.taps(),
+            logits: Logits::Last,
+            ..Batch::causal(prompt)
+        },
+        &mut kv,
+        experts,
+    )?;
+    let mut root = argmax(pre.row(0));
+    let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
+    let mut shifted: Vec<u32> = prompt[1..].to_vec();
+    shifted.push(root);
+    let mut draft = feed_drafter(
+        target,
+        drafter,
+        drafter.new_kv_cache(),
+        &shifted,
+        &features,
+        0,
+    )?;
+    report.prefill_seconds = start.elapsed().as_secs_f64();
+    report.tokens.push(root);
+    let decode = Instant::now();
+    while report.tokens.len() < max_tokens && !stop.contains(&root) {
+        let n = kv.len(); // the root will sit at cache index / position n
+        let t0 = Instant::now();
+        let pool = draft_tree(target, drafter, &mut draft, n, shape)?;
+        let t1 = Instant::now();
+        let chosen = rule.choose(&pool)?;
+        let t2 = Instant::now();
+        let v = verify(target, drafter, experts, &mut kv, root, &pool, &chosen)?;
+        report.verify_seconds += t2.elapsed().as_secs_f64();
+        report.draft_seconds += (t1 - t0).as_secs_f64();
+        report.select_seconds += (t2 - t1).as_secs_f64();
+        report.cycles += 1;
+        report.verified_nodes += chosen.len();
+        report.committed += v.committed.len();
+        // The drafter learns the accepted tokens from the target's features along the path.
+        draft.kv.truncate(n)?;
+        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        let committed = v.committed;
+        for tok in committed {
+            if report.tokens.len() >= max_tokens {
+                break;
+            }
+            report.tokens.push(tok);
+            root = tok;
+            if stop.contains(&tok) {
+                break;
+            }
+        }
+    }
+    report.decode_seconds = decode.elapsed().as_secs_f64();
+    report.copies = experts.stats().since(&stats_before).total;
+    Ok(report)
+}
+
+/// The outcome of verifying one tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    /// Pool indices of the accepted draft nodes, root to leaf.
+    pub accepted: Vec<usize>,
+    /// Accepted draft tokens followed by the bonus token.
+    pub committed: Vec<u32>,
+    /// The target's drafter features (`[low | mid | high]`) of the root and accepted nodes.
+    pub features: Vec<f32>,
+}
+
+/// Verifies `root` (at cache index and position `kv.len()`) plus the `chosen` pool nodes in one
+/// target forward with a tree mask, accepts the longest path whose tokens equal the target's
+/// argmax, and compacts `kv` to the prefix, the root and that path.
+pub fn verify(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    kv: &mut KvCache,
+    root: u32,
+    pool: &[DraftNode],
+    chosen: &[usize],
+) -> Result<Verified, EngineError> {
+    let n = kv.len();
+    let row_of = |node: usize| chosen.iter().position(|&c| c == node).map(|i| i + 1);
+    let mut tokens = vec![root];
+    let mut parents = vec![None];
+    let mut positions = vec![n];
+    for &c in chosen {
+        let parent = match pool[c].parent {
+            None => 0,
+            Some(p) => row_of(p).ok_or_else(|| EngineError::BadMask {
+                reason: format!("chosen node {c} without its parent {p}"),
+            })?,
+        };
+        tokens.push(pool[c].token);
+        parents.push(Some(parent));
+        positions.push(n + pool[c].depth);
+    }
+    let batch = Batch {
+        tokens: &tokens,
+        positions: Some(&positions),
+        mask: Mask::Tree(&parents),
+        taps: drafter.taps(),
+        logits: Logits::All,
+    };
+    let out = target.forward(&batch, kv, experts)?;
+    // Walk down while a verified child carries the target's argmax.
+    let mut path = vec![0usize];
+    loop {
+        let here = *path.last().expect("non-empty");
+        let want = out.argmax(here);
+        match (1..tokens.len()).find(|&r| parents[r] == Some(here) && tokens[r] == want) {
+            Some(r) => path.push(r),
+            None => break,
+        }
+    }
+    let bonus = out.argmax(*path.last().expect("non-empty"));
+    kv.compact(n, &path.iter().map(|&r| n + r).collect::<Vec<_>>())?;
+    let h = target.config().hidden_size;
+    let all = concat_taps(&out.taps, tokens.len(), h);
+    let features = path
+        .iter()
+        .flat_map(|&r| all[r * 3 * h..(r + 1) * 3 * h].iter().copied())
+        .collect();
+    let mut committed: Vec<u32> = path[1..].iter().map(|&r| tokens[r]).collect();
+    committed.push(bonus);
+    Ok(Verified {
+        accepted: path[1..].iter().map(|&r| chosen[r - 1]).collect(),
+        committed,
+        features,
+    })
+}
+
+/// Per-token concatenation `[low | mid | high]` of the target's three taps (T × 3H).
+fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
+    (0..t)
+        .flat_map(|i| {
+            taps.iter()
+                .flat_map(move |tap| tap[i * h..(i + 1) * h].iter().copied())
+        })
+        .collect()
+}
+
+/// Appends `tokens` with target features `feats` to the drafter's cache at positions
+/// `first..`, returning the state whose last row predicts the next level-1 nodes.
+fn feed_drafter(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    mut kv: KvCache,
+    tokens: &[u32],
+    feats: &[f32],
+    first: usize,
+) -> Result<DraftState, EngineError> {
+    let positions: Vec<usize> = (first..first + tokens.len()).collect();
+    let out = drafter.forward(
+        target.embed(),
+        tokens,
+        DraftHidden::Target(feats),
+        Some(&positions),
+        Mask::Causal,
+        &mut kv,
+    )?;
+    let (t, h) = (tokens.len(), drafter.config().hidden_size);
+    Ok(DraftState {
+        kv,
+        hidden: out.hidden[(t - 1) * h..].to_vec(),
+        logits: out.row(t - 1).to_vec(),
+    })
+}
+
+/// EAGLE-2/3 dynamic expansion: level 1 is the top-`b` children of the root; each next level
+/// expands the `b` best nodes of the previous level (by path probability, ties by index) with
+/// their top-`b` children. The drafter's cache gets the expanded nodes' entries (after the
+/// committed `n`), which the caller truncates after verification.
+fn draft_tree(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    draft: &mut DraftState,
+    n: usize,
+    shape: TreeShape,
+) -> Result<Vec<DraftNode>, EngineError> {
+    let h = drafter.config().hidden_size;
+    let mut pool: Vec<DraftNode> = Vec::new();
+    // Children of the root from the last committed row.
+    let mut frontier: Vec<usize> = Vec::new();
+    for (token, p) in top_children(drafter, &draft.logits, shape.branching) {
+        frontier.push(pool.len());
+        pool.push(DraftNode {
+            parent: None,
+            token,
+            prob: p,
+            depth: 1,
+        });
+    }
+    // Hidden input of each pool node: the drafter output row that produced its logits.
+    let mut input_hidden: Vec<Vec<f32>> = vec![draft.hidden.clone(); pool.len()];
+    // Drafter-cache index of each fed node.
+    let mut cache_index: Vec<Option<usize>> = vec![None; pool.len()];
+    for _level in 2..=shape.levels {
+        let mut expand = frontier.clone();
+        expand.sort_by(|&a, &b| pool[b].prob.total_cmp(&pool[a].prob).then(a.cmp(&b)));
+        expand.truncate(shape.branching);
+        expand.sort_unstable();
+        if expand.is_empty() {
+            break;
+        }
+        // Feed the expanded nodes: each sees the committed cache, its fed ancestors and itself.
+        let cached = draft.kv.len();
+        let rows: Vec<Vec<bool>> = expand
+            .iter()
+            .enumerate()
+            .map(|(i, &node)| {
+                let mut row = vec![false; cached + expand.len()];
+                row[..n].iter_mut().for_each(|v| *v = true);
+                let mut a = pool[node].parent;
+                while let Some(p) = a {
+                    row[cache_index[p].expect("ancestors were fed")] = true;
+                    a = pool[p].parent;
+                }
+                row[cached + i] = true;
+                row
+            })
+            .collect();
+        let tokens: Vec<u32> = expand.iter().map(|&i| pool[i].token).collect();
+        let hidden: Vec<f32> = expand
+            .iter()
+            .flat_map(|&i| input_hidden[i].iter().copied())
+            .collect();
+        let positions: Vec<usize> = expand.iter().map(|&i| n - 1 + pool[i].depth).collect();
+        let out = drafter.forward(
+            target.embed(),
+            &tokens,
+            DraftHidden::Own(&hidden),
+            Some(&positions),
+            Mask::Explicit(&rows),
+            &mut draft.kv,
+        )?;
+        let mut next = Vec::new();
+        for (r, &node) in expand.iter().enumerate() {
+            cache_index[node] = Some(cached + r);
+            for (token, p) in top_children(drafter, out.row(r), shape.branching) {
+                next.push(pool.len());
+                pool.push(DraftNode {
+                    parent: Some(node),
+                    token,
+                    prob: pool[node].prob * p,
+                    depth: pool[node].depth + 1,
+                });
+                input_hidden.push(out.hidden[r * h..(r + 1) * h].to_vec());
+                cache_index.push(None);
+            }
+        }
+        frontier = next;
+    }
+    Ok(pool)
+}
+
+/// The `b` most probable draft tokens of a logits row, as (target id, probability).
+fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
+    let mut p = logits.to_vec();
+    softmax_in_place(&mut p);
+    let mut ids: Vec<usize> = (0..p.len()).collect();
+    ids.sort_by(|&a, &c| p[c].total_cmp(&p[a]).then(a.cmp(&c)));
+    ids.into_iter()
+        .take(b)
+        .map(|i| (drafter.to_target(i), p[i] as f64))
+        .collect()
+}

@@ -1,0 +1,185 @@
+//! Lossless speculative decoding: on the fixture target and its EAGLE-3 drafter, tree decoding
+//! with any verify budget and any slot count commits exactly the tokens of plain greedy decoding.
+
+use std::path::{Path, PathBuf};
+
+use specfit_engine::spec::{generate_spec, SpecOptions, TopK, TreeShape};
+use specfit_engine::{generate, CacheMode, Eagle3, GenerateOptions, Sampler, Sampling};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn tree_decoding_commits_exactly_the_greedy_tokens() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let prompts: [&[u32]; 3] = [
+        &[1, 243, 56, 119, 188, 74, 255, 15],
+        &[1, 5],
+        &[1, 100, 100, 100, 100, 100],
+    ];
+    for prompt in prompts {
+        let (target, mut cache) = specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Ram,
+            usize::MAX,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap();
+        let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+        let mut sampler = Sampler::new(Sampling::Greedy, 0);
+        let want = generate(
+            &target,
+            &mut cache,
+            prompt,
+            &mut sampler,
+            &GenerateOptions {
+                max_tokens: 30,
+                stop: vec![],
+            },
+            |_| {},
+        )
+        .unwrap()
+        .tokens;
+        for (budget, slots, shape) in [
+            (7, usize::MAX, TreeShape::default()),
+            (7, 1, TreeShape::default()),
+            (0, 2, TreeShape::default()),
+            (
+                3,
+                3,
+                TreeShape {
+                    branching: 3,
+                    levels: 3,
+                },
+            ),
+            (
+                16,
+                usize::MAX,
+                TreeShape {
+                    branching: 4,
+                    levels: 4,
+                },
+            ),
+        ] {
+            let (_, mut cache) = specfit_engine::load_target(
+                &tdir,
+                &specfit_engine::Tier::Ram,
+                slots,
+                CacheMode::Lru,
+                None,
+            )
+            .unwrap();
+            let options = SpecOptions {
+                shape,
+                max_tokens: 30,
+                stop: vec![],
+            };
+            let got = generate_spec(
+                &target,
+                &drafter,
+                &mut cache,
+                prompt,
+                &mut TopK(budget),
+                &options,
+            )
+            .unwrap();
+            assert_eq!(
+                got.tokens, want,
+                "prompt {prompt:?}, budget {budget}, slots {slots}, {shape:?}"
+            );
+            eprintln!(
+                "budget {budget} slots {slots}: {} cycles, {} committed, {} verified",
+                got.cycles, got.committed, got.verified_nodes
+            );
+            assert!(got.cycles > 0 && got.committed >= got.cycles);
+            assert!(got.verified_nodes <= budget * got.cycles);
+            cache.verify_slots().unwrap();
+        }
+    }
+}
+
+#[test]
+fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
+    use specfit_engine::spec::{verify, DraftNode};
+    use specfit_engine::{Batch, Logits};
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let (target, mut cache) =
+        specfit_engine::load_target(&tdir, &specfit_engine::Tier::Ram, 2, CacheMode::Lru, None)
+            .unwrap();
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 243, 56, 119, 188];
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let want = generate(
+        &target,
+        &mut cache,
+        &prompt,
+        &mut sampler,
+        &GenerateOptions {
+            max_tokens: 8,
+            stop: vec![],
+        },
+        |_| {},
+    )
+    .unwrap()
+    .tokens;
+    let wrong = |t: u32| (t + 1) % 256;
+    // Level 1: a wrong sibling first, then the right token; below it a chain of 3 right tokens
+    // with a wrong sibling at depth 2, and a wrong token at depth 5.
+    let node = |parent, token, depth| DraftNode {
+        parent,
+        token,
+        prob: 0.5,
+        depth,
+    };
+    let pool = vec![
+        node(None, wrong(want[1]), 1),
+        node(None, want[1], 1),
+        node(Some(1), wrong(want[2]), 2),
+        node(Some(1), want[2], 2),
+        node(Some(3), want[3], 3),
+        node(Some(4), want[4], 4),
+        node(Some(5), wrong(want[5]), 5),
+    ];
+    for (chosen, accepted) in [
+        (vec![0, 1, 2, 3, 4, 5, 6], vec![1, 3, 4, 5]),
+        (vec![0, 1, 2, 3], vec![1, 3]),
+        (vec![0], vec![]),
+        (vec![], vec![]),
+    ] {
+        let mut kv = target.new_kv_cache();
+        target
+            .forward(
+                &Batch {
+                    logits: Logits::None,
+                    ..Batch::causal(&prompt)
+                },
+                &mut kv,
+                &mut cache,
+            )
+            .unwrap();
+        let v = verify(
+            &target, &drafter, &mut cache, &mut kv, want[0], &pool, &chosen,
+        )
+        .unwrap();
+        assert_eq!(v.accepted, accepted, "chosen {chosen:?}");
+        let k = accepted.len();
+        assert_eq!(v.committed, want[1..=k + 1].to_vec());
+        assert_eq!(kv.len(), prompt.len() + 1 + k);
+        assert_eq!(v.features.len(), (k + 1) * 3 * target.config().hidden_size);
+        // Decoding on from the compacted cache continues the greedy sequence.
+        let next = target
+            .forward(&Batch::causal(&[want[k + 1]]), &mut kv, &mut cache)
+            .unwrap();
+        assert_eq!(next.argmax(0), want[k + 2]);
+    }
+    // A chosen set that is not ancestor-closed is an error, not a silent answer.
+    let mut kv = target.new_kv_cache();
+    target
+        .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+        .unwrap();
+    assert!(verify(&target, &drafter, &mut cache, &mut kv, want[0], &pool, &[3]).is_err());
+}

@@ -40,6 +40,29 @@ pub struct Args {
     /// Seed of the sampling generator.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// EAGLE-3 drafter directory: decode speculatively (greedy only, for now).
+    #[arg(long)]
+    drafter: Option<std::path::PathBuf>,
+    /// With --drafter: which draft nodes to verify each cycle.
+    #[arg(long, value_enum, default_value = "eagle3")]
+    policy: Policy,
+    /// Draft nodes verified per cycle by the eagle3 policy (K).
+    #[arg(long, default_value_t = 7)]
+    budget: usize,
+    /// Children per expanded draft node, and nodes expanded per level.
+    #[arg(long, default_value_t = 2)]
+    branching: usize,
+    /// Drafted levels.
+    #[arg(long, default_value_t = 5)]
+    levels: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Policy {
+    /// No drafting: plain decoding.
+    Ar,
+    /// Verify the K most probable pool nodes (vanilla EAGLE-3 with --clear-cache).
+    Eagle3,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -94,6 +117,21 @@ pub fn run(args: &Args) -> Result<()> {
             top_p: args.top_p,
         }
     };
+    if let (Some(dir), Policy::Eagle3) = (&args.drafter, args.policy) {
+        ensure!(
+            rule == Sampling::Greedy,
+            "speculative sampling is not implemented yet: use --temperature 0 with --drafter"
+        );
+        return run_spec(
+            args,
+            dir,
+            &model,
+            &mut cache,
+            &prompt,
+            stop,
+            tokenizer.as_ref(),
+        );
+    }
     let mut sampler = Sampler::new(rule, args.seed);
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -153,5 +191,86 @@ pub fn run(args: &Args) -> Result<()> {
             1e3 * d.wait_seconds / decoded
         );
     }
+    Ok(())
+}
+
+/// Greedy EAGLE-3 tree decoding, then its cycle statistics.
+fn run_spec(
+    args: &Args,
+    dir: &std::path::Path,
+    model: &specfit_engine::Qwen3Moe,
+    cache: &mut specfit_engine::ExpertCache,
+    prompt: &[u32],
+    stop: Vec<u32>,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
+    use specfit_engine::spec::{generate_spec, SpecOptions, TopK, TreeShape};
+    ensure!(
+        args.branching > 0 && args.levels > 0,
+        "--branching and --levels must be positive"
+    );
+    let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
+    let shape = TreeShape {
+        branching: args.branching,
+        levels: args.levels,
+    };
+    let options = SpecOptions {
+        shape,
+        max_tokens: args.max_tokens,
+        stop,
+    };
+    let r = generate_spec(
+        model,
+        &drafter,
+        cache,
+        prompt,
+        &mut TopK(args.budget),
+        &options,
+    )?;
+    match tokenizer {
+        Some(t) => println!("{}", t.decode(&r.tokens)?),
+        None => println!(
+            "{}",
+            r.tokens
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+    }
+    let cycles = r.cycles.max(1) as f64;
+    let committed = r.committed.max(1) as f64;
+    let decoded = r.tokens.len().saturating_sub(1) as f64;
+    eprintln!(
+        "{} tokens, {:.2} tok/s decode; prefill {} tokens in {:.1} ms",
+        r.tokens.len(),
+        if r.decode_seconds > 0.0 {
+            decoded / r.decode_seconds
+        } else {
+            0.0
+        },
+        prompt.len(),
+        r.prefill_seconds * 1e3
+    );
+    eprintln!(
+        "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} + select {:.3} + verify {:.2}",
+        r.cycles,
+        r.verified_nodes as f64 / cycles,
+        r.committed as f64 / cycles,
+        1e3 * r.decode_seconds / cycles,
+        1e3 * r.draft_seconds / cycles,
+        1e3 * r.select_seconds / cycles,
+        1e3 * r.verify_seconds / cycles
+    );
+    let c = &r.copies;
+    eprintln!(
+        "experts ({}, {} slots/layer): per committed token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies {:.2} ms",
+        cache.tier(),
+        cache.slots_per_layer(),
+        c.hits as f64 / committed,
+        c.misses as f64 / committed,
+        c.bytes_copied as f64 / committed / (1 << 20) as f64,
+        1e3 * c.wait_seconds / committed
+    );
     Ok(())
 }

@@ -411,3 +411,42 @@ fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
     assert_eq!(no_tok.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&no_tok.stderr).contains("tokenizer.json"));
 }
+
+#[test]
+fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let base = [
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,243,56,119,188",
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--slots",
+        "2",
+    ];
+    let plain = specfit(&base, None);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let mut spec_args = base.to_vec();
+    spec_args.extend(["--drafter", drafter.to_str().unwrap(), "--budget", "5"]);
+    let spec = specfit(&spec_args, None);
+    let stderr = String::from_utf8_lossy(&spec.stderr);
+    assert!(spec.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+    assert!(stderr.contains("draft nodes verified"), "{stderr}");
+    let sampled = specfit(&[&spec_args[..], &["--temperature", "0.7"]].concat(), None);
+    assert_eq!(sampled.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&sampled.stderr)
+        .contains("speculative sampling is not implemented yet"));
+}

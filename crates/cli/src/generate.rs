@@ -55,6 +55,12 @@ pub struct Args {
     /// Drafted levels.
     #[arg(long, default_value_t = 5)]
     levels: usize,
+    /// Cost calibration (from `specfit calibrate`) for the specfit policies.
+    #[arg(long)]
+    calibration: Option<std::path::PathBuf>,
+    /// λ of the specfit-lambda policy, in tokens per ms.
+    #[arg(long, default_value_t = 0.01)]
+    lambda: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -63,6 +69,12 @@ enum Policy {
     Ar,
     /// Verify the K most probable pool nodes (vanilla EAGLE-3 with --clear-cache).
     Eagle3,
+    /// SpecFit: the selector's ratio rule on atlas routes, plus the draft-stop rule.
+    Specfit,
+    /// SpecFit with the throughput rule (1 + ΣP) − λ·time (--lambda).
+    SpecfitLambda,
+    /// SpecFit with the residency-aware cost on the live slot contents.
+    SpecfitResident,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -117,7 +129,7 @@ pub fn run(args: &Args) -> Result<()> {
             top_p: args.top_p,
         }
     };
-    if let (Some(dir), Policy::Eagle3) = (&args.drafter, args.policy) {
+    if let (Some(dir), true) = (&args.drafter, args.policy != Policy::Ar) {
         ensure!(
             rule == Sampling::Greedy,
             "speculative sampling is not implemented yet: use --temperature 0 with --drafter"
@@ -204,7 +216,7 @@ fn run_spec(
     stop: Vec<u32>,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    use specfit_engine::spec::{generate_spec, SpecOptions, TopK, TreeShape};
+    use specfit_engine::spec::{generate_spec, SpecOptions, TreeShape};
     ensure!(
         args.branching > 0 && args.levels > 0,
         "--branching and --levels must be positive"
@@ -219,12 +231,28 @@ fn run_spec(
         max_tokens: args.max_tokens,
         stop,
     };
+    let mut rule = rule_for(args, model)?;
+    let mut atlas = match args.policy {
+        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident => {
+            // The atlas routes the pool with all experts resident, in RAM, outside the timer.
+            let (_, all) = specfit_engine::load_target(
+                &args.target.model,
+                &specfit_engine::Tier::Ram,
+                usize::MAX,
+                specfit_engine::CacheMode::Lru,
+                args.target.weights.map(crate::target::WeightsArg::dtype),
+            )?;
+            Some(specfit_engine::spec::Atlas::new(all))
+        }
+        Policy::Ar | Policy::Eagle3 => None,
+    };
     let r = generate_spec(
         model,
         &drafter,
         cache,
+        atlas.as_mut(),
         prompt,
-        &mut TopK(args.budget),
+        rule.as_mut(),
         &options,
     )?;
     match tokenizer {
@@ -262,6 +290,12 @@ fn run_spec(
         1e3 * r.select_seconds / cycles,
         1e3 * r.verify_seconds / cycles
     );
+    if r.atlas_seconds > 0.0 {
+        eprintln!(
+            "atlas routing of the draft pools (outside the timer): {:.1} ms per cycle",
+            1e3 * r.atlas_seconds / cycles
+        );
+    }
     let c = &r.copies;
     eprintln!(
         "experts ({}, {} slots/layer): per committed token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies {:.2} ms",
@@ -273,4 +307,34 @@ fn run_spec(
         1e3 * c.wait_seconds / committed
     );
     Ok(())
+}
+
+/// The verify rule of `--policy`.
+fn rule_for(
+    args: &Args,
+    model: &specfit_engine::Qwen3Moe,
+) -> Result<Box<dyn specfit_engine::spec::Verify>> {
+    use specfit_selector::json::CalibrationJson;
+    use specfit_selector::{Objective, Selector};
+    let residency = args.policy == Policy::SpecfitResident;
+    let objective = match args.policy {
+        Policy::Ar | Policy::Eagle3 => {
+            return Ok(Box::new(specfit_engine::spec::TopK(args.budget)))
+        }
+        Policy::SpecfitLambda => Objective::lambda(args.lambda)?,
+        Policy::Specfit | Policy::SpecfitResident => Objective::Ratio,
+    };
+    let path = args.calibration.as_ref().ok_or_else(|| {
+        anyhow::anyhow!(
+            "--policy {:?} needs --calibration FILE (from `specfit calibrate`)",
+            args.policy
+        )
+    })?;
+    let cal = CalibrationJson::parse(&crate::files::read_text(path)?)?;
+    let cost = cal.cost_model(residency)?;
+    let k = args.budget.min(cal.max_nodes);
+    let selector = Selector::new(cost, k, objective)?;
+    let mut rule = specfit_engine::policy::SpecFitRule::new(selector, model.config().num_experts);
+    rule.use_resident = residency;
+    Ok(Box::new(rule))
 }

@@ -445,6 +445,50 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
         String::from_utf8_lossy(&plain.stdout).trim()
     );
     assert!(stderr.contains("draft nodes verified"), "{stderr}");
+    // SpecFit policies with a calibration stay lossless too.
+    let probes = temp("spec-probes.jsonl");
+    let cal = temp("spec-cal.json");
+    assert!(specfit(
+        &["synth", "probes", "--out", probes.to_str().unwrap()],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--out",
+            cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    for policy in ["specfit", "specfit-lambda", "specfit-resident"] {
+        let run = specfit(
+            &[
+                &spec_args[..],
+                &["--policy", policy, "--calibration", cal.to_str().unwrap()],
+            ]
+            .concat(),
+            None,
+        );
+        assert!(
+            run.status.success(),
+            "{policy}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim(),
+            String::from_utf8_lossy(&plain.stdout).trim(),
+            "{policy}"
+        );
+    }
+    let missing = specfit(&[&spec_args[..], &["--policy", "specfit"]].concat(), None);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("needs --calibration"));
     let sampled = specfit(&[&spec_args[..], &["--temperature", "0.7"]].concat(), None);
     assert_eq!(sampled.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&sampled.stderr)

@@ -18,6 +18,7 @@ pub mod generate;
 pub mod kernels;
 pub mod kv;
 pub mod model;
+pub mod policy;
 pub mod sampling;
 pub mod spec;
 pub mod threads;

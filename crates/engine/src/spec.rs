@@ -29,7 +29,125 @@ pub struct DraftNode {
 /// Which drafted nodes to verify: given the pool (parents before children), the chosen
 /// ancestor-closed node indices, ascending. Empty = verify the root alone.
 pub trait Verify {
-    fn choose(&mut self, pool: &[DraftNode]) -> Result<Vec<usize>, EngineError>;
+    /// Called after each drafted level with the pool so far; `false` stops drafting.
+    fn keep_drafting(
+        &mut self,
+        _pool: &[DraftNode],
+        _routes: &mut dyn RouteSource,
+    ) -> Result<bool, EngineError> {
+        Ok(true)
+    }
+    /// The nodes to verify.
+    fn choose(
+        &mut self,
+        pool: &[DraftNode],
+        routes: &mut dyn RouteSource,
+    ) -> Result<Vec<usize>, EngineError>;
+}
+
+/// Expert routes of a pool, per MoE layer: the root's and each node's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolRoutes {
+    /// `[moe layer][k]`.
+    pub root: Vec<Vec<u32>>,
+    /// `[node][moe layer][k]`.
+    pub nodes: Vec<Vec<Vec<u32>>>,
+}
+
+/// Where a rule gets the routes of draft nodes (and the live slot contents) from.
+pub trait RouteSource {
+    /// Routes of the root and every node of `pool`.
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError>;
+    /// Experts resident in each MoE layer's slots right now.
+    fn resident(&self) -> Vec<Vec<u32>>;
+    /// Routing time spent so far, when routes are computed outside the timer.
+    fn atlas_seconds(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// The atlas: the target's own routers run on the draft pool (a full forward over root + pool on a
+/// copy of the KV cache, with all experts resident in a separate cache), outside the timer.
+pub struct Atlas {
+    cache: ExpertCache,
+    /// Time spent so far.
+    pub seconds: f64,
+}
+
+impl Atlas {
+    /// An atlas over `cache`, which should hold every expert (it is only used for routing).
+    pub fn new(cache: ExpertCache) -> Atlas {
+        Atlas {
+            cache,
+            seconds: 0.0,
+        }
+    }
+}
+
+/// The atlas at one cycle: the committed cache and the root.
+struct AtlasView<'a> {
+    target: &'a Qwen3Moe,
+    atlas: &'a mut Atlas,
+    kv: &'a KvCache,
+    root: u32,
+    resident: Vec<Vec<u32>>,
+}
+
+impl RouteSource for AtlasView<'_> {
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        let start = Instant::now();
+        let n = self.kv.len();
+        let mut kv = self.kv.clone();
+        let mut tokens = vec![self.root];
+        let mut parents = vec![None];
+        let mut positions = vec![n];
+        for node in pool {
+            tokens.push(node.token);
+            parents.push(Some(node.parent.map_or(0, |p| p + 1)));
+            positions.push(n + node.depth);
+        }
+        let batch = Batch {
+            tokens: &tokens,
+            positions: Some(&positions),
+            mask: Mask::Tree(&parents),
+            taps: &[],
+            logits: Logits::None,
+        };
+        let out = self
+            .target
+            .forward(&batch, &mut kv, &mut self.atlas.cache)?;
+        let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
+        let routes = PoolRoutes {
+            root: layers.iter().map(|l| l[0].clone()).collect(),
+            nodes: (1..tokens.len())
+                .map(|t| layers.iter().map(|l| l[t].clone()).collect())
+                .collect(),
+        };
+        self.atlas.seconds += start.elapsed().as_secs_f64();
+        Ok(routes)
+    }
+
+    fn resident(&self) -> Vec<Vec<u32>> {
+        self.resident.clone()
+    }
+
+    fn atlas_seconds(&self) -> Option<f64> {
+        Some(self.atlas.seconds)
+    }
+}
+
+/// A source for rules that never ask for routes.
+pub struct NoRoutes;
+
+impl RouteSource for NoRoutes {
+    fn routes(&mut self, _pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        Err(EngineError::BadMask {
+            reason: "this verify rule needs routes but no route source was given".into(),
+        })
+    }
+    fn resident(&self) -> Vec<Vec<u32>> {
+        Vec::new()
+    }
 }
 
 /// The vanilla EAGLE-3 rule: the `k` most probable nodes (ties by index).
@@ -37,7 +155,11 @@ pub trait Verify {
 pub struct TopK(pub usize);
 
 impl Verify for TopK {
-    fn choose(&mut self, pool: &[DraftNode]) -> Result<Vec<usize>, EngineError> {
+    fn choose(
+        &mut self,
+        pool: &[DraftNode],
+        _routes: &mut dyn RouteSource,
+    ) -> Result<Vec<usize>, EngineError> {
         let mut order: Vec<usize> = (0..pool.len()).collect();
         order.sort_by(|&a, &b| pool[b].prob.total_cmp(&pool[a].prob).then(a.cmp(&b)));
         let mut chosen = vec![false; pool.len()];
@@ -87,7 +209,10 @@ pub struct SpecReport {
     pub select_seconds: f64,
     pub verify_seconds: f64,
     pub prefill_seconds: f64,
+    /// Decode wall time, atlas routing excluded.
     pub decode_seconds: f64,
+    /// Time spent computing atlas routes (outside the decode timer).
+    pub atlas_seconds: f64,
     pub copies: LayerStats,
 }
 
@@ -114,6 +239,7 @@ pub fn generate_spec(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     experts: &mut ExpertCache,
+    mut atlas: Option<&mut Atlas>,
     prompt: &[u32],
     rule: &mut dyn Verify,
     options: &SpecOptions,
@@ -154,10 +280,35 @@ pub fn generate_spec(
     while report.tokens.len() < max_tokens && !stop.contains(&root) {
         let n = kv.len(); // the root will sit at cache index / position n
         let t0 = Instant::now();
-        let pool = draft_tree(target, drafter, &mut draft, n, shape)?;
-        let t1 = Instant::now();
-        let chosen = rule.choose(&pool)?;
+        let resident: Vec<Vec<u32>> = (0..target.config().moe_layers().len())
+            .map(|l| experts.resident(l))
+            .collect();
+        let atlas_before = atlas.as_ref().map_or(0.0, |a| a.seconds);
+        let (pool, chosen, t1, atlas_mid) = {
+            let mut source: Box<dyn RouteSource + '_> = match atlas.as_deref_mut() {
+                Some(a) => Box::new(AtlasView {
+                    target,
+                    atlas: a,
+                    kv: &kv,
+                    root,
+                    resident,
+                }),
+                None => Box::new(NoRoutes),
+            };
+            let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |p| {
+                rule.keep_drafting(p, source.as_mut())
+            })?;
+            let t1 = Instant::now();
+            let atlas_mid = source.atlas_seconds();
+            let chosen = rule.choose(&pool, source.as_mut())?;
+            (pool, chosen, t1, atlas_mid)
+        };
         let t2 = Instant::now();
+        let atlas_after = atlas.as_ref().map_or(0.0, |a| a.seconds);
+        // Routes from the atlas are computed outside the timer, as in the paper.
+        report.atlas_seconds += atlas_after - atlas_before;
+        report.draft_seconds -= atlas_mid.unwrap_or(atlas_before) - atlas_before;
+        report.select_seconds -= atlas_after - atlas_mid.unwrap_or(atlas_before);
         let v = verify(target, drafter, experts, &mut kv, root, &pool, &chosen)?;
         report.verify_seconds += t2.elapsed().as_secs_f64();
         report.draft_seconds += (t1 - t0).as_secs_f64();
@@ -181,7 +332,7 @@ pub fn generate_spec(
             }
         }
     }
-    report.decode_seconds = decode.elapsed().as_secs_f64();
+    report.decode_seconds = decode.elapsed().as_secs_f64() - report.atlas_seconds;
     report.copies = experts.stats().since(&stats_before).total;
     Ok(report)
 }
@@ -307,6 +458,7 @@ fn draft_tree(
     draft: &mut DraftState,
     n: usize,
     shape: TreeShape,
+    keep_drafting: &mut dyn FnMut(&[DraftNode]) -> Result<bool, EngineError>,
 ) -> Result<Vec<DraftNode>, EngineError> {
     let h = drafter.config().hidden_size;
     let mut pool: Vec<DraftNode> = Vec::new();
@@ -326,6 +478,9 @@ fn draft_tree(
     // Drafter-cache index of each fed node.
     let mut cache_index: Vec<Option<usize>> = vec![None; pool.len()];
     for _level in 2..=shape.levels {
+        if !keep_drafting(&pool)? {
+            break;
+        }
         let mut expand = frontier.clone();
         expand.sort_by(|&a, &b| pool[b].prob.total_cmp(&pool[a].prob).then(a.cmp(&b)));
         expand.truncate(shape.branching);

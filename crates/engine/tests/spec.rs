@@ -81,6 +81,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 &target,
                 &drafter,
                 &mut cache,
+                None,
                 prompt,
                 &mut TopK(budget),
                 &options,
@@ -182,4 +183,98 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
         .unwrap();
     assert!(verify(&target, &drafter, &mut cache, &mut kv, want[0], &pool, &[3]).is_err());
+}
+
+#[test]
+fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
+    use specfit_engine::policy::SpecFitRule;
+    use specfit_engine::spec::Atlas;
+    use specfit_selector::{CostModel, Objective, Selector};
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let load = |slots| {
+        specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Ram,
+            slots,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap()
+    };
+    let (target, mut cache) = load(usize::MAX);
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 243, 56, 119, 188, 74];
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let want = generate(
+        &target,
+        &mut cache,
+        &prompt,
+        &mut sampler,
+        &GenerateOptions {
+            max_tokens: 24,
+            stop: vec![],
+        },
+        |_| {},
+    )
+    .unwrap()
+    .tokens;
+    let experts = target.config().num_experts;
+    let costs = [
+        CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
+        CostModel::paper(vec![1.0; 8], 10.0).unwrap(), // experts dear: verify little
+        CostModel::residency(vec![1.0; 8], 0.0, 5.0).unwrap(), // residency-aware on live slots
+    ];
+    let mut verified = Vec::new();
+    for (i, cost) in costs.into_iter().enumerate() {
+        let residency = cost.is_residency();
+        let mut rule = SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
+        rule.use_resident = residency;
+        let (_, mut cache) = load(2);
+        let mut atlas = Atlas::new(load(usize::MAX).1);
+        let options = SpecOptions {
+            shape: TreeShape::default(),
+            max_tokens: 24,
+            stop: vec![],
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Some(&mut atlas),
+            &prompt,
+            &mut rule,
+            &options,
+        )
+        .unwrap();
+        assert_eq!(got.tokens, want, "cost {i}");
+        assert!(!rule.select_us.is_empty());
+        assert!(got.atlas_seconds > 0.0);
+        eprintln!(
+            "cost {i}: {} cycles, {} verified",
+            got.cycles, got.verified_nodes
+        );
+        verified.push(got.verified_nodes);
+    }
+    // Dear experts make SpecFit verify fewer nodes than free ones.
+    assert!(verified[1] < verified[0], "{verified:?}");
+    // A rule that needs routes refuses to run without a route source.
+    let mut rule = SpecFitRule::new(
+        Selector::new(
+            CostModel::paper(vec![1.0; 8], 0.1).unwrap(),
+            7,
+            Objective::Ratio,
+        )
+        .unwrap(),
+        experts,
+    );
+    let (_, mut cache) = load(2);
+    let options = SpecOptions {
+        shape: TreeShape::default(),
+        max_tokens: 4,
+        stop: vec![],
+    };
+    assert!(
+        generate_spec(&target, &drafter, &mut cache, None, &prompt, &mut rule, &options).is_err()
+    );
 }

@@ -1,0 +1,106 @@
+//! SpecFit's verify rule on the engine: build the selector's pool from the drafted tree and the
+//! atlas routes, pick the subtree with the selector (exact search; `ratio`, `lambda`, or the
+//! residency-aware cost on the live slot contents), and apply the draft-stop rule after each
+//! level. Drafting and verification are `spec`'s; the search is `specfit_selector`'s.
+
+use std::time::Instant;
+
+use specfit_selector::{stop, Pool, PoolBuilder, ResidentSet, Selector};
+
+use crate::error::EngineError;
+use crate::spec::{DraftNode, PoolRoutes, RouteSource, Verify};
+
+/// The SpecFit rule.
+pub struct SpecFitRule {
+    selector: Selector,
+    experts: usize,
+    /// Apply the draft-stop rule after each level.
+    pub stop_rule: bool,
+    /// Charge resident experts `beta_hit` (needs a residency-aware cost).
+    pub use_resident: bool,
+    /// Microseconds of each selection (search only), for reports.
+    pub select_us: Vec<f64>,
+}
+
+impl std::fmt::Debug for SpecFitRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpecFitRule")
+            .field("selector", &self.selector)
+            .finish()
+    }
+}
+
+fn selector_error(e: specfit_selector::Error) -> EngineError {
+    EngineError::BadMask {
+        reason: format!("selector: {e}"),
+    }
+}
+
+impl SpecFitRule {
+    /// A rule over a target with `experts` experts per MoE layer.
+    pub fn new(selector: Selector, experts: usize) -> SpecFitRule {
+        SpecFitRule {
+            selector,
+            experts,
+            stop_rule: true,
+            use_resident: false,
+            select_us: Vec::new(),
+        }
+    }
+
+    /// The selector pool of `pool` with `routes`.
+    fn pool(&self, pool: &[DraftNode], routes: &PoolRoutes) -> Result<Pool, EngineError> {
+        let mut b = PoolBuilder::new(routes.root.len(), self.experts).map_err(selector_error)?;
+        b.root_routes(&routes.root).map_err(selector_error)?;
+        for (node, r) in pool.iter().zip(&routes.nodes) {
+            b.push(node.parent, node.prob.clamp(0.0, 1.0), r)
+                .map_err(selector_error)?;
+        }
+        Ok(b.build())
+    }
+
+    /// Runs the selector on `pool`, timing the search alone.
+    fn select(
+        &mut self,
+        pool: &[DraftNode],
+        source: &mut dyn RouteSource,
+    ) -> Result<(Pool, specfit_selector::Selection), EngineError> {
+        let routes = source.routes(pool)?;
+        let p = self.pool(pool, &routes)?;
+        let resident = if self.use_resident {
+            let r = source.resident();
+            Some(ResidentSet::new(routes.root.len(), self.experts, &r).map_err(selector_error)?)
+        } else {
+            None
+        };
+        let start = Instant::now();
+        let selection = self
+            .selector
+            .select(&p, resident.as_ref())
+            .map_err(selector_error)?;
+        self.select_us.push(start.elapsed().as_secs_f64() * 1e6);
+        Ok((p, selection))
+    }
+}
+
+impl Verify for SpecFitRule {
+    fn keep_drafting(
+        &mut self,
+        pool: &[DraftNode],
+        routes: &mut dyn RouteSource,
+    ) -> Result<bool, EngineError> {
+        if !self.stop_rule {
+            return Ok(true);
+        }
+        let (p, selection) = self.select(pool, routes)?;
+        Ok(stop::decide(&p, selection).keep_drafting())
+    }
+
+    fn choose(
+        &mut self,
+        pool: &[DraftNode],
+        routes: &mut dyn RouteSource,
+    ) -> Result<Vec<usize>, EngineError> {
+        Ok(self.select(pool, routes)?.1.nodes)
+    }
+}

@@ -61,6 +61,10 @@ pub struct Args {
     /// λ of the specfit-lambda policy, in tokens per ms.
     #[arg(long, default_value_t = 0.01)]
     lambda: f64,
+    /// Route source of the specfit policies: `atlas`, or `corrupt:P` (atlas routes with each
+    /// expert replaced at random with probability P, the paper's degraded-predictor experiment).
+    #[arg(long, default_value = "atlas")]
+    routes: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -242,7 +246,16 @@ fn run_spec(
                 specfit_engine::CacheMode::Lru,
                 args.target.weights.map(crate::target::WeightsArg::dtype),
             )?;
-            Some(specfit_engine::spec::Atlas::new(all))
+            let atlas = specfit_engine::spec::Atlas::new(all);
+            Some(match args.routes.as_str() {
+                "atlas" => atlas,
+                other => match other.strip_prefix("corrupt:").map(str::parse::<f64>) {
+                    Some(Ok(p)) if (0.0..=1.0).contains(&p) => atlas.with_corruption(p, args.seed),
+                    _ => anyhow::bail!(
+                        "--routes {other:?}: expected atlas or corrupt:P with P in [0, 1]"
+                    ),
+                },
+            })
         }
         Policy::Ar | Policy::Eagle3 => None,
     };

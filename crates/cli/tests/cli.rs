@@ -486,6 +486,30 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
             "{policy}"
         );
     }
+    let corrupt = specfit(
+        &[
+            &spec_args[..],
+            &[
+                "--policy",
+                "specfit",
+                "--routes",
+                "corrupt:0.6",
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        corrupt.status.success(),
+        "{}",
+        String::from_utf8_lossy(&corrupt.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&corrupt.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
     let missing = specfit(&[&spec_args[..], &["--policy", "specfit"]].concat(), None);
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("needs --calibration"));

@@ -72,6 +72,8 @@ pub struct Atlas {
     cache: ExpertCache,
     /// Time spent so far.
     pub seconds: f64,
+    /// `corrupt:P`: each routed expert replaced by a random other one with probability P.
+    corrupt: Option<(f64, specfit_selector::synth::Rng)>,
 }
 
 impl Atlas {
@@ -80,6 +82,37 @@ impl Atlas {
         Atlas {
             cache,
             seconds: 0.0,
+            corrupt: None,
+        }
+    }
+
+    /// The paper's degraded-predictor experiment: every expert of every route (root and nodes)
+    /// is replaced, with probability `p`, by a uniformly random expert not already in the list.
+    pub fn with_corruption(mut self, p: f64, seed: u64) -> Atlas {
+        self.corrupt = Some((p, specfit_selector::synth::Rng::new(seed)));
+        self
+    }
+
+    fn corrupt(&mut self, routes: &mut PoolRoutes, experts: usize) {
+        let Some((p, rng)) = self.corrupt.as_mut() else {
+            return;
+        };
+        for list in routes
+            .root
+            .iter_mut()
+            .chain(routes.nodes.iter_mut().flatten())
+        {
+            for i in 0..list.len() {
+                if rng.unit() < *p && list.len() < experts {
+                    let fresh = loop {
+                        let e = rng.below(experts) as u32;
+                        if !list.contains(&e) {
+                            break e;
+                        }
+                    };
+                    list[i] = fresh;
+                }
+            }
         }
     }
 }
@@ -117,12 +150,14 @@ impl RouteSource for AtlasView<'_> {
             .target
             .forward(&batch, &mut kv, &mut self.atlas.cache)?;
         let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
-        let routes = PoolRoutes {
+        let mut routes = PoolRoutes {
             root: layers.iter().map(|l| l[0].clone()).collect(),
             nodes: (1..tokens.len())
                 .map(|t| layers.iter().map(|l| l[t].clone()).collect())
                 .collect(),
         };
+        self.atlas
+            .corrupt(&mut routes, self.target.config().num_experts);
         self.atlas.seconds += start.elapsed().as_secs_f64();
         Ok(routes)
     }

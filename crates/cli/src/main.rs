@@ -6,6 +6,7 @@ mod convert;
 mod files;
 mod forward;
 mod generate;
+mod probe;
 mod select;
 mod synth;
 mod target;
@@ -30,6 +31,8 @@ enum Command {
     Calibrate(calibrate::Args),
     /// Decode text on the offloaded engine and report tok/s and expert copies.
     Generate(generate::Args),
+    /// Measure verify forwards on this engine for `specfit calibrate`.
+    Probe(probe::Args),
     /// Write a checkpoint's routed experts as the expert-major disk file (for `--store disk`).
     Convert(convert::Args),
     /// One target forward over given token ids (and optional greedy steps), written as JSON.
@@ -48,6 +51,7 @@ fn main() -> ExitCode {
         Command::Forward(args) => forward::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Probe(args) => probe::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -518,3 +518,102 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     assert!(String::from_utf8_lossy(&sampled.stderr)
         .contains("speculative sampling is not implemented yet"));
 }
+
+#[test]
+fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
+    let probes = temp("engine-probes.jsonl");
+    let cal = temp("engine-cal.json");
+    let run = specfit(
+        &[
+            "probe",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56,119",
+            "--cycles",
+            "48",
+            "--slots",
+            "2",
+            "--out",
+            probes.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&probes)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 48);
+    assert!(
+        (0..=7).all(|n| rows.iter().any(|r| r["nodes"] == n)),
+        "every node count 0..=7 is probed"
+    );
+    assert!(rows.iter().all(
+        |r| r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap()
+            <= r["demand"].as_u64().unwrap() * 2
+    ));
+    let fit = specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        fit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fit.stderr)
+    );
+    let base = [
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1,243,56,119",
+        "--max-tokens",
+        "20",
+        "--ignore-eos",
+        "--slots",
+        "2",
+    ];
+    let plain = specfit(&base, None);
+    let spec = specfit(
+        &[
+            &base[..],
+            &[
+                "--drafter",
+                d,
+                "--policy",
+                "specfit",
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        spec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spec.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+}

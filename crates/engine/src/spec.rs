@@ -381,6 +381,12 @@ pub struct Verified {
     pub committed: Vec<u32>,
     /// The target's drafter features (`[low | mid | high]`) of the root and accepted nodes.
     pub features: Vec<f32>,
+    /// `Σ_l |∪ experts|` over the verified tokens (root included), from the target's routers.
+    pub demand: u64,
+    /// Expert copies of the verify forward.
+    pub copies: LayerStats,
+    /// Wall time of the verify forward.
+    pub seconds: f64,
 }
 
 /// Verifies `root` (at cache index and position `kv.len()`) plus the `chosen` pool nodes in one
@@ -418,7 +424,20 @@ pub fn verify(
         taps: drafter.taps(),
         logits: Logits::All,
     };
+    let start = Instant::now();
     let out = target.forward(&batch, kv, experts)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let demand = out
+        .routes
+        .iter()
+        .flatten()
+        .map(|layer| {
+            let mut all: Vec<u32> = layer.iter().flatten().copied().collect();
+            all.sort_unstable();
+            all.dedup();
+            all.len() as u64
+        })
+        .sum();
     // Walk down while a verified child carries the target's argmax.
     let mut path = vec![0usize];
     loop {
@@ -443,6 +462,9 @@ pub fn verify(
         accepted: path[1..].iter().map(|&r| chosen[r - 1]).collect(),
         committed,
         features,
+        demand,
+        copies: out.copies.total,
+        seconds,
     })
 }
 
@@ -584,4 +606,110 @@ fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
         .take(b)
         .map(|i| (drafter.to_target(i), p[i] as f64))
         .collect()
+}
+
+/// What [`probe`] measures.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbePlan {
+    pub shape: TreeShape,
+    /// Node counts cycle through `0..=max_nodes`.
+    pub max_nodes: usize,
+    pub cycles: usize,
+    pub seed: u64,
+}
+
+/// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeRow {
+    pub nodes: usize,
+    pub demand: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub ms: f64,
+}
+
+/// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
+/// subtree of the drafted pool whose size cycles through `0..=max_nodes` (a random subset of
+/// each size), and measures each verify forward. Every other cycle starts from an emptied
+/// cache, so both the LRU state and the cleared state are sampled. Committed tokens follow the
+/// target's greedy choices, as in real decoding.
+pub fn probe(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+    plan: &ProbePlan,
+) -> Result<Vec<ProbeRow>, EngineError> {
+    let mut rng = specfit_selector::synth::Rng::new(plan.seed);
+    let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
+    let mut kv = target.new_kv_cache();
+    let pre = target.forward(
+        &Batch {
+            taps: drafter.taps(),
+            logits: Logits::Last,
+            ..Batch::causal(prompt)
+        },
+        &mut kv,
+        experts,
+    )?;
+    let mut root = argmax(pre.row(0));
+    let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
+    let mut shifted: Vec<u32> = prompt[1..].to_vec();
+    shifted.push(root);
+    let mut draft = feed_drafter(
+        target,
+        drafter,
+        drafter.new_kv_cache(),
+        &shifted,
+        &features,
+        0,
+    )?;
+    let mut rows = Vec::with_capacity(cycles);
+    for cycle in 0..cycles {
+        let n = kv.len();
+        let pool = draft_tree(target, drafter, &mut draft, n, plan.shape, &mut |_| {
+            Ok(true)
+        })?;
+        let want = (cycle / 2) % (max_nodes + 1);
+        let chosen = random_subtree(&pool, want, &mut rng);
+        if cycle % 2 == 1 {
+            experts.clear();
+        }
+        let v = verify(target, drafter, experts, &mut kv, root, &pool, &chosen)?;
+        rows.push(ProbeRow {
+            nodes: chosen.len(),
+            demand: v.demand,
+            hits: v.copies.hits,
+            misses: v.copies.misses,
+            ms: v.seconds * 1e3,
+        });
+        draft.kv.truncate(n)?;
+        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        root = *v.committed.last().expect("the bonus token");
+    }
+    Ok(rows)
+}
+
+/// A uniformly grown random ancestor-closed subtree of (at most) `size` nodes.
+fn random_subtree(
+    pool: &[DraftNode],
+    size: usize,
+    rng: &mut specfit_selector::synth::Rng,
+) -> Vec<usize> {
+    let mut chosen = vec![false; pool.len()];
+    let mut picked = Vec::new();
+    while picked.len() < size {
+        let frontier: Vec<usize> = (0..pool.len())
+            .filter(|&i| !chosen[i] && pool[i].parent.is_none_or(|p| chosen[p]))
+            .collect();
+        if frontier.is_empty() {
+            break;
+        }
+        let i = frontier[rng.below(frontier.len())];
+        chosen[i] = true;
+        picked.push(i);
+    }
+    picked.sort_unstable();
+    picked
 }

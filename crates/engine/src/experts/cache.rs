@@ -185,10 +185,15 @@ impl ExpertCache {
     /// Called at the start of every forward.
     pub fn begin_forward(&mut self) {
         if self.mode == CacheMode::ClearEveryForward {
-            for layer in &mut self.slots {
-                layer.holds.iter_mut().for_each(|h| *h = None);
-                layer.slot_of.iter_mut().for_each(|s| *s = None);
-            }
+            self.clear();
+        }
+    }
+
+    /// Empties every slot (the next forward copies every expert it routes to).
+    pub fn clear(&mut self) {
+        for layer in &mut self.slots {
+            layer.holds.iter_mut().for_each(|h| *h = None);
+            layer.slot_of.iter_mut().for_each(|s| *s = None);
         }
     }
 

@@ -1,0 +1,88 @@
+//! `specfit probe`: measures verify forwards on this engine — random ancestor-closed subtrees of
+//! drafted pools of every size `0..=K`, from the normal LRU cache state and from an emptied
+//! cache — and writes them as probe rows for `specfit calibrate`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{ensure, Context, Result};
+use serde_json::json;
+use specfit_engine::spec::{probe, ProbePlan, TreeShape};
+use specfit_engine::{Eagle3, Tokenizer};
+
+use crate::files::{read_text, write_atomic};
+use crate::target::TargetArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// EAGLE-3 drafter directory.
+    #[arg(long)]
+    drafter: PathBuf,
+    /// Calibration prompts: a text file, one prompt per line (needs the model's tokenizer).
+    #[arg(long, conflicts_with = "prompt_ids")]
+    prompts: Option<PathBuf>,
+    /// A prompt as comma-separated token ids (instead of --prompts).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Probe forwards per prompt.
+    #[arg(long, default_value_t = 32)]
+    cycles: usize,
+    /// Largest verified subtree (K).
+    #[arg(long, default_value_t = 7)]
+    max_nodes: usize,
+    #[arg(long, default_value_t = 2)]
+    branching: usize,
+    #[arg(long, default_value_t = 5)]
+    levels: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Probe rows (JSON Lines), written atomically.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let (model, mut cache) = args.target.load()?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let prompts: Vec<Vec<u32>> = match (&args.prompts, &args.prompt_ids) {
+        (Some(path), _) => {
+            let tok = Tokenizer::load(&args.target.model)?;
+            read_text(path)?
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| tok.encode(l))
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("tokenizing {}", path.display()))?
+        }
+        (None, Some(ids)) => vec![ids.clone()],
+        (None, None) => anyhow::bail!("give --prompts FILE or --prompt-ids"),
+    };
+    ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt");
+    let mut text = String::new();
+    let mut rows = 0;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let plan = ProbePlan {
+            shape: TreeShape {
+                branching: args.branching,
+                levels: args.levels,
+            },
+            max_nodes: args.max_nodes,
+            cycles: args.cycles,
+            seed: args.seed + i as u64,
+        };
+        for r in probe(&model, &drafter, &mut cache, prompt, &plan)? {
+            let row = json!({"nodes": r.nodes, "demand": r.demand, "ms": r.ms, "hits": r.hits, "misses": r.misses});
+            writeln!(text, "{row}")?;
+            rows += 1;
+        }
+    }
+    write_atomic(&args.out, text.as_bytes())?;
+    eprintln!(
+        "{rows} probe rows ({} prompts) -> {}",
+        prompts.len(),
+        args.out.display()
+    );
+    Ok(())
+}

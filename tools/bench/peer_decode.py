@@ -164,16 +164,21 @@ def llama_worker(args: argparse.Namespace) -> dict:
 
 # ----------------------------------------------------------------------------------------------
 # noise guard: CPU time that other processes (not ours, nice < 19) use while a run is timed.
-# On a small shared machine a compile next door makes OpenMP-style thread pools collapse, so a run
-# during which others used more than --max-others of a core is thrown away and retried once the
-# machine is quiet again. A background job at nice 19 barely competes and is not counted.
+# On a small shared machine a compile or a test run next door makes the engines' thread pools
+# collapse, so a run during which others used more than --max-others of a core is thrown away and
+# retried once the machine is quiet again. A background job at nice 19 barely competes and is not
+# counted. Others = all busy CPU time in /proc/stat (steal included, so short-lived processes count
+# too) minus this benchmark's process tree (children reaped included) minus nice-19 processes.
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def others_cpu_ticks() -> dict[int, int]:
+def cpu_snapshot() -> tuple[int, int, dict[int, int]]:
+    """(busy ticks of the machine, ticks of our process tree, ticks of each nice-19 process)."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    busy = f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)
     root = int(os.environ.get("PEER_DECODE_ROOT", os.getpid()))
-    stats: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, nice, ticks)
+    stats: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, nice, utime+stime+cutime+cstime)
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
@@ -181,8 +186,8 @@ def others_cpu_ticks() -> dict[int, int]:
             raw = open(f"/proc/{d}/stat").read()
         except OSError:
             continue
-        f = raw[raw.rindex(")") + 2:].split()
-        stats[int(d)] = (int(f[1]), int(f[16]), int(f[11]) + int(f[12]))
+        x = raw[raw.rindex(")") + 2:].split()
+        stats[int(d)] = (int(x[1]), int(x[16]), int(x[11]) + int(x[12]) + int(x[13]) + int(x[14]))
     ours = {root}
     changed = True
     while changed:
@@ -191,20 +196,23 @@ def others_cpu_ticks() -> dict[int, int]:
             if ppid in ours and pid not in ours:
                 ours.add(pid)
                 changed = True
-    return {pid: t for pid, (_, nice, t) in stats.items() if pid not in ours and nice < 19}
+    mine = sum(stats[p][2] for p in ours if p in stats)
+    idle = {p: t for p, (_, nice, t) in stats.items() if nice >= 19 and p not in ours}
+    return busy, mine, idle
 
 
-def others_seconds(before: dict[int, int], after: dict[int, int]) -> float:
-    return sum(t - before.get(pid, 0) for pid, t in after.items()) / CLK_TCK
+def others_seconds(a: tuple, b: tuple) -> float:
+    niced = sum(t - a[2].get(p, t) for p, t in b[2].items())
+    return max(0, (b[0] - a[0]) - (b[1] - a[1]) - niced) / CLK_TCK
 
 
 def wait_quiet(max_others: float, timeout: float) -> float:
     """Wait until others use < max_others of a core over one second; returns the seconds waited."""
     t0 = time.perf_counter()
     while True:
-        a = others_cpu_ticks()
+        a = cpu_snapshot()
         time.sleep(1.0)
-        if others_seconds(a, others_cpu_ticks()) < max_others or time.perf_counter() - t0 > timeout:
+        if others_seconds(a, cpu_snapshot()) < max_others or time.perf_counter() - t0 > timeout:
             return time.perf_counter() - t0
 
 
@@ -217,9 +225,9 @@ def timed(run, warmup: int, reps: int, n: int) -> dict:
     tok_s, prefill_ms, seqs, others, discarded, waited = [], [], [], [], 0, 0.0
     while len(tok_s) < reps:
         waited += wait_quiet(GUARD["max_others"], GUARD["quiet_timeout"])
-        before, t0 = others_cpu_ticks(), time.perf_counter()
+        before, t0 = cpu_snapshot(), time.perf_counter()
         toks, prefill, decode = run()
-        share = others_seconds(before, others_cpu_ticks()) / (time.perf_counter() - t0)
+        share = others_seconds(before, cpu_snapshot()) / (time.perf_counter() - t0)
         seqs.append(toks)
         if share > GUARD["max_others"] and discarded < GUARD["max_retries"]:
             discarded += 1

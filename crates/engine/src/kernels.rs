@@ -255,6 +255,29 @@ pub fn matmul(x: &[f32], rows: usize, w: WeightView<'_>, n: usize, k: usize, out
     });
 }
 
+/// [`matmul`] on the calling thread only (for work already spread over threads).
+pub fn matmul_serial(
+    x: &[f32],
+    rows: usize,
+    w: WeightView<'_>,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    assert_eq!(x.len(), rows * k, "matmul: x is not rows × k");
+    assert_eq!(w.len(), n * k, "matmul: w is not n × k");
+    assert_eq!(out.len(), rows * n, "matmul: out is not rows × n");
+    matmul_columns(
+        x,
+        rows,
+        w,
+        n,
+        k,
+        0..n,
+        crate::threads::SharedOut(out.as_mut_ptr()),
+    );
+}
+
 /// Smallest matmul (in multiply-adds) worth splitting across threads.
 const PARALLEL_MIN_MACS: usize = 1 << 15;
 

@@ -38,6 +38,21 @@ impl AlignedBuf {
         // SAFETY: as above, and `&mut self` guarantees exclusive access.
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
+
+    /// Bytes `start..start + len` without forming a reference to the rest of the buffer, so that
+    /// other ranges may be written meanwhile through [`AlignedBuf::range_ptr`] pointers.
+    pub fn range(&self, start: usize, len: usize) -> &[u8] {
+        assert!(start + len <= self.len, "range outside the buffer");
+        // SAFETY: in bounds (asserted); the caller never writes this range while it is borrowed.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(start), len) }
+    }
+
+    /// A raw pointer to byte `start`, for a writer that owns that range until it is done.
+    pub fn range_ptr(&mut self, start: usize, len: usize) -> *mut u8 {
+        assert!(start + len <= self.len, "range outside the buffer");
+        // SAFETY: in bounds (asserted).
+        unsafe { self.ptr.add(start) }
+    }
 }
 
 impl Drop for AlignedBuf {

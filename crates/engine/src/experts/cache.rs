@@ -197,16 +197,16 @@ impl ExpertCache {
         }
     }
 
-    /// Runs `f(expert, block bytes)` once for every expert of `needed` (distinct ids) in
-    /// `layer`. Resident experts run first while the missing ones are read into free slots
-    /// (least recently used first) by the I/O threads; each missing expert runs as soon as its
-    /// read is done, and its slot may then take a later miss. Every expert is copied at most
+    /// Runs `f` on `(expert, block bytes)` for every expert of `needed` (distinct ids) in
+    /// `layer`, once each: first one call with all the resident experts, while the missing ones
+    /// are read into free slots (least recently used first) by the I/O threads, then one call
+    /// per missing expert as soon as its read is done (its slot may then take a later miss). Every expert is copied at most
     /// once per call, whatever the slot count.
     pub fn with_experts(
         &mut self,
         layer: usize,
         needed: &[u32],
-        mut f: impl FnMut(u32, &[u8]),
+        mut f: impl FnMut(&[(u32, &[u8])]),
     ) -> Result<(), EngineError> {
         let (hit, miss): (Vec<u32>, Vec<u32>) = needed
             .iter()
@@ -228,10 +228,26 @@ impl ExpertCache {
         };
         let mut error = None;
         self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
-        for &e in &hit {
-            let s = self.slots[layer].slot_of[e as usize].expect("resident") as usize;
-            self.run_slot(layer, s, e, &mut f);
-            busy[s] = false;
+        // The resident experts run together (the caller may spread them over threads) while the
+        // first misses are read.
+        if !hit.is_empty() {
+            let (len, stride) = (self.layout.bytes(), self.stride);
+            let slots = &mut self.slots[layer];
+            let mut at = Vec::with_capacity(hit.len());
+            for &e in &hit {
+                self.clock += 1;
+                let s = slots.slot_of[e as usize].expect("resident") as usize;
+                slots.last_use[s] = self.clock;
+                at.push((e, s));
+            }
+            let views: Vec<(u32, &[u8])> = at
+                .iter()
+                .map(|&(e, s)| (e, slots.data.range(s * stride, len)))
+                .collect();
+            f(&views);
+            for &(_, s) in &at {
+                busy[s] = false;
+            }
             self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
         }
         while let Some((e, s)) = in_flight.pop_front() {
@@ -247,7 +263,11 @@ impl ExpertCache {
                 Ok(()) if error.is_none() => {
                     stats.misses += 1;
                     stats.bytes_copied += self.layout.bytes() as u64;
-                    self.run_slot(layer, s, e, &mut f);
+                    self.clock += 1;
+                    let (len, stride) = (self.layout.bytes(), self.stride);
+                    let slots = &mut self.slots[layer];
+                    slots.last_use[s] = self.clock;
+                    f(&[(e, slots.data.range(s * stride, len))]);
                 }
                 Ok(()) => {}
                 Err(err) => {
@@ -294,23 +314,13 @@ impl ExpertCache {
             slots.slot_of[e as usize] = Some(victim as u32);
             busy[victim] = true;
             let stride = self.stride;
-            let slot = &mut slots.data.as_mut_slice()[victim * stride..(victim + 1) * stride];
             let ptr = SlotPtr {
-                ptr: slot.as_mut_ptr(),
+                ptr: slots.data.range_ptr(victim * stride, stride),
                 len: stride,
             };
             start_read(&self.store, layer, e as usize, ptr, victim, done);
             in_flight.push_back((e, victim));
         }
-    }
-
-    /// Runs `f` on slot `s` of `layer`, which holds expert `e`, and marks it used.
-    fn run_slot(&mut self, layer: usize, s: usize, e: u32, f: &mut impl FnMut(u32, &[u8])) {
-        self.clock += 1;
-        let (len, stride) = (self.layout.bytes(), self.stride);
-        let slots = &mut self.slots[layer];
-        slots.last_use[s] = self.clock;
-        f(e, &slots.data.as_slice()[s * stride..s * stride + len]);
     }
 
     /// Empties slot `s` of `layer` (after a failed read).

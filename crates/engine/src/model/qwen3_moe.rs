@@ -16,14 +16,21 @@ use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
 use crate::kernels::{
-    matmul, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
+    matmul, matmul_serial, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
 };
 use crate::kv::KvCache;
 use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
 /// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
-fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
+fn run_expert(
+    layout: ExpertLayout,
+    block: &[u8],
+    xs: &[f32],
+    m: usize,
+    parallel: bool,
+) -> Vec<f32> {
+    let matmul = if parallel { matmul } else { matmul_serial };
     let (h, i) = (layout.hidden, layout.intermediate);
     let (gate, up, down) = layout.split(block);
     let mut g = vec![0.0; m * i];
@@ -93,19 +100,56 @@ impl SparseMoe {
         // outputs[token][k] = expert output for the k-th routed expert of that token.
         let mut outputs: Vec<Vec<Option<Vec<f32>>>> =
             routes.iter().map(|r| vec![None; r.len()]).collect();
-        experts.with_experts(self.ordinal, &needed, |e, block| {
-            let rows: Vec<(usize, usize)> = routes
+        // Tokens routed to expert `e`, as (token, k-th choice).
+        let rows_of = |e: u32| -> Vec<(usize, usize)> {
+            routes
                 .iter()
                 .enumerate()
                 .filter_map(|(tok, r)| r.iter().position(|&(id, _)| id == e).map(|k| (tok, k)))
-                .collect();
+                .collect()
+        };
+        // One expert over its tokens: m × H rows in, m × H out.
+        let compute = |e: u32, block: &[u8], parallel: bool| -> (Vec<(usize, usize)>, Vec<f32>) {
+            let rows = rows_of(e);
             let xs: Vec<f32> = rows
                 .iter()
                 .flat_map(|&(tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
                 .collect();
-            let y = run_expert(layout, block, &xs, rows.len());
-            for (r, &(tok, k)) in rows.iter().enumerate() {
-                outputs[tok][k] = Some(y[r * h..(r + 1) * h].to_vec());
+            let y = run_expert(layout, block, &xs, rows.len(), parallel);
+            (rows, y)
+        };
+        experts.with_experts(self.ordinal, &needed, |batch| {
+            // Several experts: one per thread at a time (one hand-off per batch instead of
+            // three per expert). One expert: its matmuls are split by output feature instead.
+            // Either way each output is computed by one thread in one fixed order.
+            let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if batch.len() > 1 {
+                let pool = crate::threads::pool();
+                let parts = pool.threads();
+                let slots: Vec<std::sync::OnceLock<(Vec<(usize, usize)>, Vec<f32>)>> = (0..batch
+                    .len())
+                    .map(|_| std::sync::OnceLock::new())
+                    .collect();
+                pool.run(&|part| {
+                    for (i, &(e, block)) in
+                        batch.iter().enumerate().filter(|(i, _)| i % parts == part)
+                    {
+                        let _ = slots[i].set(compute(e, block, false));
+                    }
+                });
+                slots
+                    .into_iter()
+                    .map(|s| s.into_inner().expect("every expert ran"))
+                    .collect()
+            } else {
+                batch
+                    .iter()
+                    .map(|&(e, block)| compute(e, block, true))
+                    .collect()
+            };
+            for (rows, y) in results {
+                for (r, &(tok, k)) in rows.iter().enumerate() {
+                    outputs[tok][k] = Some(y[r * h..(r + 1) * h].to_vec());
+                }
             }
         })?;
         let mut out = vec![0.0f32; t * h];

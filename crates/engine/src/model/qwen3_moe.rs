@@ -22,6 +22,9 @@ use crate::kv::KvCache;
 use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
+/// One expert's work in a forward: its (token, k-th choice) rows and their outputs (m × H).
+type ExpertRows = (Vec<(usize, usize)>, Vec<f32>);
+
 /// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
 fn run_expert(
     layout: ExpertLayout,
@@ -109,7 +112,7 @@ impl SparseMoe {
                 .collect()
         };
         // One expert over its tokens: m × H rows in, m × H out.
-        let compute = |e: u32, block: &[u8], parallel: bool| -> (Vec<(usize, usize)>, Vec<f32>) {
+        let compute = |e: u32, block: &[u8], parallel: bool| -> ExpertRows {
             let rows = rows_of(e);
             let xs: Vec<f32> = rows
                 .iter()
@@ -122,11 +125,10 @@ impl SparseMoe {
             // Several experts: one per thread at a time (one hand-off per batch instead of
             // three per expert). One expert: its matmuls are split by output feature instead.
             // Either way each output is computed by one thread in one fixed order.
-            let results: Vec<(Vec<(usize, usize)>, Vec<f32>)> = if batch.len() > 1 {
+            let results: Vec<ExpertRows> = if batch.len() > 1 {
                 let pool = crate::threads::pool();
                 let parts = pool.threads();
-                let slots: Vec<std::sync::OnceLock<(Vec<(usize, usize)>, Vec<f32>)>> = (0..batch
-                    .len())
+                let slots: Vec<std::sync::OnceLock<ExpertRows>> = (0..batch.len())
                     .map(|_| std::sync::OnceLock::new())
                     .collect();
                 pool.run(&|part| {

@@ -268,8 +268,9 @@ def specfit_bench(args: argparse.Namespace, key: str) -> dict:
         tok_s = float(m.group(2))
         return toks, float(m.group(4)) / 1e3, (args.tokens - 1) / tok_s
 
+    binary = binary_info(args.specfit)
     res = timed(run, args.warmup, args.reps, args.tokens)
-    return res | {"threads": args.threads, "command": "SPECFIT_THREADS=%d " % args.threads + " ".join(
+    return res | {"threads": args.threads, "binary": binary, "command": "SPECFIT_THREADS=%d " % args.threads + " ".join(
         str(pathlib.Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd)}
 
 
@@ -405,6 +406,16 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(report))
     print(f"\n(written to {args.out})", file=sys.stderr)
+
+
+def binary_info(path: pathlib.Path) -> dict:
+    """The binary actually timed (the work tree may be ahead of or behind HEAD)."""
+    import hashlib
+
+    st = path.stat()
+    return {"path": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
+            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds")}
 
 
 def cpu_model() -> str:

@@ -73,9 +73,41 @@ impl ForwardOutput {
         &self.logits[r * self.vocab..(r + 1) * self.vocab]
     }
 
+    /// `Σ_layers |∪ experts routed by this forward's tokens|`: the distinct (layer, expert)
+    /// pairs the forward needed.
+    pub fn demand(&self) -> u64 {
+        self.routes
+            .iter()
+            .flatten()
+            .map(|layer| {
+                let mut all: Vec<u32> = layer.iter().flatten().copied().collect();
+                all.sort_unstable();
+                all.dedup();
+                all.len() as u64
+            })
+            .sum()
+    }
+
     /// Argmax (lowest index on ties) of output row `r`.
     pub fn argmax(&self, r: usize) -> u32 {
         crate::sampling::argmax(self.row(r))
+    }
+}
+
+/// Positions of `t` new tokens after `cached` ones: the given ones (checked to be `t`), or
+/// consecutive.
+pub(crate) fn resolve_positions(
+    given: Option<&[usize]>,
+    cached: usize,
+    t: usize,
+) -> Result<Vec<usize>, EngineError> {
+    match given {
+        Some(p) if p.len() != t => Err(EngineError::PositionCount {
+            tokens: t,
+            positions: p.len(),
+        }),
+        Some(p) => Ok(p.to_vec()),
+        None => Ok((cached..cached + t).collect()),
     }
 }
 

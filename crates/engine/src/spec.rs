@@ -287,28 +287,7 @@ pub fn generate_spec(
     let start = Instant::now();
     let stats_before = experts.stats().clone();
     // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
-    let mut kv = target.new_kv_cache();
-    let pre = target.forward(
-        &Batch {
-            taps: drafter.taps(),
-            logits: Logits::Last,
-            ..Batch::causal(prompt)
-        },
-        &mut kv,
-        experts,
-    )?;
-    let mut root = argmax(pre.row(0));
-    let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
-    let mut shifted: Vec<u32> = prompt[1..].to_vec();
-    shifted.push(root);
-    let mut draft = feed_drafter(
-        target,
-        drafter,
-        drafter.new_kv_cache(),
-        &shifted,
-        &features,
-        0,
-    )?;
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt)?;
     report.prefill_seconds = start.elapsed().as_secs_f64();
     report.tokens.push(root);
     let decode = Instant::now();
@@ -427,17 +406,7 @@ pub fn verify(
     let start = Instant::now();
     let out = target.forward(&batch, kv, experts)?;
     let seconds = start.elapsed().as_secs_f64();
-    let demand = out
-        .routes
-        .iter()
-        .flatten()
-        .map(|layer| {
-            let mut all: Vec<u32> = layer.iter().flatten().copied().collect();
-            all.sort_unstable();
-            all.dedup();
-            all.len() as u64
-        })
-        .sum();
+    let demand = out.demand();
     // Walk down while a verified child carries the target's argmax.
     let mut path = vec![0usize];
     loop {
@@ -466,6 +435,38 @@ pub fn verify(
         copies: out.copies.total,
         seconds,
     })
+}
+
+/// Prefills the target over `prompt` (with the drafter's taps) and the drafter with the same
+/// features shifted by one token (drafter position `j` pairs the target's feature `j` with token
+/// `j + 1`; the last pairs with the target's next token, the root). Returns the target's cache,
+/// the root and the drafter state that predicts the root's children.
+fn prefill(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+) -> Result<(KvCache, u32, DraftState), EngineError> {
+    let mut kv = target.new_kv_cache();
+    let batch = Batch {
+        taps: drafter.taps(),
+        logits: Logits::Last,
+        ..Batch::causal(prompt)
+    };
+    let pre = target.forward(&batch, &mut kv, experts)?;
+    let root = argmax(pre.row(0));
+    let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
+    let mut shifted: Vec<u32> = prompt[1..].to_vec();
+    shifted.push(root);
+    let draft = feed_drafter(
+        target,
+        drafter,
+        drafter.new_kv_cache(),
+        &shifted,
+        &features,
+        0,
+    )?;
+    Ok((kv, root, draft))
 }
 
 /// Per-token concatenation `[low | mid | high]` of the target's three taps (T × 3H).
@@ -642,28 +643,7 @@ pub fn probe(
 ) -> Result<Vec<ProbeRow>, EngineError> {
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
-    let mut kv = target.new_kv_cache();
-    let pre = target.forward(
-        &Batch {
-            taps: drafter.taps(),
-            logits: Logits::Last,
-            ..Batch::causal(prompt)
-        },
-        &mut kv,
-        experts,
-    )?;
-    let mut root = argmax(pre.row(0));
-    let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
-    let mut shifted: Vec<u32> = prompt[1..].to_vec();
-    shifted.push(root);
-    let mut draft = feed_drafter(
-        target,
-        drafter,
-        drafter.new_kv_cache(),
-        &shifted,
-        &features,
-        0,
-    )?;
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt)?;
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();

@@ -87,8 +87,16 @@ impl Pool {
         }
         job(0);
         for done in &self.shared.done {
+            let mut spins = 0u32;
             while done.load(Ordering::Acquire) != epoch {
-                std::hint::spin_loop();
+                // On an oversubscribed machine the worker may not be running: after a short
+                // spin, give it the core instead of burning it.
+                spins = spins.wrapping_add(1);
+                if spins % 256 == 0 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
         if self.shared.panicked.load(Ordering::Acquire) {

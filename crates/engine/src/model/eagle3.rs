@@ -254,16 +254,7 @@ impl Eagle3 {
             });
         }
         let cached = kv.len();
-        let positions: Vec<usize> = match positions {
-            Some(p) if p.len() != t => {
-                return Err(EngineError::PositionCount {
-                    tokens: t,
-                    positions: p.len(),
-                })
-            }
-            Some(p) => p.to_vec(),
-            None => (cached..cached + t).collect(),
-        };
+        let positions = crate::batch::resolve_positions(positions, cached, t)?;
         let visible = mask.visible(cached, t)?;
         // Hidden input: fc(target features) or the drafter's own output. T × H.
         let residual = match hidden {

@@ -353,16 +353,7 @@ impl Qwen3Moe {
             });
         }
         let cached = kv.len();
-        let positions: Vec<usize> = match batch.positions {
-            Some(p) if p.len() != t => {
-                return Err(EngineError::PositionCount {
-                    tokens: t,
-                    positions: p.len(),
-                })
-            }
-            Some(p) => p.to_vec(),
-            None => (cached..cached + t).collect(),
-        };
+        let positions = crate::batch::resolve_positions(batch.positions, cached, t)?;
         let visible = batch.mask.visible(cached, t)?;
         let before = experts.stats().clone();
         experts.begin_forward();

@@ -40,7 +40,7 @@ pub struct Args {
     /// Seed of the sampling generator.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// EAGLE-3 drafter directory: decode speculatively (greedy only, for now).
+    /// EAGLE-3 drafter directory: decode speculatively (greedy or sampled, same output as without).
     #[arg(long)]
     drafter: Option<std::path::PathBuf>,
     /// With --drafter: which draft nodes to verify each cycle.
@@ -134,17 +134,12 @@ pub fn run(args: &Args) -> Result<()> {
         }
     };
     if let (Some(dir), true) = (&args.drafter, args.policy != Policy::Ar) {
-        ensure!(
-            rule == Sampling::Greedy,
-            "speculative sampling is not implemented yet: use --temperature 0 with --drafter"
-        );
         return run_spec(
             args,
             dir,
-            &model,
-            &mut cache,
+            (&model, &mut cache),
             &prompt,
-            stop,
+            (stop, rule),
             tokenizer.as_ref(),
         );
     }
@@ -214,10 +209,9 @@ pub fn run(args: &Args) -> Result<()> {
 fn run_spec(
     args: &Args,
     dir: &std::path::Path,
-    model: &specfit_engine::Qwen3Moe,
-    cache: &mut specfit_engine::ExpertCache,
+    (model, cache): (&specfit_engine::Qwen3Moe, &mut specfit_engine::ExpertCache),
     prompt: &[u32],
-    stop: Vec<u32>,
+    (stop, sampling): (Vec<u32>, Sampling),
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
     use specfit_engine::spec::{generate_spec, SpecOptions, TreeShape};
@@ -234,6 +228,8 @@ fn run_spec(
         shape,
         max_tokens: args.max_tokens,
         stop,
+        sampling,
+        seed: args.seed,
     };
     let mut rule = rule_for(args, model)?;
     let mut atlas = match args.policy {

@@ -513,10 +513,19 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     let missing = specfit(&[&spec_args[..], &["--policy", "specfit"]].concat(), None);
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("needs --calibration"));
-    let sampled = specfit(&[&spec_args[..], &["--temperature", "0.7"]].concat(), None);
-    assert_eq!(sampled.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&sampled.stderr)
-        .contains("speculative sampling is not implemented yet"));
+    // Sampling: the same seed gives the same tokens with and without speculation.
+    let sampling = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "11"];
+    let plain_sampled = specfit(&[&base[..], &sampling[..]].concat(), None);
+    let spec_sampled = specfit(&[&spec_args[..], &sampling[..]].concat(), None);
+    assert!(
+        spec_sampled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spec_sampled.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&spec_sampled.stdout).trim(),
+        String::from_utf8_lossy(&plain_sampled.stdout).trim()
+    );
 }
 
 #[test]

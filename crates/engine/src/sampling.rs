@@ -5,15 +5,13 @@
 use specfit_selector::synth::Rng;
 
 /// How tokens are chosen.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum Sampling {
+    #[default]
     Greedy,
     /// Softmax of `logits / temperature`, restricted to the smallest set of most probable
     /// tokens whose mass reaches `top_p`, renormalised.
-    TopP {
-        temperature: f32,
-        top_p: f32,
-    },
+    TopP { temperature: f32, top_p: f32 },
 }
 
 /// A sampling rule with its random stream.

@@ -1,9 +1,14 @@
-//! EAGLE-3 tree speculative decoding on the offloaded engine, greedy: draft a tree with the
-//! drafter (EAGLE-2/3 dynamic expansion), let a [`Verify`] rule choose the part to verify,
-//! verify it in one target forward with a tree mask (copying only the experts it misses), and
-//! commit the longest path whose tokens equal the target's argmax plus the bonus token. Because
-//! the target forward is batch-invariant, the committed tokens are exactly those of plain greedy
-//! decoding. Choosing with SpecFit's selector (routes, costs) lives in the caller's rule; this
+//! EAGLE-3 tree speculative decoding on the offloaded engine: draft a tree with the drafter
+//! (EAGLE-2/3 dynamic expansion), let a [`Verify`] rule choose the part to verify, verify it in
+//! one target forward with a tree mask (copying only the experts it misses), then walk down from
+//! the root drawing the target's token at each node exactly as plain decoding draws it (argmax
+//! when greedy; one temperature/top-p draw per emitted token otherwise) and follow the verified
+//! child that carries it; the first token no verified child carries is the bonus token. Because
+//! the target forward is batch-invariant and each emitted token is one draw from the same
+//! distribution in the same order, the output is token-for-token that of plain decoding with the
+//! same seed — greedy or sampled — and so exactly the target's distribution. (With drafts that
+//! are the drafter's top-k rather than samples from it, this direct draw accepts with the largest
+//! probability any exact scheme can: the target mass on the verified children.) Choosing with SpecFit's selector (routes, costs) lives in the caller's rule; this
 //! module owns drafting, verification, acceptance and the caches.
 
 use std::time::Instant;
@@ -14,7 +19,7 @@ use crate::experts::{ExpertCache, LayerStats};
 use crate::kernels::softmax_in_place;
 use crate::kv::KvCache;
 use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
-use crate::sampling::argmax;
+use crate::sampling::{Sampler, Sampling};
 
 /// One drafted node: a target token under a parent (`None` = the root).
 #[derive(Debug, Clone, PartialEq)]
@@ -267,9 +272,12 @@ pub struct SpecOptions {
     pub max_tokens: usize,
     /// Stop after emitting any of these.
     pub stop: Vec<u32>,
+    /// How tokens are drawn (greedy or temperature/top-p) and the seed of the draws.
+    pub sampling: Sampling,
+    pub seed: u64,
 }
 
-/// Greedy speculative generation after `prompt`, choosing verified nodes with `rule`.
+/// Speculative generation after `prompt`, choosing verified nodes with `rule`.
 pub fn generate_spec(
     target: &Qwen3Moe,
     drafter: &Eagle3,
@@ -287,7 +295,8 @@ pub fn generate_spec(
     let start = Instant::now();
     let stats_before = experts.stats().clone();
     // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
-    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt)?;
+    let mut sampler = Sampler::new(options.sampling, options.seed);
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
     report.prefill_seconds = start.elapsed().as_secs_f64();
     report.tokens.push(root);
     let decode = Instant::now();
@@ -323,7 +332,12 @@ pub fn generate_spec(
         report.atlas_seconds += atlas_after - atlas_before;
         report.draft_seconds -= atlas_mid.unwrap_or(atlas_before) - atlas_before;
         report.select_seconds -= atlas_after - atlas_mid.unwrap_or(atlas_before);
-        let v = verify(target, drafter, experts, &mut kv, root, &pool, &chosen)?;
+        let tree = Tree {
+            root,
+            pool: &pool,
+            chosen: &chosen,
+        };
+        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
         report.verify_seconds += t2.elapsed().as_secs_f64();
         report.draft_seconds += (t1 - t0).as_secs_f64();
         report.select_seconds += (t2 - t1).as_secs_f64();
@@ -351,6 +365,16 @@ pub fn generate_spec(
     Ok(report)
 }
 
+/// What one verification covers: the root and the chosen nodes of the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Tree<'a> {
+    /// The last committed token, not yet seen by the target.
+    pub root: u32,
+    pub pool: &'a [DraftNode],
+    /// Chosen pool indices, ascending, ancestor-closed.
+    pub chosen: &'a [usize],
+}
+
 /// The outcome of verifying one tree.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verified {
@@ -376,10 +400,10 @@ pub fn verify(
     drafter: &Eagle3,
     experts: &mut ExpertCache,
     kv: &mut KvCache,
-    root: u32,
-    pool: &[DraftNode],
-    chosen: &[usize],
+    tree: Tree<'_>,
+    sampler: &mut Sampler,
 ) -> Result<Verified, EngineError> {
+    let Tree { root, pool, chosen } = tree;
     let n = kv.len();
     let row_of = |node: usize| chosen.iter().position(|&c| c == node).map(|i| i + 1);
     let mut tokens = vec![root];
@@ -407,17 +431,17 @@ pub fn verify(
     let out = target.forward(&batch, kv, experts)?;
     let seconds = start.elapsed().as_secs_f64();
     let demand = out.demand();
-    // Walk down while a verified child carries the target's argmax.
+    // At each node draw the target's next token exactly as plain decoding would (one draw per
+    // emitted token); move to the verified child carrying it, or stop: it is the bonus token.
     let mut path = vec![0usize];
-    loop {
+    let bonus = loop {
         let here = *path.last().expect("non-empty");
-        let want = out.argmax(here);
-        match (1..tokens.len()).find(|&r| parents[r] == Some(here) && tokens[r] == want) {
+        let token = sampler.sample(out.row(here));
+        match (1..tokens.len()).find(|&r| parents[r] == Some(here) && tokens[r] == token) {
             Some(r) => path.push(r),
-            None => break,
+            None => break token,
         }
-    }
-    let bonus = out.argmax(*path.last().expect("non-empty"));
+    };
     kv.compact(n, &path.iter().map(|&r| n + r).collect::<Vec<_>>())?;
     let h = target.config().hidden_size;
     let all = concat_taps(&out.taps, tokens.len(), h);
@@ -446,6 +470,7 @@ fn prefill(
     drafter: &Eagle3,
     experts: &mut ExpertCache,
     prompt: &[u32],
+    sampler: &mut Sampler,
 ) -> Result<(KvCache, u32, DraftState), EngineError> {
     let mut kv = target.new_kv_cache();
     let batch = Batch {
@@ -454,7 +479,7 @@ fn prefill(
         ..Batch::causal(prompt)
     };
     let pre = target.forward(&batch, &mut kv, experts)?;
-    let root = argmax(pre.row(0));
+    let root = sampler.sample(pre.row(0));
     let features = concat_taps(&pre.taps, prompt.len(), target.config().hidden_size);
     let mut shifted: Vec<u32> = prompt[1..].to_vec();
     shifted.push(root);
@@ -643,7 +668,8 @@ pub fn probe(
 ) -> Result<Vec<ProbeRow>, EngineError> {
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
-    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt)?;
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
@@ -655,7 +681,12 @@ pub fn probe(
         if cycle % 2 == 1 {
             experts.clear();
         }
-        let v = verify(target, drafter, experts, &mut kv, root, &pool, &chosen)?;
+        let tree = Tree {
+            root,
+            pool: &pool,
+            chosen: &chosen,
+        };
+        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
         rows.push(ProbeRow {
             nodes: chosen.len(),
             demand: v.demand,

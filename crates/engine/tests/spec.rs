@@ -76,6 +76,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 shape,
                 max_tokens: 30,
                 stop: vec![],
+                ..SpecOptions::default()
             };
             let got = generate_spec(
                 &target,
@@ -104,7 +105,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
 
 #[test]
 fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
-    use specfit_engine::spec::{verify, DraftNode};
+    use specfit_engine::spec::{verify, DraftNode, Tree};
     use specfit_engine::{Batch, Logits};
     let tdir = root().join("fixtures/qwen3moe/eagle_target");
     let ddir = root().join("fixtures/eagle3/tiny");
@@ -162,10 +163,13 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
                 &mut cache,
             )
             .unwrap();
-        let v = verify(
-            &target, &drafter, &mut cache, &mut kv, want[0], &pool, &chosen,
-        )
-        .unwrap();
+        let mut greedy = Sampler::new(Sampling::Greedy, 0);
+        let tree = Tree {
+            root: want[0],
+            pool: &pool,
+            chosen: &chosen,
+        };
+        let v = verify(&target, &drafter, &mut cache, &mut kv, tree, &mut greedy).unwrap();
         assert_eq!(v.accepted, accepted, "chosen {chosen:?}");
         let k = accepted.len();
         assert_eq!(v.committed, want[1..=k + 1].to_vec());
@@ -182,7 +186,20 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     target
         .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
         .unwrap();
-    assert!(verify(&target, &drafter, &mut cache, &mut kv, want[0], &pool, &[3]).is_err());
+    let tree = Tree {
+        root: want[0],
+        pool: &pool,
+        chosen: &[3],
+    };
+    assert!(verify(
+        &target,
+        &drafter,
+        &mut cache,
+        &mut kv,
+        tree,
+        &mut Sampler::new(Sampling::Greedy, 0)
+    )
+    .is_err());
 }
 
 #[test]
@@ -236,6 +253,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
             shape: TreeShape::default(),
             max_tokens: 24,
             stop: vec![],
+            ..SpecOptions::default()
         };
         let got = generate_spec(
             &target,
@@ -273,8 +291,162 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         shape: TreeShape::default(),
         max_tokens: 4,
         stop: vec![],
+        ..SpecOptions::default()
     };
     assert!(
         generate_spec(&target, &drafter, &mut cache, None, &prompt, &mut rule, &options).is_err()
+    );
+}
+
+#[test]
+fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_seed() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let load = |slots| {
+        specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Ram,
+            slots,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap()
+    };
+    let (target, mut cache) = load(usize::MAX);
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 243, 56, 119];
+    for (seed, temperature, top_p, budget) in [
+        (0, 0.7, 1.0, 7),
+        (1, 1.0, 0.9, 7),
+        (2, 1.5, 1.0, 16),
+        (3, 1.0, 0.5, 3),
+        (4, 0.3, 1.0, 0),
+    ] {
+        let rule = Sampling::TopP { temperature, top_p };
+        let mut sampler = Sampler::new(rule, seed);
+        let want = generate(
+            &target,
+            &mut cache,
+            &prompt,
+            &mut sampler,
+            &GenerateOptions {
+                max_tokens: 20,
+                stop: vec![],
+            },
+            |_| {},
+        )
+        .unwrap()
+        .tokens;
+        let (_, mut c) = load(2);
+        let options = SpecOptions {
+            max_tokens: 20,
+            sampling: rule,
+            seed,
+            ..SpecOptions::default()
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut c,
+            None,
+            &prompt,
+            &mut TopK(budget),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(
+            got.tokens, want,
+            "seed {seed}, T {temperature}, top-p {top_p}, budget {budget}"
+        );
+    }
+}
+
+#[test]
+fn speculative_sampling_reproduces_the_targets_distribution() {
+    use specfit_engine::{Batch, Logits};
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let (target, mut cache) = specfit_engine::load_target(
+        &tdir,
+        &specfit_engine::Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        None,
+    )
+    .unwrap();
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 17, 9];
+    let rule = Sampling::TopP {
+        temperature: 1.0,
+        top_p: 1.0,
+    };
+    // Exact marginal of the second generated token: Σ_x1 p(x1) p(x2 | x1).
+    let mut kv = target.new_kv_cache();
+    let first = target
+        .forward(
+            &Batch {
+                logits: Logits::Last,
+                ..Batch::causal(&prompt)
+            },
+            &mut kv,
+            &mut cache,
+        )
+        .unwrap();
+    let vocab = target.config().vocab_size;
+    let mut marginal = vec![0.0f64; vocab];
+    for (x1, p1) in Sampler::probs(rule, first.row(0)) {
+        let mut kv1 = kv.clone();
+        let second = target
+            .forward(&Batch::causal(&[x1]), &mut kv1, &mut cache)
+            .unwrap();
+        for (x2, p2) in Sampler::probs(rule, second.row(0)) {
+            marginal[x2 as usize] += p1 * p2;
+        }
+    }
+    // Speculative runs with seeds 0..N; count the second token.
+    let n = 1200;
+    let mut counts = vec![0usize; vocab];
+    for seed in 0..n {
+        let options = SpecOptions {
+            max_tokens: 2,
+            sampling: rule,
+            seed,
+            ..SpecOptions::default()
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            None,
+            &prompt,
+            &mut TopK(7),
+            &options,
+        )
+        .unwrap();
+        counts[got.tokens[1] as usize] += 1;
+    }
+    // Pearson chi-square over tokens expected at least 5 times, the rest pooled.
+    let (mut chi2, mut df, mut rest_e, mut rest_o) = (0.0, 0usize, 0.0, 0.0);
+    for t in 0..vocab {
+        let e = marginal[t] * n as f64;
+        if e >= 5.0 {
+            chi2 += (counts[t] as f64 - e).powi(2) / e;
+            df += 1;
+        } else {
+            rest_e += e;
+            rest_o += counts[t] as f64;
+        }
+    }
+    if rest_e > 0.0 {
+        chi2 += (rest_o - rest_e).powi(2) / rest_e;
+        df += 1;
+    }
+    let k = (df - 1) as f64;
+    // 0.1% critical value (Wilson–Hilferty).
+    let crit = k * (1.0 - 2.0 / (9.0 * k) + 3.09 * (2.0 / (9.0 * k)).sqrt()).powi(3);
+    assert!(df > 5, "too few bins ({df})");
+    assert!(
+        chi2 < crit,
+        "chi2 {chi2:.1} >= {crit:.1} with {k} degrees of freedom"
     );
 }

@@ -167,7 +167,7 @@ def llama_worker(args: argparse.Namespace) -> dict:
 # On a small shared machine a compile or a test run next door makes the engines' thread pools
 # collapse, so a run during which others used more than --max-others of a core is thrown away and
 # retried once the machine is quiet again. A background job at nice 19 barely competes and is not
-# counted. Others = all busy CPU time in /proc/stat (steal included, so short-lived processes count
+# counted, unless the scheduler's autogroups make its nice moot (see low_priority_group). Others = all busy CPU time in /proc/stat (steal included, so short-lived processes count
 # too) minus this benchmark's process tree (children reaped included) minus nice-19 processes.
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -197,8 +197,35 @@ def cpu_snapshot() -> tuple[int, int, dict[int, int]]:
                 ours.add(pid)
                 changed = True
     mine = sum(stats[p][2] for p in ours if p in stats)
-    idle = {p: t for p, (_, nice, t) in stats.items() if nice >= 19 and p not in ours}
+    group = autogroup(root)
+    idle = {p: t for p, (_, nice, t) in stats.items()
+            if nice >= 19 and p not in ours and low_priority_group(autogroup(p), group)}
     return busy, mine, idle
+
+
+def autogroup(pid: int) -> tuple[str, int] | None:
+    """(autogroup name, autogroup nice), or None without CONFIG_SCHED_AUTOGROUP."""
+    try:
+        name, _, nice = open(f"/proc/{pid}/autogroup").read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def low_priority_group(theirs: tuple[str, int] | None, ours: tuple[str, int] | None) -> bool:
+    # With sched_autogroup_enabled=1 a process's nice only ranks it inside its own autogroup
+    # (session): a nice-19 job started from another session still gets an equal share against
+    # this benchmark unless its whole autogroup is niced (echo 19 > /proc/PID/autogroup).
+    if theirs is None or ours is None or not autogroup_enabled():
+        return True
+    return theirs[0] == ours[0] or theirs[1] >= 19
+
+
+def autogroup_enabled() -> bool:
+    try:
+        return open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() == "1"
+    except OSError:
+        return False
 
 
 def others_seconds(a: tuple, b: tuple) -> float:

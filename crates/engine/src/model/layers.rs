@@ -64,6 +64,42 @@ impl Linear {
         Ok(Linear { w, bias, out, inp })
     }
 
+    /// Stacks linears over the same input into one (their outputs concatenated per row).
+    pub(crate) fn stack(parts: &[Linear]) -> Linear {
+        let w = match &parts[0].w {
+            WeightBuf::F32(_) => WeightBuf::F32(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.w {
+                        WeightBuf::F32(v) => v.iter().copied(),
+                        WeightBuf::Bf16(_) => unreachable!("one storage dtype per checkpoint"),
+                    })
+                    .collect(),
+            ),
+            WeightBuf::Bf16(_) => WeightBuf::Bf16(
+                parts
+                    .iter()
+                    .flat_map(|p| match &p.w {
+                        WeightBuf::Bf16(v) => v.iter().copied(),
+                        WeightBuf::F32(_) => unreachable!("one storage dtype per checkpoint"),
+                    })
+                    .collect(),
+            ),
+        };
+        let bias = parts.iter().all(|p| p.bias.is_some()).then(|| {
+            parts
+                .iter()
+                .flat_map(|p| p.bias.as_ref().expect("checked").iter().copied())
+                .collect()
+        });
+        Linear {
+            w,
+            bias,
+            out: parts.iter().map(|p| p.out).sum(),
+            inp: parts[0].inp,
+        }
+    }
+
     /// `rows × in` → `rows × out`.
     pub(crate) fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut y = vec![0.0; rows * self.out];
@@ -99,9 +135,8 @@ pub(crate) struct AttentionShape {
 /// attention of the EAGLE-3 layer without QK-norm).
 #[derive(Debug, Clone)]
 pub(crate) struct Attention {
-    q_proj: Linear,           // [Hq·D, in]
-    k_proj: Linear,           // [Hkv·D, in]
-    v_proj: Linear,           // [Hkv·D, in]
+    /// `q_proj`, `k_proj` and `v_proj` stacked: [(Hq + 2·Hkv)·D, in], one matmul job.
+    qkv: Linear,
     o_proj: Linear,           // [out, Hq·D]
     q_norm: Option<Vec<f32>>, // [D]
     k_norm: Option<Vec<f32>>, // [D]
@@ -126,9 +161,11 @@ impl Attention {
             }
         };
         Ok(Attention {
-            q_proj: Linear::load(ck, &format!("{p}.q_proj"), s.heads * d, s.input, s.bias)?,
-            k_proj: Linear::load(ck, &format!("{p}.k_proj"), s.kv_heads * d, s.input, s.bias)?,
-            v_proj: Linear::load(ck, &format!("{p}.v_proj"), s.kv_heads * d, s.input, s.bias)?,
+            qkv: Linear::stack(&[
+                Linear::load(ck, &format!("{p}.q_proj"), s.heads * d, s.input, s.bias)?,
+                Linear::load(ck, &format!("{p}.k_proj"), s.kv_heads * d, s.input, s.bias)?,
+                Linear::load(ck, &format!("{p}.v_proj"), s.kv_heads * d, s.input, s.bias)?,
+            ]),
             o_proj: Linear::load(ck, &format!("{p}.o_proj"), s.output, s.heads * d, false)?,
             q_norm: norm(ck, "q_norm")?,
             k_norm: norm(ck, "k_norm")?,
@@ -151,10 +188,23 @@ impl Attention {
         layer: usize,
     ) -> Vec<f32> {
         let (t, d) = (positions.len(), self.head_dim);
-        let mut q = self.q_proj.forward(x, t); // T × Hq·D
-        let mut k = self.k_proj.forward(x, t); // T × Hkv·D
-        let v = self.v_proj.forward(x, t); // T × Hkv·D
-                                           // QK-norm per head, then RoPE at each token's own position.
+        // One job for q, k and v (each output is still its own dot product): T × (Q + K + V).
+        let (qn, kn) = (self.heads * d, self.kv_heads * d);
+        let qkv = self.qkv.forward(x, t);
+        let width = qn + 2 * kn;
+        let mut q: Vec<f32> = qkv
+            .chunks_exact(width)
+            .flat_map(|r| r[..qn].iter().copied())
+            .collect(); // T × Hq·D
+        let mut k: Vec<f32> = qkv
+            .chunks_exact(width)
+            .flat_map(|r| r[qn..qn + kn].iter().copied())
+            .collect(); // T × Hkv·D
+        let v: Vec<f32> = qkv
+            .chunks_exact(width)
+            .flat_map(|r| r[qn + kn..].iter().copied())
+            .collect(); // T × Hkv·D
+                        // QK-norm per head, then RoPE at each token's own position.
         for (i, &pos) in positions.iter().enumerate() {
             for head in q[i * self.heads * d..(i + 1) * self.heads * d].chunks_exact_mut(d) {
                 if let Some(w) = &self.q_norm {

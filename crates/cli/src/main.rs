@@ -7,6 +7,7 @@ mod files;
 mod forward;
 mod generate;
 mod probe;
+mod record;
 mod select;
 mod synth;
 mod target;
@@ -31,6 +32,8 @@ enum Command {
     Calibrate(calibrate::Args),
     /// Decode text on the offloaded engine and report tok/s and expert copies.
     Generate(generate::Args),
+    /// Record the full draft pool at every position of a greedy output (a trace for replay).
+    Record(record::Args),
     /// Measure verify forwards on this engine for `specfit calibrate`.
     Probe(probe::Args),
     /// Write a checkpoint's routed experts as the expert-major disk file (for `--store disk`).
@@ -52,6 +55,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Probe(args) => probe::run(&args),
+        Command::Record(args) => record::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

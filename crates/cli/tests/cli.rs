@@ -627,3 +627,48 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         String::from_utf8_lossy(&plain.stdout).trim()
     );
 }
+
+#[test]
+fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let out = temp("trace.jsonl");
+    let run = specfit(
+        &[
+            "record",
+            "--model",
+            model.to_str().unwrap(),
+            "--drafter",
+            drafter.to_str().unwrap(),
+            "--prompt-ids",
+            "1,243,56,119",
+            "--max-tokens",
+            "6",
+            "--slots",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (header, steps) = specfit_trace::read(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        (
+            header.moe_layers,
+            header.experts,
+            header.top_k,
+            header.vocab
+        ),
+        (8, 4, 2, 256)
+    );
+    assert_eq!(steps.len(), 6);
+    assert!(steps
+        .iter()
+        .all(|s| s.nodes.len() == 18 && s.root_routes.len() == 8));
+}

@@ -98,6 +98,44 @@ impl Atlas {
         self
     }
 
+    /// One forward of the root and the whole pool on a copy of `kv` with every expert resident:
+    /// the routes of every token, and the output (for `logits`).
+    fn route_pool(
+        &mut self,
+        target: &Qwen3Moe,
+        kv: &KvCache,
+        root: u32,
+        pool: &[DraftNode],
+        logits: Logits<'_>,
+    ) -> Result<(PoolRoutes, crate::batch::ForwardOutput), EngineError> {
+        let n = kv.len();
+        let mut kv = kv.clone();
+        let mut tokens = vec![root];
+        let mut parents = vec![None];
+        let mut positions = vec![n];
+        for node in pool {
+            tokens.push(node.token);
+            parents.push(Some(node.parent.map_or(0, |p| p + 1)));
+            positions.push(n + node.depth);
+        }
+        let batch = Batch {
+            tokens: &tokens,
+            positions: Some(&positions),
+            mask: Mask::Tree(&parents),
+            taps: &[],
+            logits,
+        };
+        let out = target.forward(&batch, &mut kv, &mut self.cache)?;
+        let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
+        let routes = PoolRoutes {
+            root: layers.iter().map(|l| l[0].clone()).collect(),
+            nodes: (1..tokens.len())
+                .map(|t| layers.iter().map(|l| l[t].clone()).collect())
+                .collect(),
+        };
+        Ok((routes, out))
+    }
+
     fn corrupt(&mut self, routes: &mut PoolRoutes, experts: usize) {
         let Some((p, rng)) = self.corrupt.as_mut() else {
             return;
@@ -134,33 +172,9 @@ struct AtlasView<'a> {
 impl RouteSource for AtlasView<'_> {
     fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
         let start = Instant::now();
-        let n = self.kv.len();
-        let mut kv = self.kv.clone();
-        let mut tokens = vec![self.root];
-        let mut parents = vec![None];
-        let mut positions = vec![n];
-        for node in pool {
-            tokens.push(node.token);
-            parents.push(Some(node.parent.map_or(0, |p| p + 1)));
-            positions.push(n + node.depth);
-        }
-        let batch = Batch {
-            tokens: &tokens,
-            positions: Some(&positions),
-            mask: Mask::Tree(&parents),
-            taps: &[],
-            logits: Logits::None,
-        };
-        let out = self
-            .target
-            .forward(&batch, &mut kv, &mut self.atlas.cache)?;
-        let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
-        let mut routes = PoolRoutes {
-            root: layers.iter().map(|l| l[0].clone()).collect(),
-            nodes: (1..tokens.len())
-                .map(|t| layers.iter().map(|l| l[t].clone()).collect())
-                .collect(),
-        };
+        let (mut routes, _) =
+            self.atlas
+                .route_pool(self.target, self.kv, self.root, pool, Logits::None)?;
         self.atlas
             .corrupt(&mut routes, self.target.config().num_experts);
         self.atlas.seconds += start.elapsed().as_secs_f64();
@@ -723,4 +737,60 @@ fn random_subtree(
     }
     picked.sort_unstable();
     picked
+}
+
+/// Records a trace for the simulator: decodes greedily after `prompt` for `positions` tokens
+/// and, at every position, drafts the full pool (no stop rule) and routes the root and every
+/// node with the atlas, noting which nodes the target's greedy choice agrees with.
+pub fn record(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    atlas: &mut Atlas,
+    prompt: &[u32],
+    shape: TreeShape,
+    positions: usize,
+) -> Result<Vec<specfit_trace::TraceStep>, EngineError> {
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let mut steps = Vec::with_capacity(positions);
+    for _ in 0..positions {
+        let n = kv.len();
+        let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |_| Ok(true))?;
+        let (routes, out) = atlas.route_pool(target, &kv, root, &pool, Logits::All)?;
+        // Row 0 is the root; node i is row i + 1. A node agrees when it is the target's argmax
+        // after its parent.
+        let nodes = pool
+            .iter()
+            .zip(&routes.nodes)
+            .map(|(node, r)| specfit_trace::TraceNode {
+                parent: node.parent.map_or(-1, |p| p as i64),
+                token: node.token,
+                prob: node.prob.clamp(0.0, 1.0),
+                depth: node.depth,
+                routes: r.clone(),
+                agrees: out.argmax(node.parent.map_or(0, |p| p + 1)) == node.token,
+            })
+            .collect();
+        let next = out.argmax(0);
+        steps.push(specfit_trace::TraceStep {
+            position: n,
+            root,
+            root_routes: routes.root,
+            nodes,
+            next,
+        });
+        // Advance one token, exactly as plain greedy decoding.
+        let tree = Tree {
+            root,
+            pool: &pool,
+            chosen: &[],
+        };
+        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
+        draft.kv.truncate(n)?;
+        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        root = *v.committed.last().expect("the bonus token");
+    }
+    Ok(steps)
 }

@@ -450,3 +450,74 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
         "chi2 {chi2:.1} >= {crit:.1} with {k} degrees of freedom"
     );
 }
+
+#[test]
+fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
+    use specfit_engine::spec::{record, Atlas};
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let load = |slots| {
+        specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Ram,
+            slots,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap()
+    };
+    let (target, mut cache) = load(2);
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 243, 56, 119];
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let want = generate(
+        &target,
+        &mut cache,
+        &prompt,
+        &mut sampler,
+        &GenerateOptions {
+            max_tokens: 13,
+            stop: vec![],
+        },
+        |_| {},
+    )
+    .unwrap()
+    .tokens;
+    let mut atlas = Atlas::new(load(usize::MAX).1);
+    let steps = record(
+        &target,
+        &drafter,
+        &mut cache,
+        &mut atlas,
+        &prompt,
+        TreeShape::default(),
+        12,
+    )
+    .unwrap();
+    assert_eq!(steps.len(), 12);
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(
+            (s.position, s.root, s.next),
+            (prompt.len() + i, want[i], want[i + 1])
+        );
+        assert_eq!(s.nodes.len(), 18);
+        for n in s.nodes.iter().filter(|n| n.parent == -1) {
+            assert_eq!(n.agrees, n.token == s.next);
+        }
+        for n in s.nodes.iter().filter(|n| n.parent >= 0) {
+            let parent = &s.nodes[n.parent as usize];
+            // A deeper node can only matter when its parent agreed; agreement is then about the
+            // target's greedy token after the parent.
+            if parent.agrees && parent.parent == -1 {
+                let next_next = want[i + 2];
+                assert_eq!(n.agrees, n.token == next_next);
+            }
+        }
+    }
+    // The trace survives the file format, with its checks.
+    let header = specfit_trace::TraceHeader::new(8, 4, 2, 256);
+    let mut bytes = Vec::new();
+    specfit_trace::write(&mut bytes, &header, &steps).unwrap();
+    let (_, back) = specfit_trace::read(std::str::from_utf8(&bytes).unwrap()).unwrap();
+    assert_eq!(back, steps);
+}

@@ -6,22 +6,15 @@ use std::io::Write;
 use anyhow::{ensure, Result};
 use specfit_engine::{generate, GenerateOptions, GenerationConfig, Sampler, Sampling, Tokenizer};
 
+use crate::prompt::PromptArgs;
 use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
     target: TargetArgs,
-    /// The prompt text.
-    #[arg(
-        long,
-        required_unless_present = "prompt_ids",
-        conflicts_with = "prompt_ids"
-    )]
-    prompt: Option<String>,
-    /// The prompt as comma-separated token ids (no tokenizer needed; output is printed as ids).
-    #[arg(long, value_delimiter = ',')]
-    prompt_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Do not stop at end-of-sequence tokens (for timing a fixed number of tokens).
     #[arg(long)]
     ignore_eos: bool,
@@ -92,24 +85,9 @@ pub fn run(args: &Args) -> Result<()> {
         "--top-p {} must be in (0, 1]",
         args.top_p
     );
-    let tokenizer = match args.prompt {
-        Some(_) => Some(Tokenizer::load(&args.target.model)?),
-        None => None,
-    };
+    let tokenizer = args.prompt.tokenizer(&args.target.model)?;
     let (model, mut cache) = args.target.load()?;
-    let prompt = match (&tokenizer, &args.prompt, &args.prompt_ids) {
-        (Some(tok), Some(text), _) => {
-            let text = if args.chat {
-                tok.chat_prompt(text)?
-            } else {
-                text.clone()
-            };
-            tok.encode(&text)?
-        }
-        (_, _, Some(ids)) => ids.clone(),
-        _ => unreachable!("clap requires --prompt or --prompt-ids"),
-    };
-    ensure!(!prompt.is_empty(), "the prompt encodes to no tokens");
+    let prompt = args.prompt.tokens(tokenizer.as_ref(), args.chat)?;
     let mut stop = GenerationConfig::load(&args.target.model)?
         .eos_token_id
         .or(model.config().eos_token_id.clone())

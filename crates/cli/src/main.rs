@@ -7,6 +7,7 @@ mod files;
 mod forward;
 mod generate;
 mod probe;
+mod prompt;
 mod record;
 mod select;
 mod synth;

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 use specfit_engine::spec::{record, Atlas, TreeShape};
-use specfit_engine::{CacheMode, Eagle3, Tier, Tokenizer};
+use specfit_engine::{CacheMode, Eagle3, Tier};
 use specfit_trace::TraceHeader;
 
 use crate::files::write_atomic;
+use crate::prompt::PromptArgs;
 use crate::target::{TargetArgs, WeightsArg};
 
 #[derive(Debug, clap::Args)]
@@ -18,16 +19,8 @@ pub struct Args {
     /// EAGLE-3 drafter directory.
     #[arg(long)]
     drafter: PathBuf,
-    /// The prompt text (needs the model's tokenizer).
-    #[arg(
-        long,
-        required_unless_present = "prompt_ids",
-        conflicts_with = "prompt_ids"
-    )]
-    prompt: Option<String>,
-    /// The prompt as comma-separated token ids.
-    #[arg(long, value_delimiter = ',')]
-    prompt_ids: Option<Vec<u32>>,
+    #[command(flatten)]
+    prompt: PromptArgs,
     /// Positions (greedy tokens) to record.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
@@ -46,12 +39,8 @@ pub fn run(args: &Args) -> Result<()> {
         "--branching and --levels must be positive"
     );
     let (model, mut cache) = args.target.load()?;
-    let prompt = match (&args.prompt, &args.prompt_ids) {
-        (Some(text), _) => Tokenizer::load(&args.target.model)?.encode(text)?,
-        (_, Some(ids)) => ids.clone(),
-        _ => unreachable!("clap requires --prompt or --prompt-ids"),
-    };
-    ensure!(!prompt.is_empty(), "the prompt encodes to no tokens");
+    let tokenizer = args.prompt.tokenizer(&args.target.model)?;
+    let prompt = args.prompt.tokens(tokenizer.as_ref(), false)?;
     let drafter = Eagle3::load(&args.drafter, model.config())?;
     let weights = args.target.weights.map(WeightsArg::dtype);
     let (_, all) = specfit_engine::load_target(

@@ -54,8 +54,9 @@ pub struct Args {
     /// λ of the specfit-lambda policy, in tokens per ms.
     #[arg(long, default_value_t = 0.01)]
     lambda: f64,
-    /// Route source of the specfit policies: `atlas`, or `corrupt:P` (atlas routes with each
-    /// expert replaced at random with probability P, the paper's degraded-predictor experiment).
+    /// Route source of the specfit policies: `atlas`; `corrupt:P` (atlas routes with each expert
+    /// replaced at random with probability P, the paper's degraded-predictor experiment); or
+    /// `predictor:FILE` (a head from `specfit train-predictor`).
     #[arg(long, default_value = "atlas")]
     routes: String,
 }
@@ -192,7 +193,8 @@ fn run_spec(
     (stop, sampling): (Vec<u32>, Sampling),
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    use specfit_engine::spec::{generate_spec, SpecOptions, TreeShape};
+    use specfit_engine::predictor::RoutePredictor;
+    use specfit_engine::spec::{generate_spec, Atlas, Routes, SpecOptions, TreeShape};
     ensure!(
         args.branching > 0 && args.levels > 0,
         "--branching and --levels must be positive"
@@ -210,34 +212,54 @@ fn run_spec(
         seed: args.seed,
     };
     let mut rule = rule_for(args, model)?;
-    let mut atlas = match args.policy {
-        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident => {
-            // The atlas routes the pool with all experts resident, in RAM, outside the timer.
-            let (_, all) = specfit_engine::load_target(
-                &args.target.model,
-                &specfit_engine::Tier::Ram,
-                usize::MAX,
-                specfit_engine::CacheMode::Lru,
-                args.target.weights.map(crate::target::WeightsArg::dtype),
-            )?;
-            let atlas = specfit_engine::spec::Atlas::new(all);
-            Some(match args.routes.as_str() {
-                "atlas" => atlas,
-                other => match other.strip_prefix("corrupt:").map(str::parse::<f64>) {
-                    Some(Ok(p)) if (0.0..=1.0).contains(&p) => atlas.with_corruption(p, args.seed),
-                    _ => anyhow::bail!(
-                        "--routes {other:?}: expected atlas or corrupt:P with P in [0, 1]"
-                    ),
-                },
-            })
+    let needs_routes = matches!(
+        args.policy,
+        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident
+    );
+    let predictor = match args.routes.strip_prefix("predictor:") {
+        Some(path) if needs_routes => {
+            let cfg = model.config();
+            let dim = drafter.config().hidden_size + cfg.hidden_size;
+            Some(RoutePredictor::load(
+                std::path::Path::new(path),
+                cfg.moe_layers().len(),
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                dim,
+            )?)
         }
-        Policy::Ar | Policy::Eagle3 => None,
+        _ => None,
+    };
+    let mut atlas = if needs_routes && predictor.is_none() {
+        // The atlas routes the pool with all experts resident, in RAM, outside the timer.
+        let (_, all) = specfit_engine::load_target(
+            &args.target.model,
+            &specfit_engine::Tier::Ram,
+            usize::MAX,
+            specfit_engine::CacheMode::Lru,
+            args.target.weights.map(crate::target::WeightsArg::dtype),
+        )?;
+        let atlas = Atlas::new(all);
+        Some(match args.routes.as_str() {
+            "atlas" => atlas,
+            other => match other.strip_prefix("corrupt:").map(str::parse::<f64>) {
+                Some(Ok(p)) if (0.0..=1.0).contains(&p) => atlas.with_corruption(p, args.seed),
+                _ => anyhow::bail!("--routes {other:?}: expected atlas, corrupt:P with P in [0, 1], or predictor:FILE"),
+            },
+        })
+    } else {
+        None
+    };
+    let routes = match (atlas.as_mut(), predictor.as_ref()) {
+        (Some(a), _) => Routes::Atlas(a),
+        (None, Some(p)) => Routes::Predictor(p),
+        (None, None) => Routes::None,
     };
     let r = generate_spec(
         model,
         &drafter,
         cache,
-        atlas.as_mut(),
+        routes,
         prompt,
         rule.as_mut(),
         &options,

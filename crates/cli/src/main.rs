@@ -12,6 +12,7 @@ mod record;
 mod select;
 mod synth;
 mod target;
+mod train_predictor;
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ enum Command {
     Calibrate(calibrate::Args),
     /// Decode text on the offloaded engine and report tok/s and expert copies.
     Generate(generate::Args),
+    /// Fit the linear route predictor from routes recorded on the target.
+    TrainPredictor(train_predictor::Args),
     /// Record the full draft pool at every position of a greedy output (a trace for replay).
     Record(record::Args),
     /// Measure verify forwards on this engine for `specfit calibrate`.
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Generate(args) => generate::run(&args),
         Command::Probe(args) => probe::run(&args),
         Command::Record(args) => record::run(&args),
+        Command::TrainPredictor(args) => train_predictor::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -19,6 +19,7 @@ pub mod kernels;
 pub mod kv;
 pub mod model;
 pub mod policy;
+pub mod predictor;
 pub mod sampling;
 pub mod spec;
 pub mod threads;

@@ -19,6 +19,7 @@ use crate::experts::{ExpertCache, LayerStats};
 use crate::kernels::softmax_in_place;
 use crate::kv::KvCache;
 use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
+use crate::predictor::{RoutePredictor, RouteSample};
 use crate::sampling::{Sampler, Sampling};
 
 /// One drafted node: a target token under a parent (`None` = the root).
@@ -29,6 +30,9 @@ pub struct DraftNode {
     /// Product of the drafter's probabilities along the path.
     pub prob: f64,
     pub depth: usize,
+    /// The drafter's hidden state that proposed this node (its parent's output row), which a
+    /// route predictor reads. Empty when unknown.
+    pub hidden: Vec<f32>,
 }
 
 /// Which drafted nodes to verify: given the pool (parents before children), the chosen
@@ -190,6 +194,87 @@ impl RouteSource for AtlasView<'_> {
     }
 }
 
+/// Where the specfit rules get draft-node routes from.
+pub enum Routes<'a> {
+    /// No routes (rules that need them fail).
+    None,
+    /// The target's routers on the pool, outside the timer.
+    Atlas(&'a mut Atlas),
+    /// The linear route predictor on the drafter's hidden states (inside the timer).
+    Predictor(&'a RoutePredictor),
+}
+
+/// Routes predicted from the drafter's hidden states.
+struct PredictorView<'a> {
+    predictor: &'a RoutePredictor,
+    target: &'a Qwen3Moe,
+    root: u32,
+    /// The drafter state at the committed position (it proposed the root's children).
+    root_hidden: Vec<f32>,
+    resident: Vec<Vec<u32>>,
+}
+
+impl RouteSource for PredictorView<'_> {
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        let h = self.target.config().hidden_size;
+        let predict = |hidden: &[f32], token: u32| {
+            self.predictor.predict(&crate::predictor::features(
+                hidden,
+                self.target.embed(),
+                token,
+                h,
+            ))
+        };
+        Ok(PoolRoutes {
+            root: predict(&self.root_hidden, self.root),
+            nodes: pool.iter().map(|n| predict(&n.hidden, n.token)).collect(),
+        })
+    }
+
+    fn resident(&self) -> Vec<Vec<u32>> {
+        self.resident.clone()
+    }
+}
+
+/// Training data for the route predictor: decodes greedily after `prompt` for `positions`
+/// tokens and, at every position, pairs each drafted node's features with its atlas routes.
+pub fn collect_route_samples(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    atlas: &mut Atlas,
+    prompt: &[u32],
+    shape: TreeShape,
+    positions: usize,
+) -> Result<Vec<RouteSample>, EngineError> {
+    let h = target.config().hidden_size;
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let mut samples = Vec::new();
+    for _ in 0..positions {
+        let n = kv.len();
+        let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |_| Ok(true))?;
+        let (routes, _) = atlas.route_pool(target, &kv, root, &pool, Logits::None)?;
+        for (node, r) in pool.iter().zip(routes.nodes) {
+            samples.push((
+                crate::predictor::features(&node.hidden, target.embed(), node.token, h),
+                r,
+            ));
+        }
+        let tree = Tree {
+            root,
+            pool: &pool,
+            chosen: &[],
+        };
+        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
+        draft.kv.truncate(n)?;
+        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        root = *v.committed.last().expect("the bonus token");
+    }
+    Ok(samples)
+}
+
 /// A source for rules that never ask for routes.
 pub struct NoRoutes;
 
@@ -296,7 +381,7 @@ pub fn generate_spec(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     experts: &mut ExpertCache,
-    mut atlas: Option<&mut Atlas>,
+    routes: Routes<'_>,
     prompt: &[u32],
     rule: &mut dyn Verify,
     options: &SpecOptions,
@@ -313,6 +398,11 @@ pub fn generate_spec(
     let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
     report.prefill_seconds = start.elapsed().as_secs_f64();
     report.tokens.push(root);
+    let (mut atlas, predictor) = match routes {
+        Routes::None => (None, None),
+        Routes::Atlas(a) => (Some(a), None),
+        Routes::Predictor(p) => (None, Some(p)),
+    };
     let decode = Instant::now();
     while report.tokens.len() < max_tokens && !stop.contains(&root) {
         let n = kv.len(); // the root will sit at cache index / position n
@@ -330,7 +420,16 @@ pub fn generate_spec(
                     root,
                     resident,
                 }),
-                None => Box::new(NoRoutes),
+                None => match predictor {
+                    Some(predictor) => Box::new(PredictorView {
+                        predictor,
+                        target,
+                        root,
+                        root_hidden: draft.hidden.clone(),
+                        resident,
+                    }),
+                    None => Box::new(NoRoutes),
+                },
             };
             let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |p| {
                 rule.keep_drafting(p, source.as_mut())
@@ -568,10 +667,10 @@ fn draft_tree(
             token,
             prob: p,
             depth: 1,
+            hidden: draft.hidden.clone(),
         });
     }
-    // Hidden input of each pool node: the drafter output row that produced its logits.
-    let mut input_hidden: Vec<Vec<f32>> = vec![draft.hidden.clone(); pool.len()];
+
     // Drafter-cache index of each fed node.
     let mut cache_index: Vec<Option<usize>> = vec![None; pool.len()];
     for _level in 2..=shape.levels {
@@ -605,7 +704,7 @@ fn draft_tree(
         let tokens: Vec<u32> = expand.iter().map(|&i| pool[i].token).collect();
         let hidden: Vec<f32> = expand
             .iter()
-            .flat_map(|&i| input_hidden[i].iter().copied())
+            .flat_map(|&i| pool[i].hidden.iter().copied())
             .collect();
         let positions: Vec<usize> = expand.iter().map(|&i| n - 1 + pool[i].depth).collect();
         let out = drafter.forward(
@@ -626,8 +725,8 @@ fn draft_tree(
                     token,
                     prob: pool[node].prob * p,
                     depth: pool[node].depth + 1,
+                    hidden: out.hidden[r * h..(r + 1) * h].to_vec(),
                 });
-                input_hidden.push(out.hidden[r * h..(r + 1) * h].to_vec());
                 cache_index.push(None);
             }
         }

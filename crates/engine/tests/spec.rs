@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use specfit_engine::spec::{generate_spec, SpecOptions, TopK, TreeShape};
+use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TopK, TreeShape};
 use specfit_engine::{generate, CacheMode, Eagle3, GenerateOptions, Sampler, Sampling};
 
 fn root() -> PathBuf {
@@ -82,7 +82,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 &target,
                 &drafter,
                 &mut cache,
-                None,
+                Routes::None,
                 prompt,
                 &mut TopK(budget),
                 &options,
@@ -136,6 +136,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         token,
         prob: 0.5,
         depth,
+        hidden: vec![],
     };
     let pool = vec![
         node(None, wrong(want[1]), 1),
@@ -259,7 +260,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
             &target,
             &drafter,
             &mut cache,
-            Some(&mut atlas),
+            Routes::Atlas(&mut atlas),
             &prompt,
             &mut rule,
             &options,
@@ -293,9 +294,16 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         stop: vec![],
         ..SpecOptions::default()
     };
-    assert!(
-        generate_spec(&target, &drafter, &mut cache, None, &prompt, &mut rule, &options).is_err()
-    );
+    assert!(generate_spec(
+        &target,
+        &drafter,
+        &mut cache,
+        Routes::None,
+        &prompt,
+        &mut rule,
+        &options
+    )
+    .is_err());
 }
 
 #[test]
@@ -348,7 +356,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
             &target,
             &drafter,
             &mut c,
-            None,
+            Routes::None,
             &prompt,
             &mut TopK(budget),
             &options,
@@ -417,7 +425,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
             &target,
             &drafter,
             &mut cache,
-            None,
+            Routes::None,
             &prompt,
             &mut TopK(7),
             &options,

@@ -1,0 +1,106 @@
+//! `specfit train-predictor`: fits the linear route predictor (drafter hidden state + token
+//! embedding → per-layer expert scores) on routes recorded from the target at every position of
+//! greedy outputs, reports its per-layer top-k accuracy on held-out positions and saves it.
+
+use std::path::PathBuf;
+
+use anyhow::{ensure, Result};
+use specfit_engine::predictor::RoutePredictor;
+use specfit_engine::spec::{collect_route_samples, Atlas, TreeShape};
+use specfit_engine::{CacheMode, Eagle3, Tier};
+
+use crate::prompt::PromptArgs;
+use crate::target::{TargetArgs, WeightsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// EAGLE-3 drafter directory.
+    #[arg(long)]
+    drafter: PathBuf,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    /// Greedy positions to collect pools at (the last fifth is held out for the accuracy).
+    #[arg(long, default_value_t = 200)]
+    positions: usize,
+    /// Ridge penalty of the least-squares fit.
+    #[arg(long, default_value_t = 1e-2)]
+    ridge: f64,
+    #[arg(long, default_value_t = 2)]
+    branching: usize,
+    #[arg(long, default_value_t = 5)]
+    levels: usize,
+    /// Output safetensors file (written atomically).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    ensure!(
+        args.positions >= 5,
+        "--positions must be at least 5 (one fifth is held out)"
+    );
+    ensure!(
+        args.ridge.is_finite() && args.ridge >= 0.0,
+        "--ridge must be >= 0"
+    );
+    let (model, mut cache) = args.target.load()?;
+    let tokenizer = args.prompt.tokenizer(&args.target.model)?;
+    let prompt = args.prompt.tokens(tokenizer.as_ref(), false)?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let weights = args.target.weights.map(WeightsArg::dtype);
+    let (_, all) = specfit_engine::load_target(
+        &args.target.model,
+        &Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        weights,
+    )?;
+    let mut atlas = Atlas::new(all);
+    let shape = TreeShape {
+        branching: args.branching,
+        levels: args.levels,
+    };
+    let samples = collect_route_samples(
+        &model,
+        &drafter,
+        &mut cache,
+        &mut atlas,
+        &prompt,
+        shape,
+        args.positions,
+    )?;
+    let split = samples.len() * 4 / 5;
+    let cfg = model.config();
+    let (layers, experts, k) = (
+        cfg.moe_layers().len(),
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+    );
+    let predictor = RoutePredictor::fit(&samples[..split], layers, experts, k, args.ridge)?;
+    let held = predictor.accuracy(&samples[split..]);
+    let train = predictor.accuracy(&samples[..split]);
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    // What guessing k experts uniformly at random would score.
+    let chance = k as f64 / experts as f64;
+    eprintln!(
+        "{} samples ({} training, {} held out); top-{k} accuracy: train {:.3}, held-out {:.3} (chance {:.3})",
+        samples.len(),
+        split,
+        samples.len() - split,
+        mean(&train),
+        mean(&held),
+        chance
+    );
+    eprintln!(
+        "held-out per layer: {}",
+        held.iter()
+            .map(|a| format!("{a:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    predictor.save(&args.out)?;
+    eprintln!("saved {}", args.out.display());
+    Ok(())
+}

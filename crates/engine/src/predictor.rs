@@ -300,6 +300,6 @@ mod tests {
         let mut a = vec![4.0, 2.0, 2.0, 3.0];
         let x = cholesky_solve(&mut a, 2, &[2.0, 1.0], 1).unwrap();
         assert!((x[0] - 0.5).abs() < 1e-12 && x[1].abs() < 1e-12);
-        assert!(cholesky_solve(&mut vec![0.0, 0.0, 0.0, 0.0], 2, &[1.0, 1.0], 1).is_none());
+        assert!(cholesky_solve(&mut [0.0, 0.0, 0.0, 0.0], 2, &[1.0, 1.0], 1).is_none());
     }
 }

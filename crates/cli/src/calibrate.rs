@@ -17,13 +17,33 @@ pub struct Args {
     /// Write the calibration here (atomically) instead of stdout.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// The model the probes were measured on: its shape is stamped into the calibration so that
+    /// using it on another target is refused.
+    #[arg(long)]
+    model: Option<PathBuf>,
+}
+
+/// The shape a calibration is valid for.
+pub fn target_stamp(
+    cfg: &specfit_engine::Qwen3MoeConfig,
+) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("moe_layers".into(), cfg.moe_layers().len().into());
+    m.insert("experts".into(), cfg.num_experts.into());
+    m.insert("num_experts_per_tok".into(), cfg.num_experts_per_tok.into());
+    m.insert("hidden_size".into(), cfg.hidden_size.into());
+    m.insert("vocab_size".into(), cfg.vocab_size.into());
+    m
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let text = read_text(&args.probes)?;
     let probes = read_probes(&text).with_context(|| format!("{}", args.probes.display()))?;
     let cal = calibrate(&probes).with_context(|| format!("{}", args.probes.display()))?;
-    let file = CalibrationJson::new(&cal);
+    let mut file = CalibrationJson::new(&cal);
+    if let Some(dir) = &args.model {
+        file.target = Some(target_stamp(&specfit_engine::Qwen3MoeConfig::load(dir)?));
+    }
     let mut json = serde_json::to_string_pretty(&file)?;
     json.push('\n');
     eprintln!(

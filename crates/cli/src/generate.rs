@@ -299,6 +299,16 @@ fn run_spec(
         1e3 * r.select_seconds / cycles,
         1e3 * r.verify_seconds / cycles
     );
+    let mut us = rule.select_us().to_vec();
+    if !us.is_empty() {
+        us.sort_by(f64::total_cmp);
+        eprintln!(
+            "{} subtree searches: selection median {:.2} µs (max {:.2} µs)",
+            us.len(),
+            us[us.len() / 2],
+            us[us.len() - 1]
+        );
+    }
     if r.atlas_seconds > 0.0 {
         eprintln!(
             "atlas routing of the draft pools (outside the timer): {:.1} ms per cycle",
@@ -340,6 +350,15 @@ fn rule_for(
         )
     })?;
     let cal = CalibrationJson::parse(&crate::files::read_text(path)?)?;
+    let here = crate::calibrate::target_stamp(model.config());
+    if let Some(stamp) = cal.target.as_ref().filter(|s| **s != here) {
+        anyhow::bail!(
+            "calibration {} was measured on a target of shape {} but this model is {}; re-run `specfit probe` and `specfit calibrate --model`",
+            path.display(),
+            serde_json::Value::Object(stamp.clone()),
+            serde_json::Value::Object(here)
+        );
+    }
     let cost = cal.cost_model(residency)?;
     let k = args.budget.min(cal.max_nodes);
     let selector = Selector::new(cost, k, objective)?;

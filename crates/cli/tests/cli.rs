@@ -579,6 +579,8 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
             "calibrate",
             "--probes",
             probes.to_str().unwrap(),
+            "--model",
+            m,
             "--out",
             cal.to_str().unwrap(),
         ],
@@ -626,6 +628,27 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         String::from_utf8_lossy(&spec.stdout).trim(),
         String::from_utf8_lossy(&plain.stdout).trim()
     );
+    assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
+    // The calibration is stamped with the target's shape: another target refuses it.
+    let other = root.join("fixtures/qwen3moe/topk_norm");
+    let wrong = specfit(
+        &[
+            "generate",
+            "--model",
+            other.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+            "--drafter",
+            d,
+            "--policy",
+            "specfit",
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("was measured on a target of shape"));
 }
 
 #[test]

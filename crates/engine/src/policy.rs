@@ -103,4 +103,8 @@ impl Verify for SpecFitRule {
     ) -> Result<Vec<usize>, EngineError> {
         Ok(self.select(pool, routes)?.1.nodes)
     }
+
+    fn select_us(&self) -> &[f64] {
+        &self.select_us
+    }
 }

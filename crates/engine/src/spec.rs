@@ -52,6 +52,10 @@ pub trait Verify {
         pool: &[DraftNode],
         routes: &mut dyn RouteSource,
     ) -> Result<Vec<usize>, EngineError>;
+    /// Microseconds of each subtree search so far (rules that search report them).
+    fn select_us(&self) -> &[f64] {
+        &[]
+    }
 }
 
 /// Expert routes of a pool, per MoE layer: the root's and each node's experts.

@@ -529,3 +529,65 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     let (_, back) = specfit_trace::read(std::str::from_utf8(&bytes).unwrap()).unwrap();
     assert_eq!(back, steps);
 }
+
+#[test]
+fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let tmp = std::env::temp_dir().join(format!("specfit-spec-disk-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let file = tmp.join("experts.specfit");
+    specfit_engine::experts::convert(&tdir, &file, None).unwrap();
+    let (target, mut cache) = specfit_engine::load_target(
+        &tdir,
+        &specfit_engine::Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        None,
+    )
+    .unwrap();
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prompt = [1u32, 243, 56, 119, 188];
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let want = generate(
+        &target,
+        &mut cache,
+        &prompt,
+        &mut sampler,
+        &GenerateOptions {
+            max_tokens: 20,
+            stop: vec![],
+        },
+        |_| {},
+    )
+    .unwrap()
+    .tokens;
+    for mode in [CacheMode::Lru, CacheMode::ClearEveryForward] {
+        let (_, mut disk) = specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Disk(file.clone()),
+            2,
+            mode,
+            None,
+        )
+        .unwrap();
+        let options = SpecOptions {
+            max_tokens: 20,
+            ..SpecOptions::default()
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut disk,
+            Routes::None,
+            &prompt,
+            &mut TopK(7),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(got.tokens, want, "{mode:?}");
+        assert!(got.copies.misses > 0);
+        disk.verify_slots().unwrap();
+    }
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

@@ -297,6 +297,10 @@ pub struct CalibrationJson {
     pub cost_residency: Option<CostJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fit_residency: Option<FitJson>,
+    /// What the probes were measured on (model shape, tier, slots), when known; tools check it
+    /// before using the costs on another target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 /// The `format` tag of calibration files.
@@ -316,6 +320,7 @@ impl CalibrationJson {
             max_nodes: cal.max_nodes,
             cost: CostJson::from_model(&cal.paper.cost),
             fit: fit(&cal.paper),
+            target: None,
             cost_residency: cal
                 .residency
                 .as_ref()

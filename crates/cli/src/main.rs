@@ -10,6 +10,7 @@ mod probe;
 mod prompt;
 mod record;
 mod select;
+mod simulate;
 mod synth;
 mod target;
 mod train_predictor;
@@ -34,6 +35,8 @@ enum Command {
     Calibrate(calibrate::Args),
     /// Decode text on the offloaded engine and report tok/s and expert copies.
     Generate(generate::Args),
+    /// Replay a trace under every policy and slot count with calibrated costs.
+    Simulate(simulate::Args),
     /// Fit the linear route predictor from routes recorded on the target.
     TrainPredictor(train_predictor::Args),
     /// Record the full draft pool at every position of a greedy output (a trace for replay).
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
         Command::Probe(args) => probe::run(&args),
         Command::Record(args) => record::run(&args),
         Command::TrainPredictor(args) => train_predictor::run(&args),
+        Command::Simulate(args) => simulate::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -825,3 +825,119 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     );
     assert_eq!(wrong.status.code(), Some(2));
 }
+
+#[test]
+fn simulate_replays_a_recorded_trace_under_every_policy() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (model, drafter) = (
+        root.join("fixtures/qwen3moe/eagle_target"),
+        root.join("fixtures/eagle3/tiny"),
+    );
+    let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
+    let (trace, probes, cal) = (
+        temp("sim-trace.jsonl"),
+        temp("sim-probes.jsonl"),
+        temp("sim-cal.json"),
+    );
+    assert!(specfit(
+        &[
+            "record",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56",
+            "--max-tokens",
+            "30",
+            "--out",
+            trace.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "probe",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56",
+            "--cycles",
+            "32",
+            "--slots",
+            "2",
+            "--out",
+            probes.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--out",
+            cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let out = specfit(
+        &[
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--slots",
+            "4,2,0",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table.lines().count(), 2 + 3 * 4, "{table}");
+    assert!(table
+        .lines()
+        .filter(|l| l.contains("| ar |"))
+        .all(|l| l.contains("| 1.00 |")));
+    // A calibration without hit/miss counts cannot drive the simulated machine.
+    let plain = temp("sim-plain.jsonl");
+    std::fs::write(&plain, "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 1, \"demand\": 12, \"ms\": 6}\n{\"nodes\": 0, \"demand\": 11, \"ms\": 5.5}\n").unwrap();
+    let plain_cal = temp("sim-plain-cal.json");
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            plain.to_str().unwrap(),
+            "--out",
+            plain_cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let refused = specfit(
+        &[
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--calibration",
+            plain_cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no residency-aware fit"));
+}

@@ -1,0 +1,260 @@
+//! Replays a recorded trace (`specfit record`) under any verify policy and cost model, with a
+//! per-layer LRU expert cache of any size, and reports what decoding would have cost. A pure,
+//! deterministic function of (trace, policy, configuration): no model is run.
+//!
+//! Each cycle starts at a trace position: the policy picks a subtree of the pool recorded there
+//! (optionally applying the draft-stop rule level by level), the verify forward's expert union is
+//! charged against the LRU caches (hits and misses per layer), its time is the *true* cost model
+//! `a[n] + β_hit · hits + β_miss · misses`, the accepted path follows the recorded agreement flags,
+//! and the next cycle starts after the committed tokens. What the policy *believes* the costs
+//! are (its selector's cost model) may differ from the true one.
+
+use specfit_selector::{stop, CostModel, Objective, Pool, PoolBuilder, ResidentSet, Selector};
+use specfit_trace::{TraceHeader, TraceStep};
+
+/// A verify policy.
+#[derive(Debug, Clone)]
+pub enum SimPolicy {
+    /// No drafting.
+    Ar,
+    /// The `k` most probable nodes.
+    TopK(usize),
+    /// SpecFit: the exact selector with its own cost model and objective.
+    SpecFit {
+        cost: CostModel,
+        objective: Objective,
+        max_nodes: usize,
+        /// Apply the draft-stop rule after each level.
+        stop_rule: bool,
+        /// Tell the selector which experts are resident (residency-aware cost).
+        residency: bool,
+    },
+}
+
+/// The simulated machine.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Expert slots per MoE layer; 0 = cache cleared every forward.
+    pub slots: usize,
+    /// The true verify time model (residency form; intercepts must cover the largest subtree).
+    pub true_cost: CostModel,
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SimReport {
+    pub cycles: usize,
+    pub committed: usize,
+    pub verified_nodes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub time_ms: f64,
+}
+
+impl SimReport {
+    /// Committed tokens per second of simulated verify time.
+    pub fn tokens_per_second(&self) -> f64 {
+        if self.time_ms > 0.0 {
+            1e3 * self.committed as f64 / self.time_ms
+        } else {
+            0.0
+        }
+    }
+}
+
+/// What can be wrong with a replay's inputs.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error("trace steps are not consecutive positions (step {index} is position {got}, expected {want})")]
+    Gap {
+        index: usize,
+        got: usize,
+        want: usize,
+    },
+    #[error("selector: {0}")]
+    Selector(#[from] specfit_selector::Error),
+}
+
+/// Per-layer LRU caches.
+struct Lru {
+    slots: usize,
+    /// Per layer: resident experts, least recently used first.
+    layers: Vec<Vec<u32>>,
+}
+
+impl Lru {
+    /// Charges one forward's union; returns (hits, misses).
+    fn access(&mut self, union: &[Vec<u32>]) -> (u64, u64) {
+        let (mut hits, mut misses) = (0, 0);
+        for (layer, experts) in self.layers.iter_mut().zip(union) {
+            if self.slots == 0 {
+                misses += experts.len() as u64;
+                continue;
+            }
+            for &e in experts {
+                match layer.iter().position(|&x| x == e) {
+                    Some(i) => {
+                        hits += 1;
+                        layer.remove(i);
+                    }
+                    None => {
+                        misses += 1;
+                        if layer.len() == self.slots {
+                            layer.remove(0);
+                        }
+                    }
+                }
+                layer.push(e);
+            }
+        }
+        (hits, misses)
+    }
+}
+
+/// Replays `steps` (consecutive positions) under `policy` on `config`.
+pub fn simulate(
+    header: &TraceHeader,
+    steps: &[TraceStep],
+    policy: &SimPolicy,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    for (index, s) in steps.iter().enumerate() {
+        let want = steps[0].position + index;
+        if s.position != want {
+            return Err(SimError::Gap {
+                index,
+                got: s.position,
+                want,
+            });
+        }
+    }
+    let mut selector = match policy {
+        SimPolicy::SpecFit {
+            cost,
+            objective,
+            max_nodes,
+            ..
+        } => Some(Selector::new(cost.clone(), *max_nodes, *objective)?),
+        _ => None,
+    };
+    let mut lru = Lru {
+        slots: config.slots,
+        layers: vec![Vec::new(); header.moe_layers],
+    };
+    let mut report = SimReport::default();
+    let mut i = 0;
+    while i < steps.len() {
+        let step = &steps[i];
+        let chosen = choose(header, step, policy, selector.as_mut(), &lru)?;
+        // The verify forward: union of the root's and the chosen nodes' experts per layer.
+        let union: Vec<Vec<u32>> = (0..header.moe_layers)
+            .map(|l| {
+                let mut u: Vec<u32> = step.root_routes[l].clone();
+                for &c in &chosen {
+                    u.extend(&step.nodes[c].routes[l]);
+                }
+                u.sort_unstable();
+                u.dedup();
+                u
+            })
+            .collect();
+        let (hits, misses) = lru.access(&union);
+        report.time_ms += config
+            .true_cost
+            .time_ms(chosen.len(), hits as u32, misses as u32);
+        report.hits += hits;
+        report.misses += misses;
+        // Accept along agreeing chosen children, then the bonus token.
+        let mut here: i64 = -1;
+        let mut accepted = 0;
+        while let Some(&c) = chosen
+            .iter()
+            .find(|&&c| step.nodes[c].parent == here && step.nodes[c].agrees)
+        {
+            here = c as i64;
+            accepted += 1;
+        }
+        report.cycles += 1;
+        report.verified_nodes += chosen.len();
+        report.committed += accepted + 1;
+        i += accepted + 1;
+    }
+    Ok(report)
+}
+
+/// The policy's subtree for one step.
+fn choose(
+    header: &TraceHeader,
+    step: &TraceStep,
+    policy: &SimPolicy,
+    selector: Option<&mut Selector>,
+    lru: &Lru,
+) -> Result<Vec<usize>, SimError> {
+    match policy {
+        SimPolicy::Ar => Ok(Vec::new()),
+        SimPolicy::TopK(k) => Ok(specfit_selector::top_k(
+            &pool_upto(header, step, usize::MAX)?,
+            *k,
+        )),
+        SimPolicy::SpecFit {
+            stop_rule,
+            residency,
+            ..
+        } => {
+            let selector = selector.expect("built for SpecFit");
+            let resident = if *residency && lru.slots > 0 {
+                Some(ResidentSet::new(
+                    header.moe_layers,
+                    header.experts,
+                    &lru.layers,
+                )?)
+            } else {
+                None
+            };
+            let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
+            let mut depth = max_depth;
+            if *stop_rule {
+                for d in 1..max_depth {
+                    let pool = pool_upto(header, step, d)?;
+                    let decision = stop::stop_rule(selector, &pool, resident.as_ref())?;
+                    if !decision.keep_drafting() {
+                        depth = d;
+                        break;
+                    }
+                }
+            }
+            let pool = pool_upto(header, step, depth)?;
+            let picked = selector.select(&pool, resident.as_ref())?.nodes;
+            // Pool indices up to `depth` are a prefix-order subset; map back to step indices.
+            let index: Vec<usize> = (0..step.nodes.len())
+                .filter(|&i| step.nodes[i].depth <= depth)
+                .collect();
+            Ok(picked.into_iter().map(|p| index[p]).collect())
+        }
+    }
+}
+
+/// The selector pool of the nodes of `step` with depth ≤ `depth`.
+fn pool_upto(header: &TraceHeader, step: &TraceStep, depth: usize) -> Result<Pool, SimError> {
+    let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
+    b.root_routes(&step.root_routes)?;
+    let index: Vec<Option<usize>> = {
+        let mut next = 0;
+        step.nodes
+            .iter()
+            .map(|n| {
+                (n.depth <= depth).then(|| {
+                    next += 1;
+                    next - 1
+                })
+            })
+            .collect()
+    };
+    for n in step.nodes.iter().filter(|n| n.depth <= depth) {
+        let parent = usize::try_from(n.parent)
+            .ok()
+            .map(|p| index[p].expect("ancestors are shallower"));
+        b.push(parent, n.prob, &n.routes)?;
+    }
+    Ok(b.build())
+}

@@ -1,0 +1,102 @@
+//! Hand-checked replays of a tiny trace: one MoE layer of 4 experts, unit costs.
+
+use specfit_selector::{CostModel, Objective};
+use specfit_sim::{simulate, SimConfig, SimPolicy};
+use specfit_trace::{TraceHeader, TraceNode, TraceStep};
+
+fn node(
+    parent: i64,
+    token: u32,
+    prob: f64,
+    depth: usize,
+    experts: &[u32],
+    agrees: bool,
+) -> TraceNode {
+    TraceNode {
+        parent,
+        token,
+        prob,
+        depth,
+        routes: vec![experts.to_vec()],
+        agrees,
+    }
+}
+
+/// Four positions. The root always routes to expert 0. At every position the drafted pool is a
+/// chain of two nodes on experts 1 and 2; the first node agrees at positions 0 and 2, the second
+/// only at position 0.
+fn trace() -> (TraceHeader, Vec<TraceStep>) {
+    let header = TraceHeader::new(1, 4, 1, 16);
+    let steps = (0..4)
+        .map(|p| TraceStep {
+            position: 10 + p,
+            root: 1,
+            root_routes: vec![vec![0]],
+            nodes: vec![
+                node(-1, 5, 0.9, 1, &[1], p % 2 == 0),
+                node(0, 6, 0.45, 2, &[2], p == 0),
+            ],
+            next: 5,
+        })
+        .collect();
+    (header, steps)
+}
+
+fn config(slots: usize) -> SimConfig {
+    // time = 10 + 0·hits + 1·misses, whatever the node count.
+    SimConfig {
+        slots,
+        true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
+    }
+}
+
+#[test]
+fn autoregressive_replay_commits_one_token_per_position() {
+    let (h, s) = trace();
+    let r = simulate(&h, &s, &SimPolicy::Ar, &config(4)).unwrap();
+    // 4 cycles; expert 0 is copied once, then hits: time = 4·10 + 1.
+    assert_eq!(
+        (r.cycles, r.committed, r.verified_nodes, r.hits, r.misses),
+        (4, 4, 0, 3, 1)
+    );
+    assert_eq!(r.time_ms, 41.0);
+}
+
+#[test]
+fn top_k_replay_follows_the_agreement_flags() {
+    let (h, s) = trace();
+    let r = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    // Position 0: both nodes agree → 3 tokens, next position 3 (first node disagrees) → 1 token.
+    assert_eq!((r.cycles, r.committed, r.verified_nodes), (2, 4, 4));
+    // Cycle 1 copies experts 0, 1, 2; cycle 2 hits all three.
+    assert_eq!((r.hits, r.misses), (3, 3));
+    assert_eq!(r.time_ms, 10.0 + 3.0 + 10.0);
+    // With the cache cleared every forward, both cycles copy everything.
+    let cleared = simulate(&h, &s, &SimPolicy::TopK(2), &config(0)).unwrap();
+    assert_eq!((cleared.hits, cleared.misses), (0, 6));
+}
+
+#[test]
+fn specfit_replay_skips_nodes_its_costs_make_unprofitable() {
+    let (h, s) = trace();
+    // Believed costs: a = 10 ms, β = 5 ms per expert of the union (root included). None:
+    // 1/15 = .0667; first node: 1.9/20 = .095; both: 2.35/25 = .094 → SpecFit verifies one node.
+    let policy = SimPolicy::SpecFit {
+        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
+        objective: Objective::Ratio,
+        max_nodes: 7,
+        stop_rule: true,
+        residency: false,
+    };
+    let r = simulate(&h, &s, &policy, &config(4)).unwrap();
+    // Positions 0 (accept 1 → 2 tokens), 2 (accept 1 → 2 tokens): 2 cycles, 4 tokens.
+    assert_eq!((r.cycles, r.committed, r.verified_nodes), (2, 4, 2));
+    assert!(r.tokens_per_second() > 0.0);
+}
+
+#[test]
+fn traces_with_gaps_are_refused() {
+    let (h, mut s) = trace();
+    s[2].position = 99;
+    assert!(simulate(&h, &s, &SimPolicy::Ar, &config(4)).is_err());
+}

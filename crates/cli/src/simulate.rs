@@ -1,45 +1,86 @@
-//! `specfit simulate`: replays a trace from `specfit record` under every policy and several slot
-//! counts, with costs from a calibration (the residency-aware fit is the simulated machine; the
-//! paper-form fit is what SpecFit believes), and prints the comparison table.
+//! `specfit simulate`: replays a trace — recorded by `specfit record`, or synthetic at paper scale
+//! — under every policy and several slot counts, with costs from a calibration or a hardware
+//! preset (the residency-aware fit is the simulated machine; the paper-form fit is what SpecFit
+//! believes), and prints the comparison table.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::Objective;
-use specfit_sim::{simulate, SimConfig, SimPolicy};
+use specfit_sim::synth::{self, SynthParams};
+use specfit_sim::{fit_confidence, preset, simulate, topk_acceptance, SimConfig, SimPolicy};
+use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Trace from `specfit record`.
+    #[arg(
+        long,
+        required_unless_present = "synthetic",
+        conflicts_with = "synthetic"
+    )]
+    trace: Option<PathBuf>,
+    /// A synthetic paper-scale trace (48 layers × 128 experts, top-8, 18-node pools) whose
+    /// drafter confidence is fitted so that EAGLE-3's top-K accepts the paper's tokens per cycle:
+    /// `summarization` (1.54), `gsm8k` (3.35), or `accept:X`.
     #[arg(long)]
-    trace: PathBuf,
-    /// Calibration from `specfit calibrate` with a residency-aware fit (probes with hits/misses).
+    synthetic: Option<String>,
+    /// Positions of the synthetic trace.
+    #[arg(long, default_value_t = 400)]
+    positions: usize,
+    /// Calibration from `specfit calibrate` with a residency-aware fit.
+    #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
+    calibration: Option<PathBuf>,
+    /// A published machine: `a100` or `rtx4090` (the paper's β; see `specfit_sim::preset`).
     #[arg(long)]
-    calibration: PathBuf,
+    preset: Option<String>,
     /// Slots per MoE layer to simulate (0 = cleared every forward); default 100/50/25/12.5/0% of the experts.
     #[arg(long, value_delimiter = ',')]
     slots: Option<Vec<usize>>,
     /// Verify budget K.
     #[arg(long, default_value_t = 7)]
     budget: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let (header, steps) = specfit_trace::read(&read_text(&args.trace)?)
-        .with_context(|| format!("{}", args.trace.display()))?;
-    let cal = CalibrationJson::parse(&read_text(&args.calibration)?)
-        .with_context(|| format!("{}", args.calibration.display()))?;
-    let true_cost = cal.cost_model(true).with_context(|| {
-        format!(
-            "{} has no residency-aware fit (probe rows need hits and misses)",
-            args.calibration.display()
-        )
-    })?;
-    let believed = cal.cost_model(false)?;
-    let k = args.budget.min(cal.max_nodes);
+    let (header, steps) = load_trace(args)?;
+    let (true_cost, believed, k) = match (&args.calibration, &args.preset) {
+        (Some(path), _) => {
+            let cal = CalibrationJson::parse(&read_text(path)?)
+                .with_context(|| format!("{}", path.display()))?;
+            let true_cost = cal.cost_model(true).with_context(|| {
+                format!(
+                    "{} has no residency-aware fit (probe rows need hits and misses)",
+                    path.display()
+                )
+            })?;
+            (
+                true_cost,
+                cal.cost_model(false)?,
+                args.budget.min(cal.max_nodes),
+            )
+        }
+        (None, Some(name)) => {
+            let p = preset(name, args.budget)
+                .with_context(|| format!("--preset {name:?}: expected a100 or rtx4090"))?;
+            eprintln!(
+                "preset {} (assumed intercepts and hit cost: see specfit_sim::preset)",
+                p.name
+            );
+            (p.true_cost, p.believed, args.budget)
+        }
+        (None, None) => bail!("give --calibration FILE or --preset NAME"),
+    };
+    eprintln!(
+        "{} positions; eagle3 top-{k} accepts {:.2} draft tokens per cycle",
+        steps.len(),
+        topk_acceptance(&header, &steps, k)
+    );
     let e = header.experts;
     let mut slots = args
         .slots
@@ -101,4 +142,30 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The recorded trace, or a synthetic one fitted to the requested acceptance.
+fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
+    if let Some(path) = &args.trace {
+        return specfit_trace::read(&read_text(path)?)
+            .with_context(|| format!("{}", path.display()));
+    }
+    let profile = args.synthetic.as_deref().unwrap_or_default();
+    let target = match profile {
+        "summarization" => 1.54,
+        "gsm8k" => 3.35,
+        other => match other.strip_prefix("accept:").map(str::parse::<f64>) {
+            Some(Ok(x)) if x >= 0.0 && x <= args.budget as f64 => x,
+            _ => bail!(
+                "--synthetic {other:?}: expected summarization, gsm8k or accept:X with 0 <= X <= K"
+            ),
+        },
+    };
+    let base = SynthParams {
+        positions: args.positions,
+        ..SynthParams::paper(0.5, args.seed)
+    };
+    let confidence = fit_confidence(&base, args.budget, target);
+    eprintln!("synthetic {profile}: drafter confidence {confidence:.3} for {target} accepted tokens per cycle");
+    Ok(synth::trace(&SynthParams { confidence, ..base }))
 }

@@ -941,3 +941,38 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("no residency-aware fit"));
 }
+
+#[test]
+fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
+    let out = specfit(
+        &[
+            "simulate",
+            "--synthetic",
+            "gsm8k",
+            "--preset",
+            "a100",
+            "--slots",
+            "48,0",
+            "--positions",
+            "120",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("eagle3 top-7 accepts"), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        2 + 2 * 4
+    );
+    let bad = specfit(
+        &["simulate", "--synthetic", "poetry", "--preset", "a100"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    let bad = specfit(
+        &["simulate", "--synthetic", "gsm8k", "--preset", "tpu"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+}

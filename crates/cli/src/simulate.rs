@@ -31,6 +31,12 @@ pub struct Args {
     /// Positions of the synthetic trace.
     #[arg(long, default_value_t = 400)]
     positions: usize,
+    /// Synthetic routing: probability a token keeps each expert of the previous token.
+    #[arg(long, default_value_t = 0.5)]
+    locality: f64,
+    /// Synthetic routing: probability a drafted child keeps each expert of its parent.
+    #[arg(long, default_value_t = 0.5)]
+    share: f64,
     /// Calibration from `specfit calibrate` with a residency-aware fit.
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]
     calibration: Option<PathBuf>,
@@ -161,8 +167,13 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
             ),
         },
     };
+    for (name, v) in [("--locality", args.locality), ("--share", args.share)] {
+        anyhow::ensure!((0.0..=1.0).contains(&v), "{name} {v}: must be in [0, 1]");
+    }
     let base = SynthParams {
         positions: args.positions,
+        locality: args.locality,
+        share: args.share,
         ..SynthParams::paper(0.5, args.seed)
     };
     let confidence = fit_confidence(&base, args.budget, target);

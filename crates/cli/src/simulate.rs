@@ -9,7 +9,9 @@ use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::Objective;
 use specfit_sim::synth::{self, SynthParams};
-use specfit_sim::{fit_confidence, preset, simulate, topk_acceptance, SimConfig, SimPolicy};
+use specfit_sim::{
+    calibrate_on, fit_confidence, preset, simulate, topk_acceptance, SimConfig, SimPolicy,
+};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
@@ -55,6 +57,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let (header, steps) = load_trace(args)?;
+    let calibrated_here = args.calibration.is_none();
     let (true_cost, believed, k) = match (&args.calibration, &args.preset) {
         (Some(path), _) => {
             let cal = CalibrationJson::parse(&read_text(path)?)
@@ -93,30 +96,7 @@ pub fn run(args: &Args) -> Result<()> {
         .clone()
         .unwrap_or_else(|| vec![e, e / 2, e / 4, (e / 8).max(1), 0]);
     slots.dedup();
-    let policies: Vec<(&str, SimPolicy)> = vec![
-        ("ar", SimPolicy::Ar),
-        ("eagle3", SimPolicy::TopK(k)),
-        (
-            "specfit",
-            SimPolicy::SpecFit {
-                cost: believed.clone(),
-                objective: Objective::Ratio,
-                max_nodes: k,
-                stop_rule: true,
-                residency: false,
-            },
-        ),
-        (
-            "specfit-resident",
-            SimPolicy::SpecFit {
-                cost: true_cost.clone(),
-                objective: Objective::Ratio,
-                max_nodes: k,
-                stop_rule: true,
-                residency: true,
-            },
-        ),
-    ];
+
     println!("| slots/layer | policy | tok/s | × ar | gain over eagle3 | tokens/cycle | nodes verified/cycle | copies/token |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for &s in &slots {
@@ -124,6 +104,46 @@ pub fn run(args: &Args) -> Result<()> {
             slots: s,
             true_cost: true_cost.clone(),
         };
+        // With a preset, SpecFit believes what probing this simulated machine at this cache size
+        // gives (as `specfit probe` + `calibrate` would); with a calibration file, its paper form.
+        let believed = if calibrated_here {
+            let cal = calibrate_on(&header, &steps, &config, k, args.seed)?;
+            eprintln!(
+                "slots {s}: SpecFit's calibration on the simulated machine: β = {:.3} ms, R² = {:.3}",
+                match cal.paper.cost.expert() {
+                    specfit_selector::ExpertCost::Uniform { beta } => beta,
+                    specfit_selector::ExpertCost::Residency { beta_miss, .. } => beta_miss,
+                },
+                cal.paper.r2
+            );
+            cal.paper.cost
+        } else {
+            believed.clone()
+        };
+        let policies: Vec<(&str, SimPolicy)> = vec![
+            ("ar", SimPolicy::Ar),
+            ("eagle3", SimPolicy::TopK(k)),
+            (
+                "specfit",
+                SimPolicy::SpecFit {
+                    cost: believed,
+                    objective: Objective::Ratio,
+                    max_nodes: k,
+                    stop_rule: true,
+                    residency: false,
+                },
+            ),
+            (
+                "specfit-resident",
+                SimPolicy::SpecFit {
+                    cost: true_cost.clone(),
+                    objective: Objective::Ratio,
+                    max_nodes: k,
+                    stop_rule: true,
+                    residency: true,
+                },
+            ),
+        ];
         let results: Vec<(&str, specfit_sim::SimReport)> = policies
             .iter()
             .map(|(name, p)| Ok((*name, simulate(&header, &steps, p, &config)?)))

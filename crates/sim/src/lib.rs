@@ -323,3 +323,64 @@ pub fn fit_confidence(base: &synth::SynthParams, k: usize, target: f64) -> f64 {
     }
     0.5 * (lo + hi)
 }
+
+/// Probes the simulated machine as `specfit probe` probes a real one: along the trace (advancing
+/// one position per probe, like autoregressive decoding), verifies a random ancestor-closed
+/// subtree of size `n` (cycling through `0..=max_nodes`) of the recorded pool, charging the LRU
+/// caches, and records `(nodes, demand, hits, misses, ms)` under the true cost; then fits the
+/// cost model by NNLS. This is what a SpecFit deployment on that machine would believe.
+pub fn calibrate_on(
+    header: &TraceHeader,
+    steps: &[TraceStep],
+    config: &SimConfig,
+    max_nodes: usize,
+    seed: u64,
+) -> Result<specfit_selector::Calibration, SimError> {
+    let mut rng = specfit_selector::synth::Rng::new(seed);
+    let mut lru = Lru {
+        slots: config.slots,
+        layers: vec![Vec::new(); header.moe_layers],
+    };
+    let mut probes = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        let want = i % (max_nodes + 1);
+        // A random ancestor-closed subtree of `want` nodes.
+        let mut chosen: Vec<usize> = Vec::new();
+        while chosen.len() < want {
+            let frontier: Vec<usize> = (0..step.nodes.len())
+                .filter(|&c| {
+                    !chosen.contains(&c)
+                        && (step.nodes[c].parent == -1
+                            || chosen.contains(&(step.nodes[c].parent as usize)))
+                })
+                .collect();
+            if frontier.is_empty() {
+                break;
+            }
+            chosen.push(frontier[rng.below(frontier.len())]);
+        }
+        let union: Vec<Vec<u32>> = (0..header.moe_layers)
+            .map(|l| {
+                let mut u: Vec<u32> = step.root_routes[l].clone();
+                for &c in &chosen {
+                    u.extend(&step.nodes[c].routes[l]);
+                }
+                u.sort_unstable();
+                u.dedup();
+                u
+            })
+            .collect();
+        let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
+        let (hits, misses) = lru.access(&union);
+        let ms = config
+            .true_cost
+            .time_ms(chosen.len(), hits as u32, misses as u32);
+        probes.push(specfit_selector::Probe {
+            nodes: chosen.len(),
+            demand,
+            ms,
+            hits_misses: Some((hits, misses)),
+        });
+    }
+    Ok(specfit_selector::calibrate(&probes)?)
+}

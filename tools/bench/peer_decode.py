@@ -432,6 +432,11 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(report))
+    noisy = [k for k, r in results.items() if any(x > args.max_others for x in r["others_cpu_share"])]
+    if noisy:
+        print(f"\nWARNING: kept runs during which other processes used > {args.max_others:.0%} of a core "
+              f"(--quiet-timeout/--max-retries ran out): {', '.join(noisy)}; see others_cpu_share",
+              file=sys.stderr)
     print(f"\n(written to {args.out})", file=sys.stderr)
 
 

@@ -34,6 +34,20 @@ pub struct Pool {
     gate: Mutex<()>,
 }
 
+thread_local! {
+    /// Whether this thread is running a part of a pool job.
+    static IN_JOB: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears `IN_JOB` when the caller's `run` returns (or unwinds).
+struct ResetInJob;
+
+impl Drop for ResetInJob {
+    fn drop(&mut self) {
+        IN_JOB.with(|f| f.set(false));
+    }
+}
+
 /// How long an idle worker spins before parking.
 const SPIN: Duration = Duration::from_micros(300);
 
@@ -71,10 +85,14 @@ impl Pool {
 
     /// Runs `job(part)` for every part `0..threads()` in parallel and returns when all are done.
     pub fn run<'a>(&self, job: &'a (dyn Fn(usize) + Sync + 'a)) {
-        if self.workers.is_empty() {
-            job(0);
+        // A job that itself calls `run` (on a worker, or on the caller inside its own part) runs
+        // its parts one after another here instead of deadlocking on the busy pool.
+        if self.workers.is_empty() || IN_JOB.with(|f| f.get()) {
+            (0..self.threads()).for_each(job);
             return;
         }
+        IN_JOB.with(|f| f.set(true));
+        let _reset = ResetInJob;
         let _serial = self.gate.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the erased pointer is only dereferenced by workers for this epoch, and this
         // function does not return before every worker has marked the epoch done.
@@ -106,6 +124,7 @@ impl Pool {
 }
 
 fn worker(shared: Arc<Shared>, w: usize) {
+    IN_JOB.with(|f| f.set(true));
     let mut seen = 0;
     loop {
         let idle = Instant::now();
@@ -157,6 +176,18 @@ unsafe impl Send for SharedOut {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_that_runs_the_pool_again_does_not_deadlock() {
+        let pool = Pool::new(2);
+        let count = AtomicUsize::new(0);
+        pool.run(&|_| {
+            pool.run(&|_| {
+                count.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 4);
+    }
 
     #[test]
     fn every_part_runs_exactly_once_per_job() {

@@ -35,7 +35,9 @@ Its attention sees the step-0 keys of indices <= t (causal) plus its own keys of
 which is what a depth-i tree node sees at inference (the committed prefix plus its ancestors). Loss of step i =
 soft cross entropy to the target's softmax restricted to the draft vocabulary at position t+1+i, weight
 --decay**i; positions whose target argmax is outside the draft vocabulary are masked; assistant tokens weigh 1,
-prompt tokens --prompt-weight. AdamW, linear warmup + cosine.
+prompt tokens --prompt-weight (default 0, as EAGLE-3). Step 0 runs on every index (its keys are the context of
+all later steps); steps > 0 run only on the indices that carry loss, and chunks with fewer than --min-assistant
+assistant tokens are skipped. AdamW, linear warmup + cosine.
 
 Evaluation (every --eval-every steps and at the end): --eval-gsm8k GSM8K and --eval-cnn CNN/DM prompts from
 valid.jsonl, continued greedily by the target (--eval-new-tokens, cached in eval_set.pt). On that text the
@@ -49,6 +51,7 @@ Rerunning the same command resumes from state.pt; at the end of the budget the s
 
 import argparse
 import copy
+import hashlib
 import json
 import math
 import os
@@ -69,8 +72,10 @@ REPO = HERE.parents[1]
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 ASSISTANT_TAG = "<|im_start|>assistant\n"
 
-# Measured on this machine (README "Drafter"): see the step time logged as tok_per_s.
-DEFAULT_STEPS = 800
+# Budget from the throughput measured on this machine (README "Drafter"): ~1,980 tokens/s (2.07 s per step of
+# 4 x 1,024 tokens) with the CPUs free, so 1,000 steps = 4.1 M tokens (~1.8 passes over the 2,231 chunks that hold
+# assistant tokens) take ~35 min; under a concurrent cargo build it was 5-10x slower.
+DEFAULT_STEPS = 1000
 
 
 def parse_args(argv=None):
@@ -96,15 +101,18 @@ def parse_args(argv=None):
     # training
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="total optimizer steps (the budget)")
     p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=2, help="chunks per step")
+    p.add_argument("--batch", type=int, default=4, help="chunks per step")
     p.add_argument("--ttt", type=int, default=5,
                    help="training-time-test unroll length (the engine's default tree has 5 levels)")
     p.add_argument("--decay", type=float, default=0.8, help="loss weight of unroll step i is decay**i")
-    p.add_argument("--prompt-weight", type=float, default=0.2,
-                   help="loss weight of positions predicting a prompt (non-assistant) token; assistant tokens weigh 1")
+    p.add_argument("--prompt-weight", type=float, default=0.0,
+                   help="loss weight of positions predicting a prompt (non-assistant) token; assistant tokens weigh 1. "
+                        "With 0 (as EAGLE-3) the unroll steps > 0 only run on the positions that carry loss")
+    p.add_argument("--min-assistant", type=int, default=16,
+                   help="with --prompt-weight 0, skip chunks with fewer assistant tokens than this")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--clip", type=float, default=0.5)
@@ -152,35 +160,51 @@ class Attention(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def rope(self, x, pos):
+        """x [..., T, hd] with pos [T], or x [M, heads, hd] with pos [M]."""
         f = pos.float()[:, None] * self.inv_freq[None, :]
         emb = torch.cat((f, f), dim=-1)
+        if x.dim() == 3:
+            emb = emb[:, None, :]
         return x * emb.cos() + rotate_half(x) * emb.sin()
 
-    def forward(self, x, pos, cache):
-        """x [B,T,2H]; pos [T]; cache: list of (k, v) of earlier unroll steps (step 0 first), appended to.
-        Step 0 (empty cache) is causal attention. A later step attends to the step-0 keys of indices <= t and
-        to the keys of steps 1..i at index t only (EAGLE-3 training-time test)."""
-        B, T, _ = x.shape
+    def qkv(self, x):
         rep = self.nh // self.nkv
-        q = self.rope(self.q_proj(x).view(B, T, self.nh, self.hd).transpose(1, 2), pos)
-        k = self.rope(self.k_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2), pos)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hd).transpose(1, 2)
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        q = self.q_proj(x).unflatten(-1, (self.nh, self.hd))
+        k = self.k_proj(x).unflatten(-1, (self.nkv, self.hd)).repeat_interleave(rep, dim=-2)
+        v = self.v_proj(x).unflatten(-1, (self.nkv, self.hd)).repeat_interleave(rep, dim=-2)
+        return q, k, v
+
+    def causal(self, x, pos):
+        """Step 0: plain causal attention over all T indices. x [B,T,2H]. Returns out [B,T,H] and the keys and
+        values [B,nh,T,hd] that the later unroll steps attend to."""
+        B, T, _ = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self.qkv(x))
+        q, k = self.rope(q, pos), self.rope(k, pos)
+        s = (q @ k.transpose(2, 3)) / math.sqrt(self.hd)
+        s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        out = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd)), (k, v)
+
+    def unrolled(self, x, ti, rows, pos, kv0, cache):
+        """Step i >= 1 at M selected indices (EAGLE-3 training-time test). x [M,2H]; ti [M] the index t of each;
+        rows: per batch row b, the slice of the M entries that belong to it; pos [M] = ti + i; kv0 the step-0
+        keys/values [B,nh,T,hd]; cache: (k, v) [M,nh,hd] of steps 1..i-1, appended to. Index t attends to the
+        step-0 keys of indices <= t and to its own keys of steps 1..i (a depth-i tree node sees the committed
+        prefix and its ancestors)."""
+        q, k, v = self.qkv(x)                                          # [M, heads, hd]
+        q, k = self.rope(q, pos), self.rope(k, pos)
         cache.append((k, v))
         scale = 1.0 / math.sqrt(self.hd)
-        k0, v0 = cache[0]
-        s0 = (q @ k0.transpose(2, 3)) * scale
-        causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
-        s0 = s0.masked_fill(~causal, float("-inf"))
-        if len(cache) == 1:
-            out = torch.softmax(s0, dim=-1, dtype=torch.float32).to(q.dtype) @ v0
-        else:
-            diag = torch.stack([(q * kj).sum(-1) * scale for kj, _ in cache[1:]], dim=-1)  # [B,nh,T,i]
-            p = torch.softmax(torch.cat((s0, diag), dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-            out = p[..., :T] @ v0
-            for j, (_, vj) in enumerate(cache[1:]):
-                out = out + p[..., T + j, None] * vj
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.nh * self.hd))
+        k0, v0 = kv0
+        T = k0.shape[2]
+        s0 = torch.cat([torch.einsum("mhd,htd->mht", q[r], k0[b]) for b, r in enumerate(rows)], dim=0) * scale
+        s0 = s0.masked_fill(torch.arange(T)[None, None, :] > ti[:, None, None], float("-inf"))
+        diag = torch.stack([(q * kj).sum(-1) * scale for kj, _ in cache], dim=-1)  # [M, nh, i]
+        p = torch.softmax(torch.cat((s0, diag), dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
+        out = torch.cat([torch.einsum("mht,htd->mhd", p[r, :, :T], v0[b]) for b, r in enumerate(rows)], dim=0)
+        for j, (_, vj) in enumerate(cache):
+            out = out + p[..., T + j, None] * vj
+        return self.o_proj(out.reshape(out.shape[0], self.nh * self.hd))
 
 
 class MLP(nn.Module):
@@ -203,10 +227,11 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(H, eps)
         self.mlp = MLP(H, I)
 
-    def forward(self, emb, h, pos, cache):
+    def forward(self, emb, h, attend):
         x = torch.cat((self.input_layernorm(emb), self.hidden_norm(h)), dim=-1)
-        h = h + self.self_attn(x, pos, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        a, extra = attend(x)
+        h = h + a
+        return h + self.mlp(self.post_attention_layernorm(h)), extra
 
 
 class Eagle3Head(nn.Module):
@@ -222,17 +247,30 @@ class Eagle3Head(nn.Module):
         self.lm_head = nn.Linear(H, cfg["draft_vocab_size"], bias=False)
         self.register_buffer("embed", embed, persistent=False)  # the target's, frozen, not saved
 
-    def unroll(self, feats, tokens, n):
-        """feats [B,T,3H]; tokens [B, T+n-1] (index t of step i uses tokens[:, t+i]).
-        Returns the n step logits [B,T,Vd] (step i at index t predicts the token after tokens[t+i])."""
-        T = feats.shape[1]
-        h = self.fc(feats)
-        pos = torch.arange(T, device=feats.device)
-        cache, out = [], []
-        for i in range(n):
-            h = self.midlayer(self.embed[tokens[:, i:i + T]], h, pos + i, cache)
-            out.append(self.lm_head(self.norm(h)))
-        return out
+    def unroll(self, feats, tokens, n, sel=None):
+        """Training-time-test unroll. feats [B,T,3H] (target features of indices 0..T-1); tokens [B, T+n-1]: index
+        t of step i reads tokens[:, t+i] at RoPE position t+i; step i > 0 takes step i-1's output h3 (no fc).
+        sel: per batch row a sorted LongTensor of the indices whose outputs are wanted (default: all). Step 0 runs
+        on every index (its keys are the context of every later step); the later steps only on sel.
+        Returns (logits of each step [M, Vd] in sel order (row 0's first), batch-row ids bi [M], indices ti [M])."""
+        B, T, _ = feats.shape
+        if sel is None:
+            sel = [torch.arange(T)] * B
+        att = self.midlayer.self_attn
+        pos = torch.arange(T)
+        h0, kv0 = self.midlayer(self.embed[tokens[:, :T]], self.fc(feats), lambda x: att.causal(x, pos))
+        bi = torch.cat([torch.full((len(s),), b, dtype=torch.long) for b, s in enumerate(sel)])
+        ti = torch.cat(list(sel))
+        ends = torch.tensor([len(s) for s in sel]).cumsum(0).tolist()
+        rows = [slice(e - len(s), e) for e, s in zip(ends, sel)]
+        h = h0[bi, ti]
+        outs = [self.lm_head(self.norm(h))]
+        cache = []
+        for i in range(1, n):
+            h, _ = self.midlayer(self.embed[tokens[bi, ti + i]], h,
+                                 lambda x: (att.unrolled(x, ti, rows, ti + i, kv0, cache), None))
+            outs.append(self.lm_head(self.norm(h)))
+        return outs, bi, ti
 
 
 def drafter_config(a, tcfg):
@@ -312,17 +350,25 @@ def draft_vocabulary(encoded, n, vocab):
     return used_t, d2t, t2d, coverage, total
 
 
-def chunk_starts(n_tokens, seq_len):
-    # chunk c covers stream[c*L : c*L + L + 1] (the extra token labels the last position)
-    return (n_tokens - 1) // seq_len
+def chunk_starts(roles, seq_len, min_assistant):
+    """Chunk c covers stream[c*L : c*L + L + 1] (the extra token labels the last position). Chunks with fewer
+    than min_assistant assistant tokens among their labels are dropped (they would carry no loss)."""
+    n = (len(roles) - 1) // seq_len
+    starts = torch.arange(n) * seq_len
+    if min_assistant > 0:
+        cs = torch.cat((torch.zeros(1, dtype=torch.long), roles.cumsum(0)))
+        a = cs[starts + seq_len + 1] - cs[starts + 2]
+        starts = starts[a >= min_assistant]
+    return starts, n
 
 
-def batch_at(stream, roles, n_chunks, step, batch, seq_len, seed):
+def batch_at(stream, roles, starts, step, batch, seq_len, seed):
     rows, rrows = [], []
+    n_chunks = len(starts)
     for gi in range(step * batch, (step + 1) * batch):
         epoch, i = divmod(gi, n_chunks)
         perm = torch.randperm(n_chunks, generator=torch.Generator().manual_seed(seed * 1000003 + 7919 + epoch))
-        s = int(perm[i]) * seq_len
+        s = int(starts[perm[i]])
         rows.append(stream[s:s + seq_len + 1])
         rrows.append(roles[s:s + seq_len + 1])
     return torch.stack(rows), torch.stack(rrows)
@@ -341,29 +387,34 @@ def target_features(target, x, taps):
 
 def ttt_loss(model, feats, logits_t, x, weights, used, t2d, n, decay):
     """One training-time-test forward.
-    x [B,T+1] tokens (x[:, T] only labels); feats/logits_t of x[:, :T]; weights [B,T+1] per token.
-    Drafter index t (0..T-2): step i feeds token x[t+1+i], target = the target's distribution at position
-    t+1+i, valid when t+1+i <= T-1. Returns (loss, per-step losses, per-step (correct, count))."""
+    x [B,T+1] tokens (x[:, T] only labels); feats/logits_t of x[:, :T]; weights [B,T+1] per token (the loss
+    weight of predicting that token). Drafter index t (0..T-2): step i feeds token x[t+1+i] and is trained
+    towards the target's distribution at position t+1+i (its prediction of x[t+2+i]); valid while t+1+i <= T-1.
+    Returns (loss, per-step losses, per-step (correct, count))."""
     B, T = x.shape[0], x.shape[1] - 1
     Td = T - 1
     tok = torch.cat((x[:, 1:T], torch.zeros(B, n, dtype=torch.long)), dim=1)  # [B, Td + n]
-    outs = model.unroll(feats[:, :Td], tok, n)
-    tl = logits_t[:, 1:]                                            # positions 1..T-1, [B, Td, V]
+    tl = logits_t[:, 1:]                                            # index j = position j+1, [B, Td, V]
     targ_arg = tl.argmax(-1)
     in_vocab = t2d[targ_arg]
     tp = torch.softmax(tl[..., used], dim=-1)                       # restricted to the draft vocabulary
     darg = torch.searchsorted(used, targ_arg)                       # draft index of the target argmax (if in_vocab)
-    w = weights[:, 2:T + 1].float() * in_vocab.float()              # weight of predicting x[p+1], p = 1..T-1
+    w = weights[:, 2:T + 1].float() * in_vocab.float()              # index j: weight of predicting x[j+2]
+    wp = torch.cat((w, torch.zeros(B, n)), dim=1)                   # zero past the chunk
+    anyw = torch.stack([wp[:, i:i + Td] for i in range(n)]).amax(0) > 0
+    sel = [anyw[b].nonzero().squeeze(1) for b in range(B)]
+    outs, bi, ti = model.unroll(feats[:, :Td], tok, n, sel)
     total, losses, accs = 0.0, [], []
     for i, lg in enumerate(outs):
-        m = w[:, i:]
-        logp = F.log_softmax(lg[:, :Td - i].float(), dim=-1)
-        ce = -(tp[:, i:] * logp).sum(-1)
+        m = wp[bi, ti + i]
+        j = (ti + i).clamp(max=Td - 1)
+        logp = F.log_softmax(lg.float(), dim=-1)
+        ce = -(tp[bi, j] * logp).sum(-1)
         li = (ce * m).sum() / m.sum().clamp(min=1e-6)
         total = total + (decay ** i) * li
         losses.append(li.detach())
         with torch.no_grad():
-            hit = (lg[:, :Td - i].argmax(-1) == darg[:, i:]) & in_vocab[:, i:]
+            hit = (lg.argmax(-1) == darg[bi, j]) & in_vocab[bi, j]
             accs.append(((hit.float() * m).sum().item(), m.sum().item()))
     return total, losses, accs
 
@@ -401,28 +452,27 @@ def evaluate(model, target, items, taps, used, t2d, n):
         feats, logits = target_features(target, s, taps)
         Td = T - 1
         tok = torch.cat((s[:, 1:T], torch.zeros(1, n, dtype=torch.long)), dim=1)
-        outs = model.unroll(feats[:, :Td], tok, n)
-        targ = logits[0, 1:].argmax(-1)                              # target argmax at p = 1..T-1
         # index t has root s[t+1]: the first decode cycle's root is the first generated token
         t0 = it["prompt_len"] - 1
+        outs, _, ti = model.unroll(feats[:, :Td], tok, n, [torch.arange(t0, Td)])
+        targ = logits[0, 1:].argmax(-1)                              # index j: target argmax at position j+1
         r = res.setdefault(it["source"], {"hit": [0] * n, "cnt": [0] * n, "chain_sum": 0.0, "chain_n": 0})
         good = []
         for i, lg in enumerate(outs):
-            d = used[lg[0, :Td - i].argmax(-1)]                      # target id of the draft argmax at step i
-            ok = (d == targ[i:])                                      # index t: draft at step i vs target at t+1+i
+            valid = ti + i < Td
+            d = used[lg.argmax(-1)]                                  # target id of the draft argmax at step i
+            ok = valid & (d == targ[(ti + i).clamp(max=Td - 1)])     # vs the target's argmax at t+1+i
             good.append(ok)
-            seg = ok[t0:]
-            r["hit"][i] += int(seg.sum())
-            r["cnt"][i] += int(seg.numel())
-        # chain acceptance at index t: leading run of ok over steps, truncated where the text ends
-        for t in range(t0, Td):
-            acc = 0
-            for i in range(n):
-                if t >= Td - i or not bool(good[i][t]):
-                    break
-                acc += 1
-            r["chain_sum"] += 1 + acc
-            r["chain_n"] += 1
+            r["hit"][i] += int(ok.sum())
+            r["cnt"][i] += int(valid.sum())
+        # chain acceptance at index t: 1 + the leading run of correct steps (stops where the text ends)
+        run = torch.ones(len(ti), dtype=torch.bool)
+        acc = torch.zeros(len(ti))
+        for ok in good:
+            run = run & ok
+            acc += run.float()
+        r["chain_sum"] += float((1 + acc).sum())
+        r["chain_n"] += len(ti)
     model.train()
     out = {}
     for src, r in res.items():
@@ -446,10 +496,10 @@ def jsonable(a):
     return {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
 
 
-def save_state(path, model, opt, step, tokens, train_seconds, a, vocab):
+def save_state(path, model, opt, step, tokens, train_seconds, a, vocab, target_sha):
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
-                "train_seconds": train_seconds, "args": jsonable(a), "vocab": vocab,
+    torch.save({"target_sha": target_sha, "model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                "tokens": tokens, "train_seconds": train_seconds, "args": jsonable(a), "vocab": vocab,
                 "torch_rng": torch.get_rng_state()}, tmp)
     os.replace(tmp, path)
 
@@ -470,7 +520,41 @@ def param_counts(model):
 
 
 @torch.no_grad()
-def export(model, cfg, vocab, target, taps, a, extra):
+def check_against_reference(model, cfg, w, target, taps, ids, n=4, every=3):
+    """Compare the training unroll with inference as written in tools/fixtures/make_eagle3_fixture.py's
+    functional Eagle3Drafter (the reference the engine's tests use): for every `every`-th index t, the prefix
+    0..t through fc with a KV cache, then n-1 recurrent steps (own hidden output, no fc, token ids[t+1+i] at
+    position t+i, KV cache of the prefix plus the ancestors). Logits must match the unroll's at (t, step i)."""
+    sys.path.insert(0, str(REPO / "tools" / "fixtures"))
+    from make_eagle3_fixture import Eagle3Drafter  # noqa: E402
+    was = model.training
+    model.eval()
+    ref = Eagle3Drafter(cfg, w, model.embed)
+    x = torch.tensor([ids])
+    feats, _ = target_features(target, x, taps)
+    T = len(ids) - 1
+    tok = torch.cat((x[:, 1:], torch.zeros(1, n, dtype=torch.long)), dim=1)
+    sel = torch.arange(0, T - n + 1, every)
+    outs, _, ti = model.unroll(feats[:, :T], tok, n, [sel])
+    assert torch.equal(ti, sel)
+    full = ref.forward(feats[0, :T], x[0, 1:T + 1], torch.arange(T))
+    worst, scale = 0.0, full["logits"].abs().max().item()
+    for k, t in enumerate(sel.tolist()):
+        pre = ref.forward(feats[0, :t + 1], x[0, 1:t + 2], torch.arange(t + 1))
+        worst = max(worst, (pre["logits"][t] - full["logits"][t]).abs().max().item())
+        worst = max(worst, (outs[0][k] - pre["logits"][t]).abs().max().item())
+        hid, kv = pre["hidden_out"][t:t + 1], pre["kv"]
+        for i in range(1, n):
+            st = ref.forward(hid, x[0, t + 1 + i:t + 2 + i], torch.tensor([t + i]), kv=kv)
+            worst = max(worst, (outs[i][k] - st["logits"][0]).abs().max().item())
+            hid, kv = st["hidden_out"], st["kv"]
+    model.train(was)
+    return {"max_abs_diff": worst, "logit_scale": round(scale, 3), "indices": len(sel), "steps": n,
+            "ok": worst <= 1e-4 * max(scale, 1.0)}
+
+
+@torch.no_grad()
+def export(model, cfg, vocab, target, taps, a, extra, check_ids):
     """Write config.json + model.safetensors and check them against the fixture's functional reference."""
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -486,35 +570,18 @@ def export(model, cfg, vocab, target, taps, a, extra):
     save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
-    # Reload and compare with tools/fixtures/make_eagle3_fixture.py's functional Eagle3Drafter (the reference the
-    # Rust engine's tests use): uncached forward on a short chat prompt, then one recurrent step with a KV cache.
-    sys.path.insert(0, str(REPO / "tools" / "fixtures"))
-    from make_eagle3_fixture import Eagle3Drafter  # noqa: E402
+    from safetensors import safe_open
     with safe_open(d / "model.safetensors", "pt") as f:
         w = {k: f.get_tensor(k) for k in f.keys()}
     same = set(w) == set(tensors) and all(torch.equal(w[k], tensors[k]) for k in w)
     wf = {k: (v.float() if v.is_floating_point() else v) for k, v in w.items()}
-    ref = Eagle3Drafter(json.loads((d / "config.json").read_text()), wf, model.embed)
     m = copy.deepcopy(model).float()
     m.load_state_dict({k: wf[k] for k in m.state_dict()})
-    m.eval()
-    ids = [IM_START_ID, 872, 198, 40, 41, 42, 43, 44, 45, IM_END_ID, 198, IM_START_ID]
-    ids = [min(i, cfg["vocab_size"] - 1) for i in ids]
-    x = torch.tensor([ids])
-    feats, _ = target_features(target, x, taps)
-    T = len(ids) - 1
-    tok = torch.cat((x[:, 1:], torch.tensor([[ids[-1]]])), dim=1)
-    outs = m.unroll(feats[:, :T], tok, 2)
-    r = ref.forward(feats[0, :T], x[0, 1:], torch.arange(T))
-    # step 1 at the last index only = a recurrent step: hidden = step-0 output, token tok[T], position T
-    s = ref.forward(r["hidden_out"][-1:], tok[0, T:T + 1], torch.tensor([T]), kv=r["kv"])
-    d0 = (outs[0][0] - r["logits"]).abs().max().item()
-    d1 = (outs[1][0, T - 1] - s["logits"][0]).abs().max().item()
-    scale = r["logits"].abs().max().item()
-    ok = same and d0 <= 1e-4 * max(scale, 1) and d1 <= 1e-4 * max(scale, 1)
+    diff = check_against_reference(m, json.loads((d / "config.json").read_text()), wf, target, taps, check_ids)
+    ok = same and diff["ok"]
     sizes = {p.name: p.stat().st_size for p in sorted(d.iterdir())}
     rec = {"type": "export", "dir": str(d), "bytes": sizes, "total_bytes": sum(sizes.values()), "dtype": a.export_dtype,
-           "reload_identical": same, "vs_fixture_reference_max_abs_diff": [round(d0, 7), round(d1, 7)],
+           "reload_identical": same, "vs_fixture_reference": diff,
            "check_ok": ok, **extra}
     log(a, rec)
     if not ok:
@@ -546,6 +613,7 @@ def main():
     V = tcfg.vocab_size
     assert 0 < a.draft_vocab <= V
     tok = Tokenizer.from_file(str(a.target / "tokenizer.json"))
+    target_sha = hashlib.sha256((a.target / "model.safetensors").read_bytes()).hexdigest()
 
     cfg = drafter_config(a, tcfg)
     embed = target.model.embed_tokens.weight.detach().float().clone()
@@ -555,6 +623,9 @@ def main():
     state = None
     if not a.bench and state_path.exists():
         state = torch.load(state_path, map_location="cpu", weights_only=False)
+        if state.get("target_sha") != target_sha:
+            sys.exit(f"{state_path} was trained on another target (model.safetensors sha256 differs); "
+                     "use a fresh --ckpt-dir")
         model.load_state_dict(state["model"])
 
     train_docs = load_docs(a.corpus / "train.jsonl")
@@ -566,11 +637,12 @@ def main():
         vocab = {"used": used, "d2t": d2t, "t2d": t2d, "coverage": cov, "response_tokens": n_resp}
     used, t2d = vocab["used"], vocab["t2d"]
 
+    check_ids = enc[0][0][:48]  # the first training document's first tokens
     if a.export_only:
         if state is None:
             sys.exit(f"--export-only: no checkpoint at {state_path}")
         export(model, cfg, vocab, target, taps, a, {"step": state["step"], "tokens": state["tokens"],
-                                                     "complete": state["step"] >= a.steps})
+                                                     "complete": state["step"] >= a.steps}, check_ids)
         return
 
     if state is None and a.lm_head_init == "target":
@@ -578,8 +650,15 @@ def main():
             model.lm_head.weight.copy_(target.lm_head.weight[used].float())
             model.norm.weight.copy_(target.model.norm.weight.float())
 
+    # The unroll must compute what inference computes (checked on the starting weights, a few seconds).
+    selftest = check_against_reference(model, cfg, {k: v.detach() for k, v in model.state_dict().items()},
+                                       target, taps, check_ids)
+    if not selftest["ok"]:
+        sys.exit(f"self-test against the fixture reference failed: {selftest}")
+
     stream, roles = build_stream(enc, a.seed)
-    n_chunks = chunk_starts(len(stream), a.seq_len)
+    starts, n_all = chunk_starts(roles, a.seq_len, a.min_assistant if a.prompt_weight == 0 else 0)
+    n_chunks = len(starts)
     tokens_per_step = a.batch * a.seq_len
     counts = param_counts(model)
 
@@ -599,22 +678,24 @@ def main():
         a.ckpt_dir.mkdir(parents=True, exist_ok=True)
         a.log.parent.mkdir(parents=True, exist_ok=True)
         ev_path = a.ckpt_dir / "eval_set.pt"
-        if ev_path.exists():
-            items = torch.load(ev_path, weights_only=False)
+        ev = torch.load(ev_path, weights_only=False) if ev_path.exists() else None
+        if ev is not None and ev.get("target_sha") == target_sha:
+            items = ev["items"]
         else:
             te = time.time()
             items = make_eval_set(target, tok, a)
-            torch.save(items, ev_path)
+            torch.save({"target_sha": target_sha, "items": items}, ev_path)
             log(a, {"type": "eval_set", "items": len(items), "tokens": sum(len(i["ids"]) for i in items),
                     "generated": sum(len(i["ids"]) - i["prompt_len"] for i in items), "s": round(time.time() - te, 1)})
 
     log(a, {"type": "resume" if state else ("bench" if a.bench else "start"), "step": step, "steps": a.steps,
             "config": cfg, "params": counts, "taps": taps, "draft_vocab": a.draft_vocab,
             "draft_vocab_response_coverage": round(vocab["coverage"], 4), "train_docs": len(train_docs),
-            "train_tokens": len(stream), "assistant_tokens": int(roles.sum()), "chunks": n_chunks, "seq_len": a.seq_len,
-            "tokens_per_step": tokens_per_step, "epochs_planned": round(a.steps * a.batch / n_chunks, 3),
-            "target": str(a.target), "setup_s": round(time.time() - t0, 1), "threads": torch.get_num_threads(),
-            "nice": os.nice(0), "pid": os.getpid()})
+            "train_tokens": len(stream), "assistant_tokens": int(roles.sum()), "chunks": n_chunks,
+            "chunks_dropped": n_all - n_chunks, "seq_len": a.seq_len, "tokens_per_step": tokens_per_step,
+            "epochs_planned": round(a.steps * a.batch / n_chunks, 3), "target": str(a.target),
+            "target_sha256": target_sha, "selftest": selftest, "setup_s": round(time.time() - t0, 1),
+            "threads": torch.get_num_threads(), "nice": os.nice(0), "pid": os.getpid()})
 
     stop = {"flag": False}
 
@@ -629,11 +710,12 @@ def main():
     win = {"t": time.time(), "tok": 0, "loss": 0.0, "n": 0, "steps": [0.0] * a.ttt, "hit": [0.0] * a.ttt,
            "cnt": [0.0] * a.ttt, "target_s": 0.0, "drafter_s": 0.0}
     bench_times = []
+    last_eval = None
     while step < end and not stop["flag"]:
         ts = time.time()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, a)
-        x, r = batch_at(stream, roles, n_chunks, step, a.batch, a.seq_len, a.seed)
+        x, r = batch_at(stream, roles, starts, step, a.batch, a.seq_len, a.seed)
         w = torch.where(r > 0, torch.tensor(1.0), torch.tensor(a.prompt_weight))
         feats, logits_t = target_features(target, x[:, :-1], taps)
         tt = time.time()
@@ -670,9 +752,10 @@ def main():
         if not a.bench and (step % a.eval_every == 0 or step == end):
             te = time.time()
             ev = evaluate(model, target, items, taps, used, t2d, a.ttt)
+            last_eval = {"step": step, **ev}
             log(a, {"type": "valid", "step": step, **ev, "eval_s": round(time.time() - te, 1)})
         if not a.bench and (time.time() - last_ckpt > 60 * a.ckpt_minutes or step == end):
-            save_state(state_path, model, opt, step, tokens, train_seconds, a, vocab)
+            save_state(state_path, model, opt, step, tokens, train_seconds, a, vocab, target_sha)
             last_ckpt = time.time()
             log(a, {"type": "ckpt", "step": step, "path": str(state_path)})
 
@@ -685,14 +768,16 @@ def main():
                           "minutes_for_default_budget": round(DEFAULT_STEPS * s / 60, 1)}))
         return
     if stop["flag"] and step < end:
-        save_state(state_path, model, opt, step, tokens, train_seconds, a, vocab)
+        save_state(state_path, model, opt, step, tokens, train_seconds, a, vocab, target_sha)
         log(a, {"type": "ckpt", "step": step, "path": str(state_path), "reason": "signal"})
         return
     rec = export(model, cfg, vocab, target, taps, a, {"step": step, "tokens": tokens, "complete": True,
                                                        "train_s": round(train_seconds, 1),
-                                                       "mean_tok_per_s": round(tokens / max(train_seconds, 1e-9), 1)})
+                                                       "mean_tok_per_s": round(tokens / max(train_seconds, 1e-9), 1)},
+                 check_ids)
     info = {"config": cfg, "params": counts, "taps": taps, "draft_vocab_response_coverage": vocab["coverage"],
-            "args": jsonable(a), "export": rec}
+            "target": str(a.target), "target_sha256": target_sha, "args": jsonable(a), "last_eval": last_eval,
+            "export": rec}
     a.info.write_text(json.dumps(info, indent=1) + "\n")
 
 

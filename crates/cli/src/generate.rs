@@ -194,7 +194,7 @@ fn run_spec(
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
     use specfit_engine::predictor::RoutePredictor;
-    use specfit_engine::spec::{generate_spec, Atlas, Routes, SpecOptions, TreeShape};
+    use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TreeShape};
     ensure!(
         args.branching > 0 && args.levels > 0,
         "--branching and --levels must be positive"
@@ -232,14 +232,7 @@ fn run_spec(
     };
     let mut atlas = if needs_routes && predictor.is_none() {
         // The atlas routes the pool with all experts resident, in RAM, outside the timer.
-        let (_, all) = specfit_engine::load_target(
-            &args.target.model,
-            &specfit_engine::Tier::Ram,
-            usize::MAX,
-            specfit_engine::CacheMode::Lru,
-            args.target.weights.map(crate::target::WeightsArg::dtype),
-        )?;
-        let atlas = Atlas::new(all);
+        let atlas = args.target.atlas()?;
         Some(match args.routes.as_str() {
             "atlas" => atlas,
             other => match other.strip_prefix("corrupt:").map(str::parse::<f64>) {

@@ -4,13 +4,13 @@
 use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
-use specfit_engine::spec::{record, Atlas, TreeShape};
-use specfit_engine::{CacheMode, Eagle3, Tier};
+use specfit_engine::spec::{record, TreeShape};
+use specfit_engine::Eagle3;
 use specfit_trace::TraceHeader;
 
 use crate::files::write_atomic;
 use crate::prompt::PromptArgs;
-use crate::target::{TargetArgs, WeightsArg};
+use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -42,15 +42,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tokenizer = args.prompt.tokenizer(&args.target.model)?;
     let prompt = args.prompt.tokens(tokenizer.as_ref(), false)?;
     let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let weights = args.target.weights.map(WeightsArg::dtype);
-    let (_, all) = specfit_engine::load_target(
-        &args.target.model,
-        &Tier::Ram,
-        usize::MAX,
-        CacheMode::Lru,
-        weights,
-    )?;
-    let mut atlas = Atlas::new(all);
+    let mut atlas = args.target.atlas()?;
     let shape = TreeShape {
         branching: args.branching,
         levels: args.levels,

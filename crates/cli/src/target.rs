@@ -52,6 +52,19 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
+    /// An atlas for this model: every expert resident in a separate RAM cache, used only to route
+    /// draft pools outside the timer.
+    pub fn atlas(&self) -> Result<specfit_engine::spec::Atlas> {
+        let (_, all) = load_target(
+            &self.model,
+            &Tier::Ram,
+            usize::MAX,
+            CacheMode::Lru,
+            self.weights.map(WeightsArg::dtype),
+        )?;
+        Ok(specfit_engine::spec::Atlas::new(all))
+    }
+
     /// Loads the model and its expert cache.
     pub fn load(&self) -> Result<(Qwen3Moe, ExpertCache)> {
         let tier = match self.store {

@@ -271,9 +271,7 @@ pub fn collect_route_samples(
             chosen: &[],
         };
         let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
-        draft.kv.truncate(n)?;
-        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
-        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        advance_drafter(target, drafter, &mut draft, n, &v)?;
         root = *v.committed.last().expect("the bonus token");
     }
     Ok(samples)
@@ -462,9 +460,7 @@ pub fn generate_spec(
         report.verified_nodes += chosen.len();
         report.committed += v.committed.len();
         // The drafter learns the accepted tokens from the target's features along the path.
-        draft.kv.truncate(n)?;
-        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
-        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        advance_drafter(target, drafter, &mut draft, n, &v)?;
         let committed = v.committed;
         for tok in committed {
             if report.tokens.len() >= max_tokens {
@@ -609,6 +605,21 @@ fn prefill(
         0,
     )?;
     Ok((kv, root, draft))
+}
+
+/// After verifying at cache length `n`: drops the drafter's tree entries and feeds it the
+/// committed tokens with the target's features along the accepted path.
+fn advance_drafter(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    draft: &mut DraftState,
+    n: usize,
+    v: &Verified,
+) -> Result<(), EngineError> {
+    draft.kv.truncate(n)?;
+    let kv = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+    *draft = feed_drafter(target, drafter, kv, &v.committed, &v.features, n)?;
+    Ok(())
 }
 
 /// Per-token concatenation `[low | mid | high]` of the target's three taps (T × 3H).
@@ -811,9 +822,7 @@ pub fn probe(
             misses: v.copies.misses,
             ms: v.seconds * 1e3,
         });
-        draft.kv.truncate(n)?;
-        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
-        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        advance_drafter(target, drafter, &mut draft, n, &v)?;
         root = *v.committed.last().expect("the bonus token");
     }
     Ok(rows)
@@ -890,9 +899,7 @@ pub fn record(
             chosen: &[],
         };
         let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
-        draft.kv.truncate(n)?;
-        let kv_d = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
-        draft = feed_drafter(target, drafter, kv_d, &v.committed, &v.features, n)?;
+        advance_drafter(target, drafter, &mut draft, n, &v)?;
         root = *v.committed.last().expect("the bonus token");
     }
     Ok(steps)

@@ -210,6 +210,7 @@ fn run_spec(
         stop,
         sampling,
         seed: args.seed,
+        on_token: Some(stream_to_stdout(tokenizer.cloned())),
     };
     let mut rule = rule_for(args, model)?;
     let needs_routes = matches!(
@@ -257,17 +258,7 @@ fn run_spec(
         rule.as_mut(),
         &options,
     )?;
-    match tokenizer {
-        Some(t) => println!("{}", t.decode(&r.tokens)?),
-        None => println!(
-            "{}",
-            r.tokens
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-        ),
-    }
+    println!();
     let cycles = r.cycles.max(1) as f64;
     let committed = r.committed.max(1) as f64;
     let decoded = r.tokens.len().saturating_sub(1) as f64;
@@ -358,4 +349,29 @@ fn rule_for(
     let mut rule = specfit_engine::policy::SpecFitRule::new(selector, model.config().num_experts);
     rule.use_resident = residency;
     Ok(Box::new(rule))
+}
+
+/// Prints committed tokens as they arrive: decoded text when there is a tokenizer (only whole
+/// characters), else comma-separated ids.
+fn stream_to_stdout(tokenizer: Option<Tokenizer>) -> specfit_engine::spec::TokenSink {
+    let state = std::sync::Mutex::new((Vec::<u32>::new(), 0usize));
+    specfit_engine::spec::TokenSink(std::sync::Arc::new(move |tok| {
+        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+        st.0.push(tok);
+        let mut out = std::io::stdout().lock();
+        match &tokenizer {
+            None => {
+                let _ = write!(out, "{}{tok}", if st.0.len() > 1 { "," } else { "" });
+            }
+            Some(t) => {
+                if let Ok(text) = t.decode(&st.0) {
+                    if text.len() > st.1 && text.is_char_boundary(st.1) {
+                        let _ = write!(out, "{}", &text[st.1..]);
+                        st.1 = text.len();
+                    }
+                }
+            }
+        }
+        let _ = out.flush();
+    }))
 }

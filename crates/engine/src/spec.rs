@@ -376,6 +376,18 @@ pub struct SpecOptions {
     /// How tokens are drawn (greedy or temperature/top-p) and the seed of the draws.
     pub sampling: Sampling,
     pub seed: u64,
+    /// Called with every committed token as soon as its cycle is verified (for streaming).
+    pub on_token: Option<TokenSink>,
+}
+
+/// A callback receiving committed tokens.
+#[derive(Clone)]
+pub struct TokenSink(pub std::sync::Arc<dyn Fn(u32) + Send + Sync>);
+
+impl std::fmt::Debug for TokenSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenSink")
+    }
 }
 
 /// Speculative generation after `prompt`, choosing verified nodes with `rule`.
@@ -400,6 +412,9 @@ pub fn generate_spec(
     let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
     report.prefill_seconds = start.elapsed().as_secs_f64();
     report.tokens.push(root);
+    if let Some(sink) = &options.on_token {
+        (sink.0)(root);
+    }
     let (mut atlas, predictor) = match routes {
         Routes::None => (None, None),
         Routes::Atlas(a) => (Some(a), None),
@@ -467,6 +482,9 @@ pub fn generate_spec(
                 break;
             }
             report.tokens.push(tok);
+            if let Some(sink) = &options.on_token {
+                (sink.0)(tok);
+            }
             root = tok;
             if stop.contains(&tok) {
                 break;

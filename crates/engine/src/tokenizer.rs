@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::error::EngineError;
 
 /// A loaded tokenizer plus its chat format.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_template: Option<String>,

@@ -14,6 +14,7 @@ mod simulate;
 mod synth;
 mod target;
 mod train_predictor;
+mod walk;
 
 use std::process::ExitCode;
 

@@ -3,50 +3,34 @@
 
 use std::path::PathBuf;
 
-use anyhow::{ensure, Result};
-use specfit_engine::spec::{record, TreeShape};
-use specfit_engine::Eagle3;
+use anyhow::Result;
+use specfit_engine::spec::record;
 use specfit_trace::TraceHeader;
 
 use crate::files::write_atomic;
-use crate::prompt::PromptArgs;
-use crate::target::TargetArgs;
+use crate::walk::{Walk, WalkArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    target: TargetArgs,
-    /// EAGLE-3 drafter directory.
-    #[arg(long)]
-    drafter: PathBuf,
-    #[command(flatten)]
-    prompt: PromptArgs,
+    walk: WalkArgs,
     /// Positions (greedy tokens) to record.
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
-    #[arg(long, default_value_t = 2)]
-    branching: usize,
-    #[arg(long, default_value_t = 5)]
-    levels: usize,
     /// Trace file (JSON Lines), written atomically.
     #[arg(long)]
     out: PathBuf,
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    ensure!(
-        args.branching > 0 && args.levels > 0,
-        "--branching and --levels must be positive"
-    );
-    let (model, mut cache) = args.target.load()?;
-    let tokenizer = args.prompt.tokenizer(&args.target.model)?;
-    let prompt = args.prompt.tokens(tokenizer.as_ref(), false)?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let mut atlas = args.target.atlas()?;
-    let shape = TreeShape {
-        branching: args.branching,
-        levels: args.levels,
-    };
+    let Walk {
+        model,
+        mut cache,
+        drafter,
+        mut atlas,
+        prompt,
+        shape,
+    } = args.walk.load()?;
     let steps = record(
         &model,
         &drafter,
@@ -65,18 +49,19 @@ pub fn run(args: &Args) -> Result<()> {
     );
     header.meta.insert(
         "model".into(),
-        args.target.model.display().to_string().into(),
+        args.walk.target.model.display().to_string().into(),
     );
-    header
-        .meta
-        .insert("drafter".into(), args.drafter.display().to_string().into());
+    header.meta.insert(
+        "drafter".into(),
+        args.walk.drafter.display().to_string().into(),
+    );
     header
         .meta
         .insert("prompt".into(), serde_json::json!(prompt));
     header
         .meta
-        .insert("branching".into(), args.branching.into());
-    header.meta.insert("levels".into(), args.levels.into());
+        .insert("branching".into(), args.walk.branching.into());
+    header.meta.insert("levels".into(), args.walk.levels.into());
     let mut bytes = Vec::new();
     specfit_trace::write(&mut bytes, &header, &steps)?;
     write_atomic(&args.out, &bytes)?;

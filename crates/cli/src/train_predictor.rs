@@ -6,31 +6,20 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 use specfit_engine::predictor::RoutePredictor;
-use specfit_engine::spec::{collect_route_samples, TreeShape};
-use specfit_engine::Eagle3;
+use specfit_engine::spec::collect_route_samples;
 
-use crate::prompt::PromptArgs;
-use crate::target::TargetArgs;
+use crate::walk::{Walk, WalkArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    target: TargetArgs,
-    /// EAGLE-3 drafter directory.
-    #[arg(long)]
-    drafter: PathBuf,
-    #[command(flatten)]
-    prompt: PromptArgs,
+    walk: WalkArgs,
     /// Greedy positions to collect pools at (the last fifth is held out for the accuracy).
     #[arg(long, default_value_t = 200)]
     positions: usize,
     /// Ridge penalty of the least-squares fit.
     #[arg(long, default_value_t = 1e-2)]
     ridge: f64,
-    #[arg(long, default_value_t = 2)]
-    branching: usize,
-    #[arg(long, default_value_t = 5)]
-    levels: usize,
     /// Output safetensors file (written atomically).
     #[arg(long)]
     out: PathBuf,
@@ -45,15 +34,14 @@ pub fn run(args: &Args) -> Result<()> {
         args.ridge.is_finite() && args.ridge >= 0.0,
         "--ridge must be >= 0"
     );
-    let (model, mut cache) = args.target.load()?;
-    let tokenizer = args.prompt.tokenizer(&args.target.model)?;
-    let prompt = args.prompt.tokens(tokenizer.as_ref(), false)?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let mut atlas = args.target.atlas()?;
-    let shape = TreeShape {
-        branching: args.branching,
-        levels: args.levels,
-    };
+    let Walk {
+        model,
+        mut cache,
+        drafter,
+        mut atlas,
+        prompt,
+        shape,
+    } = args.walk.load()?;
     let samples = collect_route_samples(
         &model,
         &drafter,

@@ -149,17 +149,7 @@ pub fn simulate(
         let step = &steps[i];
         let chosen = choose(header, step, policy, selector.as_mut(), &lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
-        let union: Vec<Vec<u32>> = (0..header.moe_layers)
-            .map(|l| {
-                let mut u: Vec<u32> = step.root_routes[l].clone();
-                for &c in &chosen {
-                    u.extend(&step.nodes[c].routes[l]);
-                }
-                u.sort_unstable();
-                u.dedup();
-                u
-            })
-            .collect();
+        let union = verify_union(header, step, &chosen);
         let (hits, misses) = lru.access(&union);
         report.time_ms += config
             .true_cost
@@ -182,6 +172,21 @@ pub fn simulate(
         i += accepted + 1;
     }
     Ok(report)
+}
+
+/// The experts per layer a verify forward of the root and `chosen` needs (distinct, sorted).
+fn verify_union(header: &TraceHeader, step: &TraceStep, chosen: &[usize]) -> Vec<Vec<u32>> {
+    (0..header.moe_layers)
+        .map(|l| {
+            let mut u: Vec<u32> = step.root_routes[l].clone();
+            for &c in chosen {
+                u.extend(&step.nodes[c].routes[l]);
+            }
+            u.sort_unstable();
+            u.dedup();
+            u
+        })
+        .collect()
 }
 
 /// The policy's subtree for one step.
@@ -359,17 +364,7 @@ pub fn calibrate_on(
             }
             chosen.push(frontier[rng.below(frontier.len())]);
         }
-        let union: Vec<Vec<u32>> = (0..header.moe_layers)
-            .map(|l| {
-                let mut u: Vec<u32> = step.root_routes[l].clone();
-                for &c in &chosen {
-                    u.extend(&step.nodes[c].routes[l]);
-                }
-                u.sort_unstable();
-                u.dedup();
-                u
-            })
-            .collect();
+        let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
         let (hits, misses) = lru.access(&union);
         let ms = config

@@ -66,6 +66,10 @@ pub enum EngineError {
     ExpertStore { reason: String },
     #[error("slots per layer = {slots}: need at least 1 (clear the cache every forward for the vanilla mode)")]
     TooFewSlots { slots: usize },
+    #[error("the prompt is empty: decoding needs at least one prompt token")]
+    EmptyPrompt,
+    #[error("this prefix was prefilled without a drafter; speculative decoding needs Prefix::new with the drafter")]
+    PrefixWithoutDrafter,
 }
 
 impl EngineError {

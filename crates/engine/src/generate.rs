@@ -7,7 +7,9 @@ use std::time::Instant;
 use crate::batch::{Batch, Logits};
 use crate::error::EngineError;
 use crate::experts::{ExpertCache, LayerStats};
+use crate::kv::KvCache;
 use crate::model::Qwen3Moe;
+use crate::prefix::Prefix;
 use crate::sampling::Sampler;
 
 /// Settings of one generation.
@@ -50,21 +52,79 @@ pub fn generate(
     prompt: &[u32],
     sampler: &mut Sampler,
     options: &GenerateOptions,
+    on_token: impl FnMut(u32),
+) -> Result<GenerateReport, EngineError> {
+    if options.max_tokens == 0 {
+        return Ok(GenerateReport {
+            prompt_tokens: prompt.len(),
+            ..GenerateReport::default()
+        });
+    }
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
+    decode(
+        model,
+        experts,
+        model.new_kv_cache(),
+        prompt,
+        sampler,
+        options,
+        on_token,
+    )
+}
+
+/// [`generate`] from a prompt prefilled once ([`Prefix::new`]): runs the last prompt token
+/// through `experts`, then decodes. Gives bit for bit what `generate` on the whole prompt
+/// gives; `prefill_seconds` and `prefill_copies` cover the last token only.
+pub fn generate_from(
+    model: &Qwen3Moe,
+    experts: &mut ExpertCache,
+    prefix: &Prefix,
+    sampler: &mut Sampler,
+    options: &GenerateOptions,
+    on_token: impl FnMut(u32),
+) -> Result<GenerateReport, EngineError> {
+    if options.max_tokens == 0 {
+        return Ok(GenerateReport {
+            prompt_tokens: prefix.prompt_len,
+            ..GenerateReport::default()
+        });
+    }
+    let kv = prefix.target_kv.clone();
+    let mut report = decode(
+        model,
+        experts,
+        kv,
+        &[prefix.last],
+        sampler,
+        options,
+        on_token,
+    )?;
+    report.prompt_tokens = prefix.prompt_len;
+    Ok(report)
+}
+
+/// Runs `fresh` (the prompt tokens not yet in `kv`) as the prefill forward, then one forward
+/// per generated token.
+fn decode(
+    model: &Qwen3Moe,
+    experts: &mut ExpertCache,
+    mut kv: KvCache,
+    fresh: &[u32],
+    sampler: &mut Sampler,
+    options: &GenerateOptions,
     mut on_token: impl FnMut(u32),
 ) -> Result<GenerateReport, EngineError> {
     let mut report = GenerateReport {
-        prompt_tokens: prompt.len(),
+        prompt_tokens: fresh.len(),
         ..GenerateReport::default()
     };
-    if options.max_tokens == 0 {
-        return Ok(report);
-    }
-    let mut kv = model.new_kv_cache();
     let start = Instant::now();
     let out = model.forward(
         &Batch {
             logits: Logits::Last,
-            ..Batch::causal(prompt)
+            ..Batch::causal(fresh)
         },
         &mut kv,
         experts,

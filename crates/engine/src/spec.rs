@@ -20,6 +20,7 @@ use crate::kernels::softmax_in_place;
 use crate::kv::KvCache;
 use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
 use crate::predictor::{RoutePredictor, RouteSample};
+use crate::prefix::Prefix;
 use crate::sampling::{Sampler, Sampling};
 
 /// One drafted node: a target token under a parent (`None` = the root).
@@ -342,12 +343,15 @@ pub struct SpecReport {
     pub decode_seconds: f64,
     /// Time spent computing atlas routes (outside the decode timer).
     pub atlas_seconds: f64,
+    /// Expert copies of the prefill forward.
+    pub prefill_copies: LayerStats,
+    /// Expert copies while decoding (after the prefill).
     pub copies: LayerStats,
 }
 
 /// The drafter's state between cycles.
-struct DraftState {
-    kv: KvCache,
+pub(crate) struct DraftState {
+    pub(crate) kv: KvCache,
     /// Last committed-position hidden output and logits (they predict level 1).
     hidden: Vec<f32>,
     logits: Vec<f32>,
@@ -388,17 +392,66 @@ pub fn generate_spec(
     rule: &mut dyn Verify,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
-    let (shape, max_tokens, stop) = (options.shape, options.max_tokens, &options.stop[..]);
-    let mut report = SpecReport::default();
-    if max_tokens == 0 {
-        return Ok(report);
+    if options.max_tokens == 0 {
+        return Ok(SpecReport::default());
     }
     let start = Instant::now();
     let stats_before = experts.stats().clone();
     // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
     let mut sampler = Sampler::new(options.sampling, options.seed);
-    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
-    report.prefill_seconds = start.elapsed().as_secs_f64();
+    let state = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let prefill = (start.elapsed().as_secs_f64(), stats_before);
+    decode(
+        target, drafter, experts, routes, state, sampler, prefill, rule, options,
+    )
+}
+
+/// [`generate_spec`] from a prompt prefilled once ([`Prefix::new`] with the drafter): runs the
+/// last prompt token through `experts`, then decodes. Gives bit for bit what `generate_spec` on
+/// the whole prompt gives; `prefill_seconds` and `prefill_copies` cover the last token only.
+pub fn generate_spec_from(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    routes: Routes<'_>,
+    prefix: &Prefix,
+    rule: &mut dyn Verify,
+    options: &SpecOptions,
+) -> Result<SpecReport, EngineError> {
+    if options.max_tokens == 0 {
+        return Ok(SpecReport::default());
+    }
+    let start = Instant::now();
+    let stats_before = experts.stats().clone();
+    let mut sampler = Sampler::new(options.sampling, options.seed);
+    let state = resume(target, drafter, experts, prefix, &mut sampler)?;
+    let prefill = (start.elapsed().as_secs_f64(), stats_before);
+    decode(
+        target, drafter, experts, routes, state, sampler, prefill, rule, options,
+    )
+}
+
+/// The draft–select–verify loop after the prefill, from the target cache, the first token and
+/// the drafter's state; `prefill` = (its seconds, the copy counters before it).
+#[allow(clippy::too_many_arguments)]
+fn decode(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    routes: Routes<'_>,
+    (mut kv, mut root, mut draft): (KvCache, u32, DraftState),
+    mut sampler: Sampler,
+    (prefill_seconds, stats_before): (f64, crate::experts::CopyStats),
+    rule: &mut dyn Verify,
+    options: &SpecOptions,
+) -> Result<SpecReport, EngineError> {
+    let (shape, max_tokens, stop) = (options.shape, options.max_tokens, &options.stop[..]);
+    let mut report = SpecReport {
+        prefill_seconds,
+        prefill_copies: experts.stats().since(&stats_before).total,
+        ..SpecReport::default()
+    };
+    let stats_before = experts.stats().clone();
     report.tokens.push(root);
     if let Some(sink) = &options.on_token {
         (sink.0)(root);
@@ -591,6 +644,9 @@ fn prefill(
     prompt: &[u32],
     sampler: &mut Sampler,
 ) -> Result<(KvCache, u32, DraftState), EngineError> {
+    if prompt.is_empty() {
+        return Err(EngineError::EmptyPrompt);
+    }
     let mut kv = target.new_kv_cache();
     let batch = Batch {
         taps: drafter.taps(),
@@ -613,6 +669,34 @@ fn prefill(
     Ok((kv, root, draft))
 }
 
+/// Runs the prompt's last token on a copy of `prefix` (target with the drafter's taps, then the
+/// drafter on the first generated token): the state [`prefill`] would have left.
+fn resume(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prefix: &Prefix,
+    sampler: &mut Sampler,
+) -> Result<(KvCache, u32, DraftState), EngineError> {
+    let draft_kv = prefix
+        .draft_kv
+        .clone()
+        .ok_or(EngineError::PrefixWithoutDrafter)?;
+    let mut kv = prefix.target_kv.clone();
+    let last = [prefix.last];
+    let batch = Batch {
+        taps: drafter.taps(),
+        logits: Logits::Last,
+        ..Batch::causal(&last)
+    };
+    let out = target.forward(&batch, &mut kv, experts)?;
+    let root = sampler.sample(out.row(0));
+    let features = concat_taps(&out.taps, 1, target.config().hidden_size);
+    let at = prefix.prompt_len - 1;
+    let draft = feed_drafter(target, drafter, draft_kv, &[root], &features, at)?;
+    Ok((kv, root, draft))
+}
+
 /// After verifying at cache length `n`: drops the drafter's tree entries and feeds it the
 /// committed tokens with the target's features along the accepted path.
 fn advance_drafter(
@@ -629,7 +713,7 @@ fn advance_drafter(
 }
 
 /// Per-token concatenation `[low | mid | high]` of the target's three taps (T × 3H).
-fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
+pub(crate) fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
     (0..t)
         .flat_map(|i| {
             taps.iter()
@@ -640,7 +724,7 @@ fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
 
 /// Appends `tokens` with target features `feats` to the drafter's cache at positions
 /// `first..`, returning the state whose last row predicts the next level-1 nodes.
-fn feed_drafter(
+pub(crate) fn feed_drafter(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     mut kv: KvCache,

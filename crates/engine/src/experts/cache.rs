@@ -127,6 +127,34 @@ impl ExpertCache {
         slots_per_layer: usize,
         mode: CacheMode,
     ) -> Result<ExpertCache, EngineError> {
+        Self::over(Arc::from(store), layers, experts, slots_per_layer, mode)
+    }
+
+    /// A new, empty cache of `slots_per_layer` slots per layer in `mode` over the same store:
+    /// several caches (one per benchmarked policy, say) share one store and one copy of the
+    /// experts.
+    pub fn sibling(
+        &self,
+        slots_per_layer: usize,
+        mode: CacheMode,
+    ) -> Result<ExpertCache, EngineError> {
+        let experts = self.slots.first().map_or(0, |s| s.slot_of.len());
+        Self::over(
+            Arc::clone(&self.store),
+            self.slots.len(),
+            experts,
+            slots_per_layer,
+            mode,
+        )
+    }
+
+    fn over(
+        store: Arc<dyn ExpertStore>,
+        layers: usize,
+        experts: usize,
+        slots_per_layer: usize,
+        mode: CacheMode,
+    ) -> Result<ExpertCache, EngineError> {
         if slots_per_layer == 0 {
             return Err(EngineError::TooFewSlots { slots: 0 });
         }
@@ -142,7 +170,7 @@ impl ExpertCache {
             })
             .collect();
         Ok(ExpertCache {
-            store: Arc::from(store),
+            store,
             layout,
             stride,
             slots,

@@ -1,0 +1,183 @@
+//! Decoding from a prompt prefilled once (`Prefix`) gives bit for bit what decoding the whole
+//! prompt gives — plain and speculative, greedy and sampled, through sibling caches of any size —
+//! which the bench relies on to prefill each prompt once for every policy.
+
+use std::path::{Path, PathBuf};
+
+use specfit_engine::spec::{generate_spec, generate_spec_from, Routes, SpecOptions, TopK};
+use specfit_engine::{
+    generate, generate_from, load_target, CacheMode, Eagle3, EngineError, GenerateOptions, Prefix,
+    Sampler, Sampling, Tier,
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+const PROMPTS: [&[u32]; 3] = [
+    &[1, 243, 56, 119, 188, 74, 255, 15],
+    &[7],
+    &[1, 100, 100, 5],
+];
+
+#[test]
+fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let (target, mut all) =
+        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let options = GenerateOptions {
+        max_tokens: 24,
+        stop: vec![],
+    };
+    for prompt in PROMPTS {
+        for rule in [
+            Sampling::Greedy,
+            Sampling::TopP {
+                temperature: 0.9,
+                top_p: 0.95,
+            },
+        ] {
+            let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
+            let want = generate(
+                &target,
+                &mut fresh,
+                prompt,
+                &mut Sampler::new(rule, 3),
+                &options,
+                |_| {},
+            )
+            .unwrap();
+            let prefix = Prefix::new(&target, None, &mut all, prompt).unwrap();
+            assert_eq!(prefix.prompt_len(), prompt.len());
+            assert!(!prefix.has_drafter());
+            for slots in [1, 2, usize::MAX] {
+                let mut cache = all.sibling(slots, CacheMode::Lru).unwrap();
+                let got = generate_from(
+                    &target,
+                    &mut cache,
+                    &prefix,
+                    &mut Sampler::new(rule, 3),
+                    &options,
+                    |_| {},
+                )
+                .unwrap();
+                assert_eq!(
+                    got.tokens, want.tokens,
+                    "prompt {prompt:?} {rule:?} slots {slots}"
+                );
+                assert_eq!(got.prompt_tokens, prompt.len());
+                cache.verify_slots().unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let (target, mut all) =
+        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    for prompt in PROMPTS {
+        for sampling in [
+            Sampling::Greedy,
+            Sampling::TopP {
+                temperature: 0.8,
+                top_p: 0.9,
+            },
+        ] {
+            let options = SpecOptions {
+                max_tokens: 24,
+                sampling,
+                seed: 11,
+                ..SpecOptions::default()
+            };
+            let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
+            let want = generate_spec(
+                &target,
+                &drafter,
+                &mut fresh,
+                Routes::None,
+                prompt,
+                &mut TopK(5),
+                &options,
+            )
+            .unwrap();
+            let prefix = Prefix::new(&target, Some(&drafter), &mut all, prompt).unwrap();
+            assert!(prefix.has_drafter());
+            for (slots, mode) in [
+                (3, CacheMode::Lru),
+                (1, CacheMode::Lru),
+                (usize::MAX, CacheMode::ClearEveryForward),
+            ] {
+                let mut cache = all.sibling(slots, mode).unwrap();
+                let got = generate_spec_from(
+                    &target,
+                    &drafter,
+                    &mut cache,
+                    Routes::None,
+                    &prefix,
+                    &mut TopK(5),
+                    &options,
+                )
+                .unwrap();
+                assert_eq!(
+                    got.tokens, want.tokens,
+                    "prompt {prompt:?} {sampling:?} slots {slots}"
+                );
+                if slots == 3 {
+                    // Same cache size from the same empty state: the same cycles.
+                    assert_eq!(got.cycles, want.cycles);
+                    assert_eq!(got.committed, want.committed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let (target, mut all) =
+        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
+    let err = generate_spec_from(
+        &target,
+        &drafter,
+        &mut all,
+        Routes::None,
+        &prefix,
+        &mut TopK(5),
+        &SpecOptions {
+            max_tokens: 4,
+            ..SpecOptions::default()
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, EngineError::PrefixWithoutDrafter), "{err}");
+}
+
+#[test]
+fn an_empty_prompt_is_an_error_not_a_panic() {
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let (target, mut all) =
+        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let err = Prefix::new(&target, None, &mut all, &[]).unwrap_err();
+    assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
+    let err = generate(
+        &target,
+        &mut all,
+        &[],
+        &mut Sampler::new(Sampling::Greedy, 0),
+        &GenerateOptions {
+            max_tokens: 3,
+            stop: vec![],
+        },
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
+}

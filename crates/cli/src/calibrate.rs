@@ -1,26 +1,52 @@
-//! `specfit calibrate`: fits the cost model from probe rows and prints (or saves) the
-//! calibration JSON, with the fit quality on stderr.
+//! `specfit calibrate`: measures probe forwards on the engine (random ancestor-closed subtrees of
+//! pools drafted on calibration prompts, from the LRU cache state and from an emptied cache),
+//! fits the cost model by NNLS and saves it next to the model; or, with `--probes`, fits probe
+//! rows measured earlier (`specfit probe`). Prints the fit quality either way.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use specfit_selector::calibrate;
+use anyhow::{ensure, Context, Result};
+use specfit_engine::spec::{probe, ProbePlan, TreeShape};
+use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{read_probes, CalibrationJson};
+use specfit_selector::{calibrate, Calibration, Probe};
 
 use crate::files::{read_text, write_atomic};
+use crate::target::StoreArg;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Probe rows, JSON Lines: {"nodes": n, "demand": d, "ms": t} (+ "hits", "misses"); `-` = stdin.
+    /// Fit these probe rows (JSON Lines {"nodes", "demand", "ms"} + "hits", "misses"; `-` =
+    /// stdin) instead of measuring; the calibration goes to stdout unless --out is given.
     #[arg(long)]
-    probes: PathBuf,
-    /// Write the calibration here (atomically) instead of stdout.
+    probes: Option<PathBuf>,
+    /// Write the calibration here (atomically). Default when measuring:
+    /// MODEL/specfit-calibration.TIER.json.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// The model the probes were measured on: its shape is stamped into the calibration so that
-    /// using it on another target is refused.
+    /// The target. When measuring, the default is the shipped target; with --probes it only
+    /// stamps the calibration with the model's shape (using it on another target is refused).
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Where routed experts rest while measuring.
+    #[arg(long, value_enum, default_value = "disk")]
+    store: StoreArg,
+    /// Slots per MoE layer while measuring (default: an eighth of the experts).
+    #[arg(long)]
+    slots: Option<usize>,
+    /// EAGLE-3 drafter that drafts the probed pools (default: the shipped drafter).
+    #[arg(long)]
+    drafter: Option<PathBuf>,
+    /// Calibration prompts, JSON Lines with a "question" field (default: the shipped GSM8K
+    /// train questions, disjoint from the bench prompts).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Probe forwards per prompt.
+    #[arg(long, default_value_t = 32)]
+    cycles: usize,
+    /// Largest verified subtree (K).
+    #[arg(long, default_value_t = 7)]
+    max_nodes: usize,
 }
 
 /// The shape a calibration is valid for.
@@ -36,16 +62,148 @@ pub fn target_stamp(
     m
 }
 
+/// The default slot count of a model: an eighth of its experts per layer (at least one).
+pub fn default_slots(cfg: &specfit_engine::Qwen3MoeConfig) -> usize {
+    (cfg.num_experts / 8).max(1)
+}
+
 pub fn run(args: &Args) -> Result<()> {
-    let text = read_text(&args.probes)?;
-    let probes = read_probes(&text).with_context(|| format!("{}", args.probes.display()))?;
-    let cal = calibrate(&probes).with_context(|| format!("{}", args.probes.display()))?;
-    let mut file = CalibrationJson::new(&cal);
-    if let Some(dir) = &args.model {
-        file.target = Some(target_stamp(&specfit_engine::Qwen3MoeConfig::load(dir)?));
-    }
+    let (file, path) = match &args.probes {
+        Some(probes) => (from_rows(probes, args.model.as_deref())?, args.out.clone()),
+        None => {
+            let (file, default_path) = measure_from_args(args)?;
+            (file, Some(args.out.clone().unwrap_or(default_path)))
+        }
+    };
     let mut json = serde_json::to_string_pretty(&file)?;
     json.push('\n');
+    match &path {
+        Some(path) => {
+            write_atomic(path, json.as_bytes())?;
+            eprintln!("calibration -> {}", path.display());
+            Ok(())
+        }
+        None => {
+            print!("{json}");
+            Ok(())
+        }
+    }
+}
+
+/// Fits probe rows read from a file.
+fn from_rows(probes: &Path, model: Option<&Path>) -> Result<CalibrationJson> {
+    let text = read_text(probes)?;
+    let rows = read_probes(&text).with_context(|| format!("{}", probes.display()))?;
+    let cal = calibrate(&rows).with_context(|| format!("{}", probes.display()))?;
+    print_fit(&cal);
+    let mut file = CalibrationJson::new(&cal);
+    if let Some(dir) = model {
+        file.target = Some(target_stamp(&specfit_engine::Qwen3MoeConfig::load(dir)?));
+    }
+    Ok(file)
+}
+
+/// Loads what `args` names and measures; returns the calibration and its default path.
+fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
+    let model_dir = args.model.clone().unwrap_or_else(crate::paths::target);
+    let cfg = specfit_engine::Qwen3MoeConfig::load(&model_dir)?;
+    let target = crate::target::TargetArgs {
+        model: model_dir.clone(),
+        store: args.store,
+        experts: None,
+        slots: Some(args.slots.unwrap_or_else(|| default_slots(&cfg))),
+        clear_cache: false,
+        weights: None,
+    };
+    let (model, mut cache) = target.load()?;
+    let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);
+    let drafter = Eagle3::load(&drafter_dir, model.config())?;
+    let prompts_path = args
+        .prompts
+        .clone()
+        .unwrap_or_else(|| crate::paths::shipped("data/calibration/gsm8k_train.jsonl"));
+    let tokenizer = Tokenizer::load(&model_dir)?;
+    let prompts = read_prompts(&prompts_path, &tokenizer)?;
+    let plan = Plan {
+        cycles: args.cycles,
+        max_nodes: args.max_nodes,
+    };
+    let file = measure(&model, &drafter, &mut cache, &prompts, &plan)?;
+    Ok((
+        file,
+        crate::paths::calibration(&model_dir, crate::target::tier_key(&cache)),
+    ))
+}
+
+/// Calibration prompts: a JSON Lines file with a "question" per line, rendered as chat.
+pub fn read_prompts(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    let text = read_text(path)?;
+    let mut prompts = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+        let q = v["question"].as_str().with_context(|| {
+            format!(
+                "{} line {}: no string field \"question\"",
+                path.display(),
+                i + 1
+            )
+        })?;
+        prompts.push(tokenizer.encode(&tokenizer.chat_prompt(q)?)?);
+    }
+    ensure!(!prompts.is_empty(), "{}: no prompts", path.display());
+    Ok(prompts)
+}
+
+/// How much to probe.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    pub cycles: usize,
+    pub max_nodes: usize,
+}
+
+/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
+/// the result is stamped with the model's shape, tier and slot count.
+pub fn measure(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prompts: &[Vec<u32>],
+    plan: &Plan,
+) -> Result<CalibrationJson> {
+    ensure!(plan.cycles > 0, "--cycles must be positive");
+    let mut rows = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let probe_plan = ProbePlan {
+            shape: TreeShape::default(),
+            max_nodes: plan.max_nodes,
+            cycles: plan.cycles,
+            seed: i as u64,
+        };
+        for r in probe(model, drafter, cache, prompt, &probe_plan)? {
+            rows.push(Probe {
+                nodes: r.nodes,
+                demand: r.demand,
+                ms: r.ms,
+                hits_misses: Some((r.hits, r.misses)),
+            });
+        }
+    }
+    let cal = calibrate(&rows)?;
+    print_fit(&cal);
+    let mut file = CalibrationJson::new(&cal);
+    let mut stamp = target_stamp(model.config());
+    stamp.insert("tier".into(), crate::target::tier_key(cache).into());
+    stamp.insert("slots".into(), cache.slots_per_layer().into());
+    file.target = Some(stamp);
+    Ok(file)
+}
+
+fn print_fit(cal: &Calibration) {
     eprintln!(
         "{} probe rows, K = {}: paper form R² = {:.4}, median |error| = {:.3} ms",
         cal.paper.rows, cal.max_nodes, cal.paper.r2, cal.paper.median_abs_err_ms
@@ -55,12 +213,5 @@ pub fn run(args: &Args) -> Result<()> {
             "residency form R² = {:.4}, median |error| = {:.3} ms",
             f.r2, f.median_abs_err_ms
         );
-    }
-    match &args.out {
-        Some(path) => write_atomic(path, json.as_bytes()),
-        None => {
-            print!("{json}");
-            Ok(())
-        }
     }
 }

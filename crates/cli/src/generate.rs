@@ -6,6 +6,7 @@ use std::io::Write;
 use anyhow::{ensure, Result};
 use specfit_engine::{generate, GenerateOptions, GenerationConfig, Sampler, Sampling, Tokenizer};
 
+use crate::policy::{self, Policy, RouteChoice};
 use crate::prompt::PromptArgs;
 use crate::target::TargetArgs;
 
@@ -33,9 +34,10 @@ pub struct Args {
     /// Seed of the sampling generator.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// EAGLE-3 drafter directory: decode speculatively (greedy or sampled, same output as without).
-    #[arg(long)]
-    drafter: Option<std::path::PathBuf>,
+    /// Decode speculatively with this EAGLE-3 drafter directory (alone: the shipped drafter);
+    /// greedy or sampled, the output is the same as without.
+    #[arg(long, num_args = 0..=1, value_name = "DIR")]
+    drafter: Option<Option<std::path::PathBuf>>,
     /// With --drafter: which draft nodes to verify each cycle.
     #[arg(long, value_enum, default_value = "eagle3")]
     policy: Policy,
@@ -51,28 +53,15 @@ pub struct Args {
     /// Cost calibration (from `specfit calibrate`) for the specfit policies.
     #[arg(long)]
     calibration: Option<std::path::PathBuf>,
-    /// λ of the specfit-lambda policy, in tokens per ms.
-    #[arg(long, default_value_t = 0.01)]
-    lambda: f64,
+    /// λ of the specfit-lambda policy, in tokens per ms (default: the plain-decoding token rate
+    /// the calibration predicts).
+    #[arg(long)]
+    lambda: Option<f64>,
     /// Route source of the specfit policies: `atlas`; `corrupt:P` (atlas routes with each expert
     /// replaced at random with probability P, the paper's degraded-predictor experiment); or
     /// `predictor:FILE` (a head from `specfit train-predictor`).
     #[arg(long, default_value = "atlas")]
     routes: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum Policy {
-    /// No drafting: plain decoding.
-    Ar,
-    /// Verify the K most probable pool nodes (vanilla EAGLE-3 with --clear-cache).
-    Eagle3,
-    /// SpecFit: the selector's ratio rule on atlas routes, plus the draft-stop rule.
-    Specfit,
-    /// SpecFit with the throughput rule (1 + ΣP) − λ·time (--lambda).
-    SpecfitLambda,
-    /// SpecFit with the residency-aware cost on the live slot contents.
-    SpecfitResident,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -113,9 +102,10 @@ pub fn run(args: &Args) -> Result<()> {
         }
     };
     if let (Some(dir), true) = (&args.drafter, args.policy != Policy::Ar) {
+        let dir = dir.clone().unwrap_or_else(crate::paths::drafter);
         return run_spec(
             args,
-            dir,
+            &dir,
             (&model, &mut cache),
             &prompt,
             (stop, rule),
@@ -193,7 +183,6 @@ fn run_spec(
     (stop, sampling): (Vec<u32>, Sampling),
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    use specfit_engine::predictor::RoutePredictor;
     use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TreeShape};
     ensure!(
         args.branching > 0 && args.levels > 0,
@@ -212,37 +201,40 @@ fn run_spec(
         seed: args.seed,
         on_token: Some(stream_to_stdout(tokenizer.cloned())),
     };
-    let mut rule = rule_for(args, model)?;
-    let needs_routes = matches!(
-        args.policy,
-        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident
-    );
-    let predictor = match args.routes.strip_prefix("predictor:") {
-        Some(path) if needs_routes => {
-            let cfg = model.config();
-            let dim = drafter.config().hidden_size + cfg.hidden_size;
-            Some(RoutePredictor::load(
-                std::path::Path::new(path),
-                cfg.moe_layers().len(),
-                cfg.num_experts,
-                cfg.num_experts_per_tok,
-                dim,
-            )?)
+    let calibration = match &args.calibration {
+        Some(path) => Some(policy::load_calibration(path, model)?),
+        None => None,
+    };
+    let lambda = match (args.lambda, &calibration) {
+        (Some(l), _) => l,
+        (None, Some(cal)) if args.policy == Policy::SpecfitLambda => {
+            policy::default_lambda(cal, model)?
+        }
+        _ => 0.0,
+    };
+    let mut rule = policy::rule(
+        &policy::RuleSpec {
+            policy: args.policy,
+            budget: args.budget,
+            lambda,
+            beta_scale: 1.0,
+            calibration: calibration.as_ref(),
+        },
+        model,
+    )?;
+    let route = RouteChoice::parse(&args.routes)?;
+    let predictor = match &route {
+        RouteChoice::Predictor(path) if args.policy.needs_routes() => {
+            Some(policy::load_predictor(path, model, &drafter)?)
         }
         _ => None,
     };
-    let mut atlas = if needs_routes && predictor.is_none() {
-        // The atlas routes the pool with all experts resident, in RAM, outside the timer.
-        let atlas = args.target.atlas()?;
-        Some(match args.routes.as_str() {
-            "atlas" => atlas,
-            other => match other.strip_prefix("corrupt:").map(str::parse::<f64>) {
-                Some(Ok(p)) if (0.0..=1.0).contains(&p) => atlas.with_corruption(p, args.seed),
-                _ => anyhow::bail!("--routes {other:?}: expected atlas, corrupt:P with P in [0, 1], or predictor:FILE"),
-            },
-        })
-    } else {
-        None
+    // The atlas routes the pool with all experts resident, in RAM, outside the timer.
+    let mut atlas = match &route {
+        RouteChoice::Atlas | RouteChoice::Corrupt(_) if args.policy.needs_routes() => {
+            Some(policy::atlas_for(args.target.atlas()?, &route, args.seed))
+        }
+        _ => None,
     };
     let routes = match (atlas.as_mut(), predictor.as_ref()) {
         (Some(a), _) => Routes::Atlas(a),
@@ -310,45 +302,6 @@ fn run_spec(
         1e3 * c.wait_seconds / committed
     );
     Ok(())
-}
-
-/// The verify rule of `--policy`.
-fn rule_for(
-    args: &Args,
-    model: &specfit_engine::Qwen3Moe,
-) -> Result<Box<dyn specfit_engine::spec::Verify>> {
-    use specfit_selector::json::CalibrationJson;
-    use specfit_selector::{Objective, Selector};
-    let residency = args.policy == Policy::SpecfitResident;
-    let objective = match args.policy {
-        Policy::Ar | Policy::Eagle3 => {
-            return Ok(Box::new(specfit_engine::spec::TopK(args.budget)))
-        }
-        Policy::SpecfitLambda => Objective::lambda(args.lambda)?,
-        Policy::Specfit | Policy::SpecfitResident => Objective::Ratio,
-    };
-    let path = args.calibration.as_ref().ok_or_else(|| {
-        anyhow::anyhow!(
-            "--policy {:?} needs --calibration FILE (from `specfit calibrate`)",
-            args.policy
-        )
-    })?;
-    let cal = CalibrationJson::parse(&crate::files::read_text(path)?)?;
-    let here = crate::calibrate::target_stamp(model.config());
-    if let Some(stamp) = cal.target.as_ref().filter(|s| **s != here) {
-        anyhow::bail!(
-            "calibration {} was measured on a target of shape {} but this model is {}; re-run `specfit probe` and `specfit calibrate --model`",
-            path.display(),
-            serde_json::Value::Object(stamp.clone()),
-            serde_json::Value::Object(here)
-        );
-    }
-    let cost = cal.cost_model(residency)?;
-    let k = args.budget.min(cal.max_nodes);
-    let selector = Selector::new(cost, k, objective)?;
-    let mut rule = specfit_engine::policy::SpecFitRule::new(selector, model.config().num_experts);
-    rule.use_resident = residency;
-    Ok(Box::new(rule))
 }
 
 /// Prints committed tokens as they arrive: decoded text when there is a tokenizer (only whole

@@ -1,11 +1,14 @@
 //! `specfit`: the command-line front end. Each subcommand lives in its own module; this file
 //! only parses arguments and turns every error into one line on stderr and exit status 2.
 
+mod bench;
 mod calibrate;
 mod convert;
 mod files;
 mod forward;
 mod generate;
+mod paths;
+mod policy;
 mod probe;
 mod prompt;
 mod record;
@@ -30,9 +33,12 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The paper's experiment on this machine: every policy across cache sizes on the shipped
+    /// models and prompt sets, lossless-checked; writes report.json, report.md and chart.svg.
+    Bench(bench::Args),
     /// Choose the subtree of each draft pool to verify (JSON or JSON Lines in, one result line out per pool).
     Select(select::Args),
-    /// Fit the cost model (intercepts a[n], beta; beta_hit/beta_miss) from probe rows by NNLS.
+    /// Measure probe forwards and fit the cost model (intercepts a[n], beta; beta_hit/beta_miss) by NNLS.
     Calibrate(calibrate::Args),
     /// Decode text on the offloaded engine and report tok/s and expert copies.
     Generate(generate::Args),
@@ -56,6 +62,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
         Command::Select(args) => select::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Synth(cmd) => synth::run(&cmd),

@@ -31,8 +31,8 @@ impl WeightsArg {
 
 #[derive(Debug, clap::Args)]
 pub struct TargetArgs {
-    /// Hugging Face checkpoint directory (config.json + safetensors).
-    #[arg(long)]
+    /// Hugging Face checkpoint directory (config.json + safetensors); default: the shipped target.
+    #[arg(long, default_value_os_t = crate::paths::target())]
     pub model: PathBuf,
     /// Where routed experts rest.
     #[arg(long, value_enum, default_value = "ram")]
@@ -89,5 +89,14 @@ impl TargetArgs {
             self.weights.map(WeightsArg::dtype),
         )
         .with_context(|| format!("loading {}", self.model.display()))
+    }
+}
+
+/// The short name of a cache's tier (`ram` or `disk`), for file names and reports.
+pub fn tier_key(cache: &ExpertCache) -> &'static str {
+    if cache.tier().starts_with("disk") {
+        "disk"
+    } else {
+        "ram"
     }
 }

@@ -15,8 +15,8 @@ use crate::target::TargetArgs;
 pub struct WalkArgs {
     #[command(flatten)]
     pub target: TargetArgs,
-    /// EAGLE-3 drafter directory.
-    #[arg(long)]
+    /// EAGLE-3 drafter directory (default: the shipped drafter).
+    #[arg(long, default_value_os_t = crate::paths::drafter())]
     pub drafter: PathBuf,
     #[command(flatten)]
     pub prompt: PromptArgs,

@@ -1,0 +1,177 @@
+//! The bench chart (SVG): per prompt set, tok/s against slots per layer for plain decoding,
+//! cached EAGLE-3 and SpecFit, and SpecFit's gain over EAGLE-3 against slots. It only draws
+//! what the report holds.
+
+use anyhow::{anyhow, Result};
+use plotters::prelude::*;
+
+use super::report::{Report, Row};
+
+const POLICIES: [(&str, RGBColor); 3] = [
+    ("ar", RGBColor(120, 120, 120)),
+    ("eagle3", RGBColor(31, 119, 180)),
+    ("specfit", RGBColor(214, 39, 40)),
+];
+
+/// The slot points of a set's sweep, ascending, and each main policy's tok/s at them.
+fn series(rows: &[Row]) -> (Vec<usize>, Vec<Vec<Option<f64>>>) {
+    let main = |r: &&Row| r.routes == "atlas" && r.beta_scale == 1.0;
+    let mut slots: Vec<usize> = rows.iter().filter(main).map(|r| r.slots).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    let values = POLICIES
+        .iter()
+        .map(|(p, _)| {
+            slots
+                .iter()
+                .map(|&s| {
+                    rows.iter()
+                        .filter(main)
+                        .find(|r| r.policy == *p && r.slots == s)
+                        .map(|r| r.tok_s)
+                })
+                .collect()
+        })
+        .collect();
+    (slots, values)
+}
+
+/// The chart as SVG text.
+pub fn svg(report: &Report) -> Result<String> {
+    let mut text = String::new();
+    let sets = report.sets.len().max(1);
+    {
+        let root =
+            SVGBackend::with_string(&mut text, (1100, 380 * sets as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("chart: {e}"))?;
+        let rows_area = root.split_evenly((sets, 2));
+        for (i, set) in report.sets.iter().enumerate() {
+            let (slots, values) = series(&set.rows);
+            draw_rates(&rows_area[2 * i], &set.name, &slots, &values)?;
+            draw_gain(&rows_area[2 * i + 1], &set.name, &slots, &values)?;
+        }
+        root.present().map_err(|e| anyhow!("chart: {e}"))?;
+    }
+    Ok(text)
+}
+
+fn x_label(slots: &[usize], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() > 1e-6 || i < 0.0 {
+        return String::new();
+    }
+    slots
+        .get(i as usize)
+        .map_or(String::new(), |s| s.to_string())
+}
+
+fn draw_rates(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    name: &str,
+    slots: &[usize],
+    values: &[Vec<Option<f64>>],
+) -> Result<()> {
+    let max = values
+        .iter()
+        .flatten()
+        .flatten()
+        .fold(1.0f64, |m, &v| m.max(v));
+    let n = slots.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(format!("{name}: decode tok/s"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(-0.3..(n - 0.7), 0.0..max * 1.15)
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("slots per layer (0 = no cache)")
+        .y_desc("tok/s")
+        .x_labels(slots.len().max(2))
+        .x_label_formatter(&|x| x_label(slots, *x))
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    for ((policy, color), ys) in POLICIES.iter().zip(values) {
+        let points: Vec<(f64, f64)> = ys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.map(|v| (i as f64, v)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+            .map_err(|e| anyhow!("chart: {e}"))?
+            .label(*policy)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, color.filled())),
+            )
+            .map_err(|e| anyhow!("chart: {e}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    Ok(())
+}
+
+fn draw_gain(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    name: &str,
+    slots: &[usize],
+    values: &[Vec<Option<f64>>],
+) -> Result<()> {
+    let gains: Vec<(f64, f64)> = values[1]
+        .iter()
+        .zip(&values[2])
+        .enumerate()
+        .filter_map(|(i, (e, s))| match (e, s) {
+            (Some(e), Some(s)) if *e > 0.0 => Some((i as f64, 100.0 * (s / e - 1.0))),
+            _ => None,
+        })
+        .collect();
+    let (lo, hi) = gains.iter().fold((0.0f64, 10.0f64), |(lo, hi), &(_, g)| {
+        (lo.min(g), hi.max(g))
+    });
+    let n = slots.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(
+            format!("{name}: SpecFit gain over cached EAGLE-3 (%)"),
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(-0.3..(n - 0.7), (lo * 1.2 - 2.0)..(hi * 1.2))
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("slots per layer (0 = no cache)")
+        .y_desc("gain %")
+        .x_labels(slots.len().max(2))
+        .x_label_formatter(&|x| x_label(slots, *x))
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    let color = POLICIES[2].1;
+    chart
+        .draw_series(LineSeries::new(
+            [(-0.3, 0.0), (n - 0.7, 0.0)],
+            BLACK.mix(0.4).stroke_width(1),
+        ))
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .draw_series(LineSeries::new(gains.clone(), color.stroke_width(2)))
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .draw_series(gains.into_iter().map(|p| Circle::new(p, 3, color.filled())))
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    Ok(())
+}

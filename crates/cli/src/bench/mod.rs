@@ -1,0 +1,412 @@
+//! `specfit bench`: the paper's experiment on this machine, on the shipped models and prompt
+//! sets — plain decoding, vanilla and cached EAGLE-3, SpecFit and its variants, across cache
+//! sizes — checking every policy's output against plain decoding token for token. This module
+//! runs the measurements; `plan` says what to run, `report` turns tallies into tables and files,
+//! `chart` draws them.
+
+mod chart;
+mod plan;
+mod report;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, ensure, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use specfit_engine::spec::{generate_spec_from, Atlas, Routes, SpecOptions, Verify};
+use specfit_engine::{
+    generate_from, CacheMode, Eagle3, ExpertCache, GenerateOptions, GenerationConfig, Prefix,
+    Qwen3Moe, Sampler, Sampling, Tokenizer,
+};
+use specfit_selector::json::CalibrationJson;
+
+use crate::policy::{self, Policy, RouteChoice};
+use crate::target::{StoreArg, TargetArgs};
+use plan::{Config, PromptSet, Slots};
+use report::{Outcome, Tally};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Target checkpoint (default: the shipped target).
+    #[arg(long, default_value_os_t = crate::paths::target())]
+    model: PathBuf,
+    /// EAGLE-3 drafter (default: the shipped drafter).
+    #[arg(long, default_value_os_t = crate::paths::drafter())]
+    drafter: PathBuf,
+    /// Route predictor head for the `specfit[predictor]` row (default: the shipped one; the row
+    /// is skipped when the file does not exist).
+    #[arg(long, default_value_os_t = crate::paths::predictor())]
+    predictor: PathBuf,
+    /// Where routed experts rest (disk: the expert file, converted first when missing).
+    #[arg(long, value_enum, default_value = "disk")]
+    store: StoreArg,
+    /// The default slots per MoE layer (default: an eighth of the experts); the sweep also runs
+    /// 100%, half, a quarter and none.
+    #[arg(long)]
+    slots: Option<usize>,
+    /// Cost calibration (default: MODEL/specfit-calibration.TIER.json, measured first when
+    /// missing).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// Prompt sets: Spec-Bench category names (data/spec_bench/NAME.jsonl) or JSON Lines paths.
+    #[arg(long, value_delimiter = ',', default_values_t = ["summarization".to_string(), "math_reasoning".to_string()])]
+    prompts: Vec<String>,
+    /// Prompts per set (default: 40 summarization, 80 math_reasoning, as in the paper; all of
+    /// any other set).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Most new tokens per prompt.
+    #[arg(long, default_value_t = 48)]
+    max_tokens: usize,
+    /// Draft nodes verified per cycle by eagle3 and at most by specfit (K).
+    #[arg(long, default_value_t = 7)]
+    budget: usize,
+    /// A short run: 8 prompts per set, 32 tokens, the main policies at the default and no-cache
+    /// points only.
+    #[arg(long)]
+    quick: bool,
+    /// Directory for report.json, report.md and chart.svg (written atomically).
+    #[arg(long, default_value = "bench-results")]
+    out: PathBuf,
+}
+
+/// Everything loaded once.
+struct Setup {
+    model: Qwen3Moe,
+    drafter: Eagle3,
+    /// The cache every configuration's cache is a sibling of (shares its store).
+    base: ExpertCache,
+    atlas: Atlas,
+    corrupt: Atlas,
+    predictor: Option<specfit_engine::predictor::RoutePredictor>,
+    calibration: CalibrationJson,
+    calibration_path: PathBuf,
+    stop: Vec<u32>,
+    sets: Vec<PromptSet>,
+    configs: Vec<Config>,
+    default_slots: usize,
+    max_tokens: usize,
+    budget: usize,
+}
+
+/// One configuration's live state: its own cache and rule.
+struct Runner {
+    cache: ExpertCache,
+    rule: Box<dyn Verify>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let mut s = setup(args)?;
+    let mut runners = s
+        .configs
+        .iter()
+        .map(|c| runner(&s, c))
+        .collect::<Result<Vec<_>>>()?;
+    let total: usize = s.sets.iter().map(|set| set.prompts.len()).sum::<usize>() * s.configs.len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:32}] {pos}/{len} runs, ETA {eta} {msg}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let mut prefill_cache = s.base.sibling(usize::MAX, CacheMode::Lru)?;
+    let mut tallies: Vec<Vec<Tally>> = Vec::new();
+    let sets = std::mem::take(&mut s.sets);
+    let configs = std::mem::take(&mut s.configs);
+    for set in &sets {
+        let mut row = vec![Tally::default(); configs.len()];
+        for prompt in &set.prompts {
+            bar.set_message(format!("{} #{}", set.name, prompt.question_id));
+            let prefix = Prefix::new(
+                &s.model,
+                Some(&s.drafter),
+                &mut prefill_cache,
+                &prompt.tokens,
+            )?;
+            let mut reference: Option<Vec<u32>> = None;
+            for (i, (config, runner)) in configs.iter().zip(&mut runners).enumerate() {
+                let before = runner.rule.select_us().len();
+                let outcome = run_one(&mut s, config, runner, &prefix)?;
+                let select_us = runner.rule.select_us()[before..].to_vec();
+                let want = reference.get_or_insert_with(|| outcome.tokens.clone());
+                row[i].add(
+                    &outcome,
+                    &select_us,
+                    prompt.question_id,
+                    *want == outcome.tokens,
+                );
+                bar.inc(1);
+            }
+        }
+        tallies.push(row);
+    }
+    bar.finish_and_clear();
+    let report = report::Report::new(report::Inputs {
+        sets: &sets,
+        configs: &configs,
+        tallies: &tallies,
+        model: &args.model,
+        tier: crate::target::tier_key(&s.base),
+        default_slots: s.default_slots,
+        experts: s.model.config().num_experts,
+        max_tokens: s.max_tokens,
+        budget: s.budget,
+        calibration: &s.calibration,
+        calibration_path: &s.calibration_path,
+        seconds: started.elapsed().as_secs_f64(),
+    });
+    print!("{}", report.terminal());
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let json = serde_json::to_string_pretty(&report)? + "\n";
+    crate::files::write_atomic(&args.out.join("report.json"), json.as_bytes())?;
+    crate::files::write_atomic(&args.out.join("report.md"), report.markdown().as_bytes())?;
+    let svg = chart::svg(&report)?;
+    crate::files::write_atomic(&args.out.join("chart.svg"), svg.as_bytes())?;
+    eprintln!(
+        "wrote {0}/report.json, {0}/report.md, {0}/chart.svg in {1:.0} s",
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    if !report.lossless {
+        bail!("some policy's output differed from plain decoding (see the report)");
+    }
+    Ok(())
+}
+
+/// Loads the model, drafter, routes, calibration (measuring it first when missing), prompt
+/// sets and configurations.
+fn setup(args: &Args) -> Result<Setup> {
+    ensure!(args.max_tokens > 0, "--max-tokens must be positive");
+    ensure!(args.budget > 0, "--budget must be positive");
+    let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
+    let default_slots = args
+        .slots
+        .unwrap_or_else(|| crate::calibrate::default_slots(&cfg));
+    ensure!(
+        (1..=cfg.num_experts).contains(&default_slots),
+        "--slots {default_slots}: the model has {} experts per layer",
+        cfg.num_experts
+    );
+    if args.store == StoreArg::Disk {
+        ensure_expert_file(&args.model)?;
+    }
+    let target = TargetArgs {
+        model: args.model.clone(),
+        store: args.store,
+        experts: None,
+        slots: Some(default_slots),
+        clear_cache: false,
+        weights: None,
+    };
+    let (model, base) = target.load()?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let tokenizer = Tokenizer::load(&args.model)?;
+    let mut stop = GenerationConfig::load(&args.model)?
+        .eos_token_id
+        .or(model.config().eos_token_id.clone())
+        .map(|t| t.to_vec())
+        .unwrap_or_default();
+    stop.extend(tokenizer.token_id("<|im_end|>"));
+    let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
+    let predictor = if args.predictor.exists() {
+        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
+    } else {
+        eprintln!(
+            "no route predictor at {}: the specfit[predictor] row is skipped",
+            args.predictor.display()
+        );
+        None
+    };
+    let limit = |name: &str| {
+        let paper = plan::DEFAULT_SETS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(usize::MAX, |&(_, n)| n);
+        match (args.quick, args.limit) {
+            (_, Some(l)) => l,
+            (true, None) => paper.min(8),
+            (false, None) => paper,
+        }
+    };
+    let sets = args
+        .prompts
+        .iter()
+        .map(|name| {
+            let path = if name.ends_with(".jsonl") {
+                PathBuf::from(name)
+            } else {
+                crate::paths::shipped(&format!("data/spec_bench/{name}.jsonl"))
+            };
+            let label = path
+                .file_stem()
+                .map_or(name.clone(), |s| s.to_string_lossy().into());
+            plan::read_set(&label, &path, limit(name), &tokenizer)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let configs = plan::configs(&plan::Sweep {
+        experts: cfg.num_experts,
+        default_slots,
+        predictor: predictor.as_ref().map(|_| args.predictor.clone()),
+        quick: args.quick,
+    });
+    let atlas = Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?);
+    let corrupt = policy::atlas_for(
+        Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?),
+        &RouteChoice::Corrupt(0.4),
+        0,
+    );
+    Ok(Setup {
+        model,
+        drafter,
+        base,
+        atlas,
+        corrupt,
+        predictor,
+        calibration,
+        calibration_path,
+        stop,
+        sets,
+        configs,
+        default_slots,
+        max_tokens: if args.quick {
+            args.max_tokens.min(32)
+        } else {
+            args.max_tokens
+        },
+        budget: args.budget,
+    })
+}
+
+/// Converts the checkpoint's experts to the disk file when it does not exist yet.
+fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
+    let file = specfit_engine::default_expert_file(model);
+    if file.exists() {
+        return Ok(());
+    }
+    eprintln!(
+        "no expert file at {}: converting the checkpoint first",
+        file.display()
+    );
+    let report = specfit_engine::experts::convert(model, &file, None)
+        .with_context(|| format!("converting {}", model.display()))?;
+    eprintln!(
+        "wrote {}: {} expert blocks, {:.1} MiB",
+        report.path.display(),
+        report.blocks,
+        report.bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
+/// The calibration: `--calibration`, else the one saved next to the model for this tier, else
+/// measured now (and saved there).
+fn calibration(
+    args: &Args,
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    base: &ExpertCache,
+    tokenizer: &Tokenizer,
+) -> Result<(CalibrationJson, PathBuf)> {
+    let path = args
+        .calibration
+        .clone()
+        .unwrap_or_else(|| crate::paths::calibration(&args.model, crate::target::tier_key(base)));
+    if path.exists() {
+        return Ok((policy::load_calibration(&path, model)?, path));
+    }
+    ensure!(
+        args.calibration.is_none(),
+        "--calibration {} does not exist",
+        path.display()
+    );
+    eprintln!("no calibration for this model and tier: measuring probe forwards first");
+    let prompts = crate::calibrate::read_prompts(
+        &crate::paths::shipped("data/calibration/gsm8k_train.jsonl"),
+        tokenizer,
+    )?;
+    let mut cache = base.sibling(base.slots_per_layer(), CacheMode::Lru)?;
+    let plan = crate::calibrate::Plan {
+        cycles: 32,
+        max_nodes: args.budget,
+    };
+    let cal = crate::calibrate::measure(model, drafter, &mut cache, &prompts, &plan)?;
+    let json = serde_json::to_string_pretty(&cal)? + "\n";
+    crate::files::write_atomic(&path, json.as_bytes())?;
+    eprintln!("calibration -> {}", path.display());
+    Ok((cal, path))
+}
+
+/// A configuration's cache (a sibling of the base cache) and rule.
+fn runner(s: &Setup, c: &Config) -> Result<Runner> {
+    let (slots, mode) = match c.slots {
+        Slots::None => (usize::MAX, CacheMode::ClearEveryForward),
+        Slots::Count(n) => (n, CacheMode::Lru),
+    };
+    let lambda = if c.policy == Policy::SpecfitLambda {
+        policy::default_lambda(&s.calibration, &s.model)?
+    } else {
+        0.0
+    };
+    let rule = policy::rule(
+        &policy::RuleSpec {
+            policy: c.policy,
+            budget: s.budget,
+            lambda,
+            beta_scale: c.beta_scale,
+            calibration: Some(&s.calibration),
+        },
+        &s.model,
+    )?;
+    Ok(Runner {
+        cache: s.base.sibling(slots, mode)?,
+        rule,
+    })
+}
+
+/// Decodes one prompt under one configuration.
+fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Outcome> {
+    if c.policy == Policy::Ar {
+        let options = GenerateOptions {
+            max_tokens: s.max_tokens,
+            stop: s.stop.clone(),
+        };
+        let mut sampler = Sampler::new(Sampling::Greedy, 0);
+        let g = generate_from(
+            &s.model,
+            &mut r.cache,
+            prefix,
+            &mut sampler,
+            &options,
+            |_| {},
+        )?;
+        return Ok(Outcome::plain(&g));
+    }
+    let routes = match (&c.routes, c.policy.needs_routes()) {
+        (_, false) => Routes::None,
+        (RouteChoice::Atlas, true) => Routes::Atlas(&mut s.atlas),
+        (RouteChoice::Corrupt(_), true) => Routes::Atlas(&mut s.corrupt),
+        (RouteChoice::Predictor(_), true) => match &s.predictor {
+            Some(p) => Routes::Predictor(p),
+            None => bail!("no route predictor loaded"),
+        },
+    };
+    let options = SpecOptions {
+        max_tokens: s.max_tokens,
+        stop: s.stop.clone(),
+        ..SpecOptions::default()
+    };
+    let g = generate_spec_from(
+        &s.model,
+        &s.drafter,
+        &mut r.cache,
+        routes,
+        prefix,
+        r.rule.as_mut(),
+        &options,
+    )?;
+    Ok(Outcome::spec(&g))
+}

@@ -1,0 +1,251 @@
+//! What one bench run measures: the prompt sets (pinned by Spec-Bench question id) and the list
+//! of configurations (policy × route source × slots × β scale). Plain data and how it is built
+//! from the options; running it is `bench::run`, reporting is `bench::report`.
+
+use std::path::Path;
+
+use anyhow::{ensure, Context, Result};
+use specfit_engine::Tokenizer;
+
+use crate::files::read_text;
+use crate::policy::{Policy, RouteChoice};
+
+/// One prompt of a set.
+#[derive(Debug, Clone)]
+pub struct BenchPrompt {
+    pub question_id: u64,
+    pub tokens: Vec<u32>,
+}
+
+/// A named prompt set (Spec-Bench category).
+#[derive(Debug, Clone)]
+pub struct PromptSet {
+    pub name: String,
+    pub prompts: Vec<BenchPrompt>,
+}
+
+/// The shipped sets and how many prompts of each the default run uses (the paper's).
+pub const DEFAULT_SETS: [(&str, usize); 2] = [("summarization", 40), ("math_reasoning", 80)];
+
+/// Reads `path` (Spec-Bench JSON Lines: question_id, turns[0]) and renders the first `limit`
+/// prompts, in file order, with the model's chat template.
+pub fn read_set(name: &str, path: &Path, limit: usize, tok: &Tokenizer) -> Result<PromptSet> {
+    let text = read_text(path)?;
+    let mut prompts = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        if prompts.len() == limit {
+            break;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
+        let id = v["question_id"]
+            .as_u64()
+            .with_context(|| format!("{}: no integer question_id", at()))?;
+        let turn = v["turns"][0]
+            .as_str()
+            .with_context(|| format!("{}: no string turns[0]", at()))?;
+        let tokens = tok.encode(&tok.chat_prompt(turn)?)?;
+        ensure!(
+            !tokens.is_empty(),
+            "{}: the prompt encodes to no tokens",
+            at()
+        );
+        prompts.push(BenchPrompt {
+            question_id: id,
+            tokens,
+        });
+    }
+    ensure!(!prompts.is_empty(), "{}: no prompts", path.display());
+    Ok(PromptSet {
+        name: name.to_string(),
+        prompts,
+    })
+}
+
+/// Slots per layer of one configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Slots {
+    /// No cache: every routed expert is copied every forward (the slots are scratch).
+    None,
+    Count(usize),
+}
+
+impl Slots {
+    /// Slots as a number (0 for none), for charts and JSON.
+    pub fn number(self) -> usize {
+        match self {
+            Slots::None => 0,
+            Slots::Count(n) => n,
+        }
+    }
+}
+
+/// One measured configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Row label, e.g. `specfit[predictor]`, `eagle3 (vanilla)`, `specfit β×2`.
+    pub label: String,
+    pub policy: Policy,
+    pub routes: RouteChoice,
+    pub slots: Slots,
+    /// Multiplies the calibrated per-expert cost (the β×2 ablation).
+    pub beta_scale: f64,
+}
+
+impl Config {
+    fn new(policy: Policy, routes: RouteChoice, slots: Slots, beta_scale: f64) -> Config {
+        let mut label = policy.name().to_string();
+        if policy.needs_routes() && routes != RouteChoice::Atlas {
+            label.push_str(&format!("[{}]", routes.label()));
+        }
+        if beta_scale != 1.0 {
+            label.push_str(&format!(" β×{beta_scale}"));
+        }
+        if policy == Policy::Eagle3 && slots == Slots::None {
+            label.push_str(" (vanilla)");
+        }
+        Config {
+            label,
+            policy,
+            routes,
+            slots,
+            beta_scale,
+        }
+    }
+}
+
+/// What configurations to build.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub experts: usize,
+    pub default_slots: usize,
+    /// Whether the route predictor is available (its row is skipped otherwise).
+    pub predictor: Option<std::path::PathBuf>,
+    /// Quick mode: only the default and no-cache points, main policies.
+    pub quick: bool,
+}
+
+/// The configurations, `ar` at the default slots first (it is the reference every other
+/// output is checked against). At the default slot count: every policy and variant; at 100%,
+/// half, a quarter and no slots: `ar`, cached `eagle3` and `specfit` (no slots: `eagle3` is
+/// the vanilla baseline, cleared every forward).
+pub fn configs(s: &Sweep) -> Vec<Config> {
+    let d = Slots::Count(s.default_slots);
+    let atlas = RouteChoice::Atlas;
+    let mut out = vec![
+        Config::new(Policy::Ar, atlas.clone(), d, 1.0),
+        Config::new(Policy::Eagle3, atlas.clone(), Slots::None, 1.0),
+        Config::new(Policy::Eagle3, atlas.clone(), d, 1.0),
+        Config::new(Policy::Specfit, atlas.clone(), d, 1.0),
+    ];
+    if !s.quick {
+        out.push(Config::new(Policy::SpecfitLambda, atlas.clone(), d, 1.0));
+        out.push(Config::new(Policy::SpecfitResident, atlas.clone(), d, 1.0));
+        if let Some(p) = &s.predictor {
+            let r = RouteChoice::Predictor(p.clone());
+            out.push(Config::new(Policy::Specfit, r, d, 1.0));
+        }
+        let r = RouteChoice::Corrupt(0.4);
+        out.push(Config::new(Policy::Specfit, r, d, 1.0));
+        out.push(Config::new(Policy::Specfit, atlas.clone(), d, 2.0));
+    }
+    let mut sweep = vec![Slots::None];
+    if !s.quick {
+        sweep.extend(
+            [s.experts, s.default_slots / 2, s.default_slots / 4]
+                .into_iter()
+                .filter(|&n| n > 0 && n != s.default_slots)
+                .map(Slots::Count),
+        );
+    }
+    sweep.sort();
+    sweep.dedup();
+    for slots in sweep {
+        for policy in [Policy::Ar, Policy::Eagle3, Policy::Specfit] {
+            let c = Config::new(policy, atlas.clone(), slots, 1.0);
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sweep(quick: bool, predictor: bool) -> Sweep {
+        Sweep {
+            experts: 64,
+            default_slots: 8,
+            predictor: predictor.then(|| "p.safetensors".into()),
+            quick,
+        }
+    }
+
+    #[test]
+    fn the_full_sweep_has_every_variant_at_the_default_and_the_main_policies_elsewhere() {
+        let c = configs(&sweep(false, true));
+        assert_eq!(c[0].policy, Policy::Ar);
+        assert_eq!(c[0].slots, Slots::Count(8));
+        let labels: Vec<String> = c
+            .iter()
+            .map(|c| format!("{}@{}", c.label, c.slots.number()))
+            .collect();
+        for want in [
+            "eagle3 (vanilla)@0",
+            "eagle3@8",
+            "specfit@8",
+            "specfit-lambda@8",
+            "specfit-resident@8",
+            "specfit[predictor]@8",
+            "specfit[corrupt:0.4]@8",
+            "specfit β×2@8",
+            "ar@0",
+            "specfit@0",
+            "ar@64",
+            "eagle3@64",
+            "specfit@4",
+            "ar@2",
+        ] {
+            assert!(
+                labels.contains(&want.to_string()),
+                "{want} not in {labels:?}"
+            );
+        }
+        // No configuration twice.
+        for (i, a) in c.iter().enumerate() {
+            assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
+        }
+        assert_eq!(c.len(), 9 + 2 + 3 * 3);
+    }
+
+    #[test]
+    fn without_a_predictor_its_row_is_left_out_and_quick_keeps_four_policies_and_two_slot_points() {
+        let c = configs(&sweep(false, false));
+        assert!(c
+            .iter()
+            .all(|c| !matches!(c.routes, RouteChoice::Predictor(_))));
+        let q = configs(&sweep(true, true));
+        let labels: Vec<String> = q
+            .iter()
+            .map(|c| format!("{}@{}", c.label, c.slots.number()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                "ar@8",
+                "eagle3 (vanilla)@0",
+                "eagle3@8",
+                "specfit@8",
+                "ar@0",
+                "specfit@0"
+            ]
+        );
+    }
+}

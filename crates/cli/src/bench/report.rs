@@ -1,0 +1,459 @@
+//! The bench's numbers: per-run outcomes summed into tallies, tallies turned into the paper's
+//! table per prompt set (tok/s, speedup over plain decoding, gain over cached EAGLE-3, nodes and
+//! tokens per cycle, cycle time, copies and MB per token, selection time, losslessness), and
+//! that table as terminal text, Markdown and JSON. It measures nothing itself.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+use specfit_engine::spec::SpecReport;
+use specfit_engine::GenerateReport;
+use specfit_selector::json::CalibrationJson;
+
+use super::plan::{Config, PromptSet, Slots};
+
+/// What one decode of one prompt produced and cost.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub tokens: Vec<u32>,
+    pub decode_seconds: f64,
+    pub cycles: usize,
+    pub verified: usize,
+    pub committed: usize,
+    pub atlas_seconds: f64,
+    pub misses: u64,
+    pub hits: u64,
+    pub bytes: u64,
+}
+
+impl Outcome {
+    /// Plain decoding: one cycle per decoded token, nothing verified.
+    pub fn plain(g: &GenerateReport) -> Outcome {
+        let decoded = g.tokens.len().saturating_sub(1);
+        Outcome {
+            tokens: g.tokens.clone(),
+            decode_seconds: g.decode_seconds,
+            cycles: decoded,
+            verified: 0,
+            committed: decoded,
+            atlas_seconds: 0.0,
+            misses: g.decode_copies.misses,
+            hits: g.decode_copies.hits,
+            bytes: g.decode_copies.bytes_copied,
+        }
+    }
+
+    pub fn spec(g: &SpecReport) -> Outcome {
+        Outcome {
+            tokens: g.tokens.clone(),
+            decode_seconds: g.decode_seconds,
+            cycles: g.cycles,
+            verified: g.verified_nodes,
+            committed: g.committed,
+            atlas_seconds: g.atlas_seconds,
+            misses: g.copies.misses,
+            hits: g.copies.hits,
+            bytes: g.copies.bytes_copied,
+        }
+    }
+}
+
+/// Outcomes of one configuration on one prompt set, summed.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    pub prompts: usize,
+    pub decoded: usize,
+    pub decode_seconds: f64,
+    pub cycles: usize,
+    pub verified: usize,
+    pub committed: usize,
+    pub atlas_seconds: f64,
+    pub misses: u64,
+    pub hits: u64,
+    pub bytes: u64,
+    pub select_us: Vec<f64>,
+    pub lossless: usize,
+    /// Question ids whose output differed from plain decoding.
+    pub mismatched: Vec<u64>,
+}
+
+impl Tally {
+    pub fn add(&mut self, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
+        self.prompts += 1;
+        self.decoded += o.tokens.len().saturating_sub(1);
+        self.decode_seconds += o.decode_seconds;
+        self.cycles += o.cycles;
+        self.verified += o.verified;
+        self.committed += o.committed;
+        self.atlas_seconds += o.atlas_seconds;
+        self.misses += o.misses;
+        self.hits += o.hits;
+        self.bytes += o.bytes;
+        self.select_us.extend_from_slice(select_us);
+        if same {
+            self.lossless += 1;
+        } else {
+            self.mismatched.push(id);
+        }
+    }
+
+    pub fn tokens_per_second(&self) -> f64 {
+        ratio(self.decoded as f64, self.decode_seconds)
+    }
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub label: String,
+    pub policy: &'static str,
+    pub routes: String,
+    /// Slots per layer (0 = no cache: every expert copied every forward).
+    pub slots: usize,
+    pub beta_scale: f64,
+    pub tok_s: f64,
+    pub speedup_vs_ar: f64,
+    /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
+    pub gain_vs_eagle3: Option<f64>,
+    pub nodes_per_cycle: f64,
+    pub tokens_per_cycle: f64,
+    pub cycle_ms: f64,
+    pub copies_per_token: f64,
+    pub mb_per_token: f64,
+    pub select_us_median: Option<f64>,
+    pub atlas_ms_per_cycle: f64,
+    pub decoded_tokens: usize,
+    pub decode_seconds: f64,
+    pub prompts: usize,
+    pub lossless_prompts: usize,
+    pub mismatched_question_ids: Vec<u64>,
+}
+
+/// One prompt set's table.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetReport {
+    pub name: String,
+    pub prompts: usize,
+    pub question_ids: Vec<u64>,
+    pub rows: Vec<Row>,
+}
+
+/// The calibration the SpecFit rows used.
+#[derive(Debug, Clone, Serialize)]
+pub struct CalibrationSummary {
+    pub path: String,
+    pub intercepts_ms: Vec<f64>,
+    pub beta_ms: Option<f64>,
+    pub beta_hit_ms: Option<f64>,
+    pub beta_miss_ms: Option<f64>,
+    pub r2: f64,
+    pub median_abs_err_ms: f64,
+}
+
+/// The whole bench report (report.json).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub format: &'static str,
+    pub version: u32,
+    pub machine: Machine,
+    pub model: String,
+    pub tier: String,
+    pub experts_per_layer: usize,
+    pub default_slots: usize,
+    pub max_new_tokens: usize,
+    pub budget: usize,
+    pub calibration: CalibrationSummary,
+    /// Every policy's output equalled plain decoding's on every prompt.
+    pub lossless: bool,
+    pub seconds: f64,
+    pub sets: Vec<SetReport>,
+}
+
+/// Where the bench ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub compute_threads: usize,
+    pub os: &'static str,
+    pub arch: &'static str,
+}
+
+/// What [`Report::new`] summarizes.
+pub struct Inputs<'a> {
+    pub sets: &'a [PromptSet],
+    pub configs: &'a [Config],
+    pub tallies: &'a [Vec<Tally>],
+    pub model: &'a Path,
+    pub tier: &'a str,
+    pub default_slots: usize,
+    pub experts: usize,
+    pub max_tokens: usize,
+    pub budget: usize,
+    pub calibration: &'a CalibrationJson,
+    pub calibration_path: &'a Path,
+    pub seconds: f64,
+}
+
+impl Report {
+    pub fn new(i: Inputs<'_>) -> Report {
+        let sets: Vec<SetReport> = i
+            .sets
+            .iter()
+            .zip(i.tallies)
+            .map(|(set, tallies)| SetReport {
+                name: set.name.clone(),
+                prompts: set.prompts.len(),
+                question_ids: set.prompts.iter().map(|p| p.question_id).collect(),
+                rows: rows(i.configs, tallies),
+            })
+            .collect();
+        let lossless = sets
+            .iter()
+            .all(|s| s.rows.iter().all(|r| r.lossless_prompts == r.prompts));
+        let c = i.calibration;
+        Report {
+            format: "specfit-bench",
+            version: 1,
+            machine: Machine {
+                cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+                compute_threads: specfit_engine::threads::pool().threads(),
+                os: std::env::consts::OS,
+                arch: std::env::consts::ARCH,
+            },
+            model: i.model.display().to_string(),
+            tier: i.tier.to_string(),
+            experts_per_layer: i.experts,
+            default_slots: i.default_slots,
+            max_new_tokens: i.max_tokens,
+            budget: i.budget,
+            calibration: CalibrationSummary {
+                path: i.calibration_path.display().to_string(),
+                intercepts_ms: c.cost.intercepts.clone(),
+                beta_ms: c.cost.beta,
+                beta_hit_ms: c.cost_residency.as_ref().and_then(|r| r.beta_hit),
+                beta_miss_ms: c.cost_residency.as_ref().and_then(|r| r.beta_miss),
+                r2: c.fit.r2,
+                median_abs_err_ms: c.fit.median_abs_err_ms,
+            },
+            lossless,
+            seconds: i.seconds,
+            sets,
+        }
+    }
+
+    /// The tables as aligned text.
+    pub fn terminal(&self) -> String {
+        let mut out = String::new();
+        for set in &self.sets {
+            let _ = writeln!(
+                out,
+                "\n{} ({} prompts, ≤ {} new tokens, {} tier, default {} of {} slots/layer)",
+                set.name,
+                set.prompts,
+                self.max_new_tokens,
+                self.tier,
+                self.default_slots,
+                self.experts_per_layer
+            );
+            let table = table(&set.rows);
+            let widths: Vec<usize> = (0..table[0].len())
+                .map(|c| {
+                    table
+                        .iter()
+                        .map(|r| r[c].chars().count())
+                        .max()
+                        .unwrap_or(0)
+                })
+                .collect();
+            for (n, row) in table.iter().enumerate() {
+                let line: Vec<String> = row
+                    .iter()
+                    .zip(&widths)
+                    .enumerate()
+                    .map(|(c, (cell, &w))| {
+                        let pad = w - cell.chars().count();
+                        if c == 0 {
+                            format!("{cell}{}", " ".repeat(pad))
+                        } else {
+                            format!("{}{cell}", " ".repeat(pad))
+                        }
+                    })
+                    .collect();
+                let _ = writeln!(out, "{}", line.join("  "));
+                if n == 0 {
+                    let _ = writeln!(
+                        out,
+                        "{}",
+                        "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\nlossless: {} ({:.0} s)",
+            if self.lossless {
+                "every policy's output equals plain decoding's, token for token, on every prompt"
+            } else {
+                "NO — some outputs differ from plain decoding (mismatched_question_ids in report.json)"
+            },
+            self.seconds
+        );
+        out
+    }
+
+    /// The report as Markdown.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "# specfit bench\n");
+        let _ = writeln!(
+            out,
+            "Model `{}`, experts on the {} tier, default {} of {} slots per layer, ≤ {} new tokens per prompt, K = {}; {} CPUs, {} compute threads ({} {}). Calibration `{}` (R² {:.3}, median error {:.3} ms). Run time {:.0} s.\n",
+            self.model,
+            self.tier,
+            self.default_slots,
+            self.experts_per_layer,
+            self.max_new_tokens,
+            self.budget,
+            self.machine.cpus,
+            self.machine.compute_threads,
+            self.machine.os,
+            self.machine.arch,
+            self.calibration.path,
+            self.calibration.r2,
+            self.calibration.median_abs_err_ms,
+            self.seconds
+        );
+        let _ = writeln!(
+            out,
+            "**Lossless:** {}.\n",
+            if self.lossless {
+                "every policy's output equals plain decoding's, token for token, on every prompt"
+            } else {
+                "NO — some outputs differ from plain decoding (see `mismatched_question_ids` in report.json)"
+            }
+        );
+        for set in &self.sets {
+            let ids = &set.question_ids;
+            let _ = writeln!(
+                out,
+                "## {} ({} prompts, question_id {}–{})\n",
+                set.name,
+                set.prompts,
+                ids.first().copied().unwrap_or(0),
+                ids.last().copied().unwrap_or(0)
+            );
+            let table = table(&set.rows);
+            for (n, row) in table.iter().enumerate() {
+                let _ = writeln!(out, "| {} |", row.join(" | "));
+                if n == 0 {
+                    let _ = writeln!(out, "|{}", " --- |".repeat(row.len()));
+                }
+            }
+            let _ = writeln!(out);
+        }
+        let _ = writeln!(
+            out,
+            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; selection is the median time of one subtree search. Atlas routes are computed outside the timer."
+        );
+        out
+    }
+}
+
+/// Header + one line per row, default slots first, then the sweep by slots (most first).
+fn table(rows: &[Row]) -> Vec<Vec<String>> {
+    let mut t = vec![[
+        "policy",
+        "slots",
+        "tok/s",
+        "×AR",
+        "vs EAGLE-3",
+        "nodes/cyc",
+        "tok/cyc",
+        "cycle ms",
+        "copies/tok",
+        "MB/tok",
+        "select µs",
+        "lossless",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for r in rows {
+        t.push(vec![
+            r.label.clone(),
+            r.slots.to_string(),
+            format!("{:.1}", r.tok_s),
+            format!("{:.2}", r.speedup_vs_ar),
+            r.gain_vs_eagle3
+                .map_or("–".into(), |g| format!("{:+.1}%", 100.0 * g)),
+            format!("{:.2}", r.nodes_per_cycle),
+            format!("{:.2}", r.tokens_per_cycle),
+            format!("{:.2}", r.cycle_ms),
+            format!("{:.1}", r.copies_per_token),
+            format!("{:.3}", r.mb_per_token),
+            r.select_us_median.map_or("–".into(), |u| format!("{u:.1}")),
+            format!("{}/{}", r.lossless_prompts, r.prompts),
+        ]);
+    }
+    t
+}
+
+/// The rows of one set, in the order described at [`table`].
+fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
+    let default = configs.first().map(|c| c.slots);
+    let find = |policy: crate::policy::Policy, slots: Slots| {
+        configs
+            .iter()
+            .zip(tallies)
+            .find(|(c, _)| c.policy == policy && c.slots == slots && c.beta_scale == 1.0)
+            .map(|(_, t)| t.tokens_per_second())
+    };
+    let mut order: Vec<usize> = (0..configs.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = configs[i].slots;
+        (Some(s) != default, std::cmp::Reverse(s.number()), i)
+    });
+    order
+        .into_iter()
+        .map(|i| {
+            let (c, t) = (&configs[i], &tallies[i]);
+            let tok_s = t.tokens_per_second();
+            let ar = find(crate::policy::Policy::Ar, c.slots).unwrap_or(0.0);
+            let eagle = find(crate::policy::Policy::Eagle3, c.slots);
+            let mut us = t.select_us.clone();
+            us.sort_by(f64::total_cmp);
+            let cycles = t.cycles as f64;
+            Row {
+                label: c.label.clone(),
+                policy: c.policy.name(),
+                routes: c.routes.label(),
+                slots: c.slots.number(),
+                beta_scale: c.beta_scale,
+                tok_s,
+                speedup_vs_ar: ratio(tok_s, ar),
+                gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),
+                nodes_per_cycle: ratio(t.verified as f64, cycles),
+                tokens_per_cycle: ratio(t.committed as f64, cycles),
+                cycle_ms: 1e3 * ratio(t.decode_seconds, cycles),
+                copies_per_token: ratio(t.misses as f64, t.decoded as f64),
+                mb_per_token: ratio(t.bytes as f64, t.decoded as f64) / 1e6,
+                select_us_median: us.get(us.len() / 2).copied(),
+                atlas_ms_per_cycle: 1e3 * ratio(t.atlas_seconds, cycles),
+                decoded_tokens: t.decoded,
+                decode_seconds: t.decode_seconds,
+                prompts: t.prompts,
+                lossless_prompts: t.lossless,
+                mismatched_question_ids: t.mismatched.clone(),
+            }
+        })
+        .collect()
+}

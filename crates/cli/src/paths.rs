@@ -1,0 +1,36 @@
+//! Where the shipped models and data live: under the working directory when it has them (a
+//! checkout), else under the source tree this binary was built from. Nothing is downloaded.
+
+use std::path::{Path, PathBuf};
+
+/// `rel` (e.g. `models/target`) under the working directory if it exists there, else under the
+/// repository this binary was built from.
+pub fn shipped(rel: &str) -> PathBuf {
+    let here = Path::new(rel);
+    if here.exists() {
+        return here.to_path_buf();
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+}
+
+/// The shipped target checkpoint.
+pub fn target() -> PathBuf {
+    shipped("models/target")
+}
+
+/// The shipped EAGLE-3 drafter.
+pub fn drafter() -> PathBuf {
+    shipped("models/drafter")
+}
+
+/// The shipped route predictor (a `specfit train-predictor` head).
+pub fn predictor() -> PathBuf {
+    shipped("models/route-predictor.safetensors")
+}
+
+/// The calibration `specfit calibrate` saves next to a model, one per tier.
+pub fn calibration(model: &Path, tier: &str) -> PathBuf {
+    model.join(format!("specfit-calibration.{tier}.json"))
+}

@@ -50,7 +50,8 @@ pub struct Args {
     /// Drafted levels.
     #[arg(long, default_value_t = 5)]
     levels: usize,
-    /// Cost calibration (from `specfit calibrate`) for the specfit policies.
+    /// Cost calibration for the specfit policies (default: the one `specfit calibrate` saved
+    /// next to the model for this tier).
     #[arg(long)]
     calibration: Option<std::path::PathBuf>,
     /// λ of the specfit-lambda policy, in tokens per ms (default: the plain-decoding token rate
@@ -201,8 +202,18 @@ fn run_spec(
         seed: args.seed,
         on_token: Some(stream_to_stdout(tokenizer.cloned())),
     };
+    // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
+    let saved = crate::paths::calibration(&args.target.model, crate::target::tier_key(cache));
     let calibration = match &args.calibration {
         Some(path) => Some(policy::load_calibration(path, model)?),
+        None if args.policy.needs_routes() && saved.exists() => {
+            Some(policy::load_calibration(&saved, model)?)
+        }
+        None if args.policy.needs_routes() => anyhow::bail!(
+            "--policy {} needs --calibration FILE, or a calibration saved at {} (run `specfit calibrate`)",
+            args.policy.name(),
+            saved.display()
+        ),
         None => None,
     };
     let lambda = match (args.lambda, &calibration) {

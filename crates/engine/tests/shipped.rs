@@ -1,0 +1,120 @@
+//! The shipped target (models/target, a trained Qwen3-MoE) computes what HF `transformers`
+//! computes: logits to 1e-4 relative in f32, the same experts for every token and layer, the
+//! same greedy tokens — on the disk tier with a few slots as well as all in RAM. The reference
+//! comes from tools/fixtures/make_shipped_reference.py.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use specfit_engine::{
+    generate, load_target, Batch, CacheMode, GenerateOptions, Logits, Sampler, Sampling, Tier,
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    diff / want.iter().map(|v| v.abs()).fold(0.0, f32::max)
+}
+
+fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
+    let reference: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("fixtures/shipped/reference.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = root().join("models/target");
+    let (model, mut cache) =
+        load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let ids = u32s(&case["input_ids"]);
+        let rows: Vec<usize> = u32s(&case["logit_rows"])
+            .into_iter()
+            .map(|r| r as usize)
+            .collect();
+        let mut kv = model.new_kv_cache();
+        let out = model
+            .forward(
+                &Batch {
+                    logits: Logits::Rows(&rows),
+                    ..Batch::causal(&ids)
+                },
+                &mut kv,
+                &mut cache,
+            )
+            .unwrap();
+        let mut worst = 0.0f32;
+        for (r, want) in case["logits"].as_array().unwrap().iter().enumerate() {
+            let want: Vec<f32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            let err = rel_err(out.row(r), &want);
+            assert!(
+                err < 1e-4,
+                "{} row {}: relative error {err}",
+                case["set"],
+                rows[r]
+            );
+        }
+        let routes: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
+        for (layer, want) in case["topk_ids"].as_array().unwrap().iter().enumerate() {
+            for (t, want) in want.as_array().unwrap().iter().enumerate() {
+                let want: BTreeSet<u32> = u32s(want).into_iter().collect();
+                let got: BTreeSet<u32> = routes[layer][t].iter().copied().collect();
+                assert_eq!(got, want, "{} layer {layer} token {t}", case["set"]);
+            }
+        }
+        let want = u32s(&case["greedy"]);
+        for tier_slots in [None, Some(4)] {
+            let (_, mut c) = match tier_slots {
+                None => load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap(),
+                Some(s) => {
+                    let file = std::env::temp_dir()
+                        .join(format!("specfit-shipped-{}.experts", std::process::id()));
+                    specfit_engine::experts::convert(&dir, &file, None).unwrap();
+                    let loaded =
+                        load_target(&dir, &Tier::Disk(file.clone()), s, CacheMode::Lru, None)
+                            .unwrap();
+                    std::fs::remove_file(&file).unwrap();
+                    loaded
+                }
+            };
+            let got = generate(
+                &model,
+                &mut c,
+                &ids,
+                &mut Sampler::new(Sampling::Greedy, 0),
+                &GenerateOptions {
+                    max_tokens: want.len(),
+                    stop: vec![],
+                },
+                |_| {},
+            )
+            .unwrap();
+            assert_eq!(
+                got.tokens, want,
+                "{} greedy, slots {tier_slots:?}",
+                case["set"]
+            );
+        }
+    }
+}

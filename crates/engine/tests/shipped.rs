@@ -74,7 +74,9 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
                 case["set"],
                 rows[r]
             );
+            worst = worst.max(err);
         }
+        eprintln!("{}: largest relative logit error {worst:.2e}", case["set"]);
         let routes: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
         for (layer, want) in case["topk_ids"].as_array().unwrap().iter().enumerate() {
             for (t, want) in want.as_array().unwrap().iter().enumerate() {

@@ -1,21 +1,38 @@
 //! `specfit train-predictor`: fits the linear route predictor (drafter hidden state + token
-//! embedding → per-layer expert scores) on routes recorded from the target at every position of
-//! greedy outputs, reports its per-layer top-k accuracy on held-out positions and saves it.
+//! embedding → per-layer expert scores) on routes the target computes for every node of draft
+//! pools along greedy outputs of training prompts, reports its per-layer top-k accuracy on
+//! held-out prompts and saves it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Result};
-use specfit_engine::predictor::RoutePredictor;
-use specfit_engine::spec::collect_route_samples;
+use anyhow::{ensure, Context, Result};
+use specfit_engine::predictor::{RoutePredictor, RouteSample};
+use specfit_engine::spec::{collect_route_samples, TreeShape};
+use specfit_engine::{Eagle3, Tokenizer};
 
-use crate::walk::{Walk, WalkArgs};
+use crate::files::read_text;
+use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    walk: WalkArgs,
-    /// Greedy positions to collect pools at (the last fifth is held out for the accuracy).
-    #[arg(long, default_value_t = 200)]
+    target: TargetArgs,
+    /// EAGLE-3 drafter directory (default: the shipped drafter).
+    #[arg(long, default_value_os_t = crate::paths::drafter())]
+    drafter: PathBuf,
+    /// Training prompts, JSON Lines: {"question": …} or a chat document {"messages": [{"role":
+    /// "user", "content": …}, …]} (its first user turn).
+    #[arg(long)]
+    prompts: PathBuf,
+    /// Held-out prompts (same format) for the reported accuracy; default: the last fifth of
+    /// --prompts.
+    #[arg(long)]
+    held_out: Option<PathBuf>,
+    /// Use at most this many prompts of each file.
+    #[arg(long, default_value_t = 64)]
+    limit: usize,
+    /// Greedy positions per prompt at which a full pool is drafted and routed.
+    #[arg(long, default_value_t = 24)]
     positions: usize,
     /// Ridge penalty of the least-squares fit.
     #[arg(long, default_value_t = 1e-2)]
@@ -25,57 +42,107 @@ pub struct Args {
     out: PathBuf,
 }
 
+/// Reads prompts (see `--prompts`) rendered with the chat template.
+fn read_prompts(
+    path: &Path,
+    tok: &Tokenizer,
+    limit: usize,
+) -> Result<Vec<Vec<u32>>> {
+    let text = read_text(path)?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        if out.len() == limit {
+            break;
+        }
+        let at = || format!("{} line {}", path.display(), i + 1);
+        let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
+        let user = v["question"].as_str().or_else(|| {
+            v["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["role"] == "user")?["content"]
+                .as_str()
+        });
+        let user =
+            user.with_context(|| format!("{}: no \"question\" and no user message", at()))?;
+        let ids = tok.encode(&tok.chat_prompt(user)?)?;
+        ensure!(!ids.is_empty(), "{}: the prompt encodes to no tokens", at());
+        out.push(ids);
+    }
+    ensure!(!out.is_empty(), "{}: no prompts", path.display());
+    Ok(out)
+}
+
 pub fn run(args: &Args) -> Result<()> {
-    ensure!(
-        args.positions >= 5,
-        "--positions must be at least 5 (one fifth is held out)"
-    );
+    ensure!(args.positions >= 1, "--positions must be at least 1");
     ensure!(
         args.ridge.is_finite() && args.ridge >= 0.0,
         "--ridge must be >= 0"
     );
-    let Walk {
-        model,
-        mut cache,
-        drafter,
-        mut atlas,
-        prompt,
-        shape,
-    } = args.walk.load()?;
-    let samples = collect_route_samples(
-        &model,
-        &drafter,
-        &mut cache,
-        &mut atlas,
-        &prompt,
-        shape,
-        args.positions,
-    )?;
-    let split = samples.len() * 4 / 5;
+    let (model, mut cache) = args.target.load()?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let mut atlas = args.target.atlas()?;
+    let tok = Tokenizer::load(&args.target.model)?;
+    let mut train = read_prompts(&args.prompts, &tok, args.limit)?;
+    let held = match &args.held_out {
+        Some(path) => read_prompts(path, &tok, args.limit)?,
+        None => {
+            ensure!(
+                train.len() >= 2,
+                "need at least 2 prompts to hold out a fifth (or give --held-out)"
+            );
+            let keep = train.len() - (train.len() / 5).max(1);
+            train.split_off(keep)
+        }
+    };
+    let shape = TreeShape::default();
+    let mut collect = |prompts: &[Vec<u32>]| -> Result<Vec<RouteSample>> {
+        let mut all = Vec::new();
+        for p in prompts {
+            all.extend(collect_route_samples(
+                &model,
+                &drafter,
+                &mut cache,
+                &mut atlas,
+                p,
+                shape,
+                args.positions,
+            )?);
+        }
+        Ok(all)
+    };
+    let train_samples = collect(&train)?;
+    let held_samples = collect(&held)?;
     let cfg = model.config();
     let (layers, experts, k) = (
         cfg.moe_layers().len(),
         cfg.num_experts,
         cfg.num_experts_per_tok,
     );
-    let predictor = RoutePredictor::fit(&samples[..split], layers, experts, k, args.ridge)?;
-    let held = predictor.accuracy(&samples[split..]);
-    let train = predictor.accuracy(&samples[..split]);
+    let predictor = RoutePredictor::fit(&train_samples, layers, experts, k, args.ridge)?;
+    let held_acc = predictor.accuracy(&held_samples);
+    let train_acc = predictor.accuracy(&train_samples);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
     // What guessing k experts uniformly at random would score.
     let chance = k as f64 / experts as f64;
     eprintln!(
-        "{} samples ({} training, {} held out); top-{k} accuracy: train {:.3}, held-out {:.3} (chance {:.3})",
-        samples.len(),
-        split,
-        samples.len() - split,
-        mean(&train),
-        mean(&held),
+        "{} training samples from {} prompts, {} held-out samples from {} prompts; top-{k} accuracy: train {:.3}, held-out {:.3} (chance {:.3})",
+        train_samples.len(),
+        train.len(),
+        held_samples.len(),
+        held.len(),
+        mean(&train_acc),
+        mean(&held_acc),
         chance
     );
     eprintln!(
         "held-out per layer: {}",
-        held.iter()
+        held_acc
+            .iter()
             .map(|a| format!("{a:.3}"))
             .collect::<Vec<_>>()
             .join(" ")

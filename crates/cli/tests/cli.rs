@@ -698,24 +698,19 @@ fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
 
 #[test]
 fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let (model, drafter) = (
-        root.join("fixtures/qwen3moe/eagle_target"),
-        root.join("fixtures/eagle3/tiny"),
-    );
-    let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
+    // On the shipped target and drafter, trained on a few calibration questions and scored on
+    // held-out ones.
+    let d = "models/drafter";
     let pred = temp("predictor.safetensors");
     let train = specfit(
         &[
             "train-predictor",
-            "--model",
-            m,
-            "--drafter",
-            d,
-            "--prompt-ids",
-            "1,243,56,119",
+            "--prompts",
+            "data/calibration/gsm8k_train.jsonl",
+            "--limit",
+            "10",
             "--positions",
-            "40",
+            "6",
             "--out",
             pred.to_str().unwrap(),
         ],
@@ -765,8 +760,6 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     .success());
     let base = [
         "generate",
-        "--model",
-        m,
         "--prompt-ids",
         "1,243,56,119",
         "--max-tokens",
@@ -975,4 +968,100 @@ fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
         None,
     );
     assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
+    let cal = temp("bench-cal.json");
+    let out = specfit(
+        &[
+            "calibrate",
+            "--store",
+            "ram",
+            "--cycles",
+            "4",
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("paper form R²"), "{stderr}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert_eq!(saved["target"]["tier"], "ram");
+    assert_eq!(saved["max_nodes"], 7);
+
+    let dir = temp("bench-out");
+    let run = specfit(
+        &[
+            "bench",
+            "--quick",
+            "--store",
+            "ram",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "10",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("summarization") && stdout.contains("math_reasoning"));
+    assert!(stdout.contains("lossless: every policy's output equals plain decoding's"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["format"], "specfit-bench");
+    assert_eq!(report["lossless"], true);
+    let sets = report["sets"].as_array().unwrap();
+    assert_eq!(sets.len(), 2);
+    for set in sets {
+        assert_eq!(set["prompts"], 2);
+        let rows = set["rows"].as_array().unwrap();
+        let labels: Vec<&str> = rows.iter().map(|r| r["label"].as_str().unwrap()).collect();
+        for want in ["ar", "eagle3", "eagle3 (vanilla)", "specfit"] {
+            assert!(labels.contains(&want), "{want} missing from {labels:?}");
+        }
+        for r in rows {
+            assert_eq!(r["lossless_prompts"], r["prompts"]);
+            assert!(r["decoded_tokens"].as_u64().unwrap() > 0);
+            assert!(r["tok_s"].as_f64().unwrap() > 0.0);
+            // Every drafting policy commits at least one token per cycle.
+            assert!(r["tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{r}");
+        }
+        let ar = rows.iter().find(|r| r["label"] == "ar").unwrap();
+        assert_eq!(ar["speedup_vs_ar"], 1.0);
+        assert_eq!(ar["nodes_per_cycle"], 0.0);
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| policy | slots | tok/s |"));
+    let svg = std::fs::read_to_string(dir.join("chart.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("decode tok/s"));
+}
+
+#[test]
+fn bench_rejects_unknown_prompt_sets_and_bad_slot_counts_with_one_line() {
+    for args in [
+        &["bench", "--prompts", "no_such_set", "--quick"][..],
+        &["bench", "--slots", "0", "--quick"][..],
+        &["bench", "--slots", "65", "--quick"][..],
+        &["bench", "--max-tokens", "0", "--quick"][..],
+        &["bench", "--calibration", "/nonexistent/cal.json", "--quick"][..],
+    ] {
+        let out = specfit(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
 }

@@ -191,36 +191,10 @@ fn setup(args: &Args) -> Result<Setup> {
         "--slots {default_slots}: the model has {} experts per layer",
         cfg.num_experts
     );
-    if args.store == StoreArg::Disk {
-        ensure_expert_file(&args.model)?;
+    if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
+        bail!("--calibration {} does not exist", path.display());
     }
-    let target = TargetArgs {
-        model: args.model.clone(),
-        store: args.store,
-        experts: None,
-        slots: Some(default_slots),
-        clear_cache: false,
-        weights: None,
-    };
-    let (model, base) = target.load()?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
     let tokenizer = Tokenizer::load(&args.model)?;
-    let mut stop = GenerationConfig::load(&args.model)?
-        .eos_token_id
-        .or(model.config().eos_token_id.clone())
-        .map(|t| t.to_vec())
-        .unwrap_or_default();
-    stop.extend(tokenizer.token_id("<|im_end|>"));
-    let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
-    let predictor = if args.predictor.exists() {
-        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
-    } else {
-        eprintln!(
-            "no route predictor at {}: the specfit[predictor] row is skipped",
-            args.predictor.display()
-        );
-        None
-    };
     let limit = |name: &str| {
         let paper = plan::DEFAULT_SETS
             .iter()
@@ -247,6 +221,35 @@ fn setup(args: &Args) -> Result<Setup> {
             plan::read_set(&label, &path, limit(name), &tokenizer)
         })
         .collect::<Result<Vec<_>>>()?;
+    if args.store == StoreArg::Disk {
+        ensure_expert_file(&args.model)?;
+    }
+    let target = TargetArgs {
+        model: args.model.clone(),
+        store: args.store,
+        experts: None,
+        slots: Some(default_slots),
+        clear_cache: false,
+        weights: None,
+    };
+    let (model, base) = target.load()?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let mut stop = GenerationConfig::load(&args.model)?
+        .eos_token_id
+        .or(model.config().eos_token_id.clone())
+        .map(|t| t.to_vec())
+        .unwrap_or_default();
+    stop.extend(tokenizer.token_id("<|im_end|>"));
+    let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
+    let predictor = if args.predictor.exists() {
+        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
+    } else {
+        eprintln!(
+            "no route predictor at {}: the specfit[predictor] row is skipped",
+            args.predictor.display()
+        );
+        None
+    };
     let configs = plan::configs(&plan::Sweep {
         experts: cfg.num_experts,
         default_slots,

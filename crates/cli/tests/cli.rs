@@ -630,6 +630,7 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     );
     assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
     // The calibration is stamped with the target's shape: another target refuses it.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let other = root.join("fixtures/qwen3moe/topk_norm");
     let wrong = specfit(
         &[
@@ -797,6 +798,7 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
         String::from_utf8_lossy(&plain.stdout).trim()
     );
     // A predictor for another shape is refused.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let other = root.join("fixtures/qwen3moe/topk_norm");
     let wrong = specfit(
         &[

@@ -43,11 +43,7 @@ pub struct Args {
 }
 
 /// Reads prompts (see `--prompts`) rendered with the chat template.
-fn read_prompts(
-    path: &Path,
-    tok: &Tokenizer,
-    limit: usize,
-) -> Result<Vec<Vec<u32>>> {
+fn read_prompts(path: &Path, tok: &Tokenizer, limit: usize) -> Result<Vec<Vec<u32>>> {
     let text = read_text(path)?;
     let mut out = Vec::new();
     for (i, line) in text

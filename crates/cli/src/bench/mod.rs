@@ -40,7 +40,7 @@ pub struct Args {
     /// Where routed experts rest (disk: the expert file, converted first when missing).
     #[arg(long, value_enum, default_value = "disk")]
     store: StoreArg,
-    /// The default slots per MoE layer (default: an eighth of the experts); the sweep also runs
+    /// The default slots per MoE layer (default: a quarter of the experts); the sweep also runs
     /// 100%, half, a quarter and none.
     #[arg(long)]
     slots: Option<usize>,

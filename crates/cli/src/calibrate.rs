@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use specfit_engine::spec::{probe, ProbePlan, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
-use specfit_selector::json::{read_probes, CalibrationJson};
+use specfit_selector::json::{read_probes, CalibrationJson, DraftingJson};
 use specfit_selector::{calibrate, Calibration, Probe};
 
 use crate::files::{read_text, write_atomic};
@@ -179,6 +179,7 @@ pub fn measure(
 ) -> Result<CalibrationJson> {
     ensure!(plan.cycles > 0, "--cycles must be positive");
     let mut rows = Vec::new();
+    let mut engine_rows = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
         let probe_plan = ProbePlan {
             shape: TreeShape::default(),
@@ -187,6 +188,7 @@ pub fn measure(
             seed: i as u64,
         };
         for r in probe(model, drafter, cache, prompt, &probe_plan)? {
+            engine_rows.push(r);
             rows.push(Probe {
                 nodes: r.nodes,
                 demand: r.demand,
@@ -202,7 +204,45 @@ pub fn measure(
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
     stamp.insert("slots".into(), cache.slots_per_layer().into());
     file.target = Some(stamp);
+    file.drafting = Some(drafting_fit(&engine_rows));
+    let d = file.drafting.as_ref().expect("just set");
+    eprintln!(
+        "drafting: {:.3} ms per drafted level, feeding the drafter {:.3} ms + {:.3} ms per committed token",
+        d.ms_per_level, d.feed_ms, d.feed_ms_per_token
+    );
     Ok(file)
+}
+
+/// Drafting costs from probe rows: mean time per drafter forward of a level, and a least-squares
+/// line (clamped to non-negative) of feed time against tokens fed.
+pub fn drafting_fit(rows: &[specfit_engine::spec::ProbeRow]) -> DraftingJson {
+    let forwards: usize = rows.iter().map(|r| r.draft_forwards).sum();
+    let draft_ms: f64 = rows.iter().map(|r| r.draft_ms).sum();
+    let ms_per_level = if forwards > 0 {
+        draft_ms / forwards as f64
+    } else {
+        0.0
+    };
+    let n = rows.len().max(1) as f64;
+    let mx = rows.iter().map(|r| r.fed as f64).sum::<f64>() / n;
+    let my = rows.iter().map(|r| r.feed_ms).sum::<f64>() / n;
+    let sxx: f64 = rows.iter().map(|r| (r.fed as f64 - mx).powi(2)).sum();
+    let sxy: f64 = rows
+        .iter()
+        .map(|r| (r.fed as f64 - mx) * (r.feed_ms - my))
+        .sum();
+    let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
+    let intercept = my - slope * mx;
+    let (feed_ms, feed_ms_per_token) = if intercept >= 0.0 {
+        (intercept, slope)
+    } else {
+        (0.0, if mx > 0.0 { my / mx } else { 0.0 })
+    };
+    DraftingJson {
+        ms_per_level,
+        feed_ms,
+        feed_ms_per_token,
+    }
 }
 
 fn print_fit(cal: &Calibration) {

@@ -58,6 +58,7 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     let (header, steps) = load_trace(args)?;
     let calibrated_here = args.calibration.is_none();
+    let mut drafting = specfit_sim::Drafting::default();
     let (true_cost, believed, k) = match (&args.calibration, &args.preset) {
         (Some(path), _) => {
             let cal = CalibrationJson::parse(&read_text(path)?)
@@ -68,6 +69,13 @@ pub fn run(args: &Args) -> Result<()> {
                     path.display()
                 )
             })?;
+            if let Some(d) = cal.drafting {
+                drafting = specfit_sim::Drafting {
+                    ms_per_level: d.ms_per_level,
+                    feed_ms: d.feed_ms,
+                    feed_ms_per_token: d.feed_ms_per_token,
+                };
+            }
             (
                 true_cost,
                 cal.cost_model(false)?,
@@ -101,6 +109,7 @@ pub fn run(args: &Args) -> Result<()> {
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for &s in &slots {
         let config = SimConfig {
+            drafting,
             slots: s,
             true_cost: true_cost.clone(),
         };

@@ -870,6 +870,12 @@ pub struct ProbeRow {
     pub hits: u64,
     pub misses: u64,
     pub ms: f64,
+    /// Drafter forwards that drafted this cycle's levels past the first, and their time.
+    pub draft_forwards: usize,
+    pub draft_ms: f64,
+    /// Committed tokens fed back to the drafter after the verify, and the time it took.
+    pub fed: usize,
+    pub feed_ms: f64,
 }
 
 /// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
@@ -891,9 +897,12 @@ pub fn probe(
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
+        let t0 = Instant::now();
         let pool = draft_tree(target, drafter, &mut draft, n, plan.shape, &mut |_| {
             Ok(true)
         })?;
+        let draft_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let levels = pool.iter().map(|p| p.depth).max().unwrap_or(0);
         let want = (cycle / 2) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
         if cycle % 2 == 1 {
@@ -911,8 +920,14 @@ pub fn probe(
             hits: v.copies.hits,
             misses: v.copies.misses,
             ms: v.seconds * 1e3,
+            draft_forwards: levels.saturating_sub(1),
+            draft_ms,
+            fed: v.committed.len(),
+            feed_ms: 0.0,
         });
+        let t1 = Instant::now();
         advance_drafter(target, drafter, &mut draft, n, &v)?;
+        rows.last_mut().expect("pushed").feed_ms = t1.elapsed().as_secs_f64() * 1e3;
         root = *v.committed.last().expect("the bonus token");
     }
     Ok(rows)

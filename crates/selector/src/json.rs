@@ -273,6 +273,18 @@ impl ProbeJson {
     }
 }
 
+/// The drafter's share of a speculative cycle, measured alongside the verify probes: each drafted
+/// level past the first costs `ms_per_level` (one drafter forward over the expanded nodes), and
+/// feeding the committed tokens back to the drafter costs `feed_ms + feed_ms_per_token · m`.
+/// The selector does not use it; trace replay (`specfit-sim`) adds it to each cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DraftingJson {
+    pub ms_per_level: f64,
+    pub feed_ms: f64,
+    pub feed_ms_per_token: f64,
+}
+
 /// Fit quality as stored in a calibration file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -301,6 +313,9 @@ pub struct CalibrationJson {
     /// before using the costs on another target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Drafting costs, when the calibration was measured on an engine with a drafter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafting: Option<DraftingJson>,
 }
 
 /// The `format` tag of calibration files.
@@ -321,6 +336,7 @@ impl CalibrationJson {
             cost: CostJson::from_model(&cal.paper.cost),
             fit: fit(&cal.paper),
             target: None,
+            drafting: None,
             cost_residency: cal
                 .residency
                 .as_ref()
@@ -340,6 +356,17 @@ impl CalibrationJson {
                 expected: CALIBRATION_FORMAT,
             }
             .at_line(line));
+        }
+        if let Some(d) = &cal.drafting {
+            for (name, value) in [
+                ("drafting.ms_per_level", d.ms_per_level),
+                ("drafting.feed_ms", d.feed_ms),
+                ("drafting.feed_ms_per_token", d.feed_ms_per_token),
+            ] {
+                if !(value.is_finite() && value >= 0.0) {
+                    return Err(Error::BadBeta { name, value }.at_line(line));
+                }
+            }
         }
         Ok(cal)
     }

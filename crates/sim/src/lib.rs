@@ -40,6 +40,19 @@ pub struct SimConfig {
     pub slots: usize,
     /// The true verify time model (residency form; intercepts must cover the largest subtree).
     pub true_cost: CostModel,
+    /// What drafting adds to each speculative cycle (zero: verify time only, as in the paper's
+    /// cost model).
+    pub drafting: Drafting,
+}
+
+/// The drafter's time per speculative cycle: `ms_per_level` for each drafted level past the
+/// first, and `feed_ms + feed_ms_per_token · committed` to feed the committed tokens back.
+/// Plain decoding (`SimPolicy::Ar`) drafts nothing.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Drafting {
+    pub ms_per_level: f64,
+    pub feed_ms: f64,
+    pub feed_ms_per_token: f64,
 }
 
 /// What a replay measured.
@@ -147,7 +160,7 @@ pub fn simulate(
     let mut i = 0;
     while i < steps.len() {
         let step = &steps[i];
-        let chosen = choose(header, step, policy, selector.as_mut(), &lru)?;
+        let (chosen, levels) = choose(header, step, policy, selector.as_mut(), &lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
         let (hits, misses) = lru.access(&union);
@@ -165,6 +178,12 @@ pub fn simulate(
         {
             here = c as i64;
             accepted += 1;
+        }
+        if !matches!(policy, SimPolicy::Ar) {
+            let d = &config.drafting;
+            report.time_ms += d.ms_per_level * levels.saturating_sub(1) as f64
+                + d.feed_ms
+                + d.feed_ms_per_token * (accepted + 1) as f64;
         }
         report.cycles += 1;
         report.verified_nodes += chosen.len();
@@ -189,19 +208,20 @@ fn verify_union(header: &TraceHeader, step: &TraceStep, chosen: &[usize]) -> Vec
         .collect()
 }
 
-/// The policy's subtree for one step.
+/// The policy's subtree for one step, and how many levels it drafted.
 fn choose(
     header: &TraceHeader,
     step: &TraceStep,
     policy: &SimPolicy,
     selector: Option<&mut Selector>,
     lru: &Lru,
-) -> Result<Vec<usize>, SimError> {
+) -> Result<(Vec<usize>, usize), SimError> {
+    let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
     match policy {
-        SimPolicy::Ar => Ok(Vec::new()),
-        SimPolicy::TopK(k) => Ok(specfit_selector::top_k(
-            &pool_upto(header, step, usize::MAX)?,
-            *k,
+        SimPolicy::Ar => Ok((Vec::new(), 0)),
+        SimPolicy::TopK(k) => Ok((
+            specfit_selector::top_k(&pool_upto(header, step, usize::MAX)?, *k),
+            max_depth,
         )),
         SimPolicy::SpecFit {
             stop_rule,
@@ -218,7 +238,6 @@ fn choose(
             } else {
                 None
             };
-            let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
             let mut depth = max_depth;
             if *stop_rule {
                 for d in 1..max_depth {
@@ -236,7 +255,7 @@ fn choose(
             let index: Vec<usize> = (0..step.nodes.len())
                 .filter(|&i| step.nodes[i].depth <= depth)
                 .collect();
-            Ok(picked.into_iter().map(|p| index[p]).collect())
+            Ok((picked.into_iter().map(|p| index[p]).collect(), depth))
         }
     }
 }
@@ -301,6 +320,7 @@ pub fn preset(name: &str, max_nodes: usize) -> Option<Preset> {
 /// Mean accepted draft tokens per cycle of the `k` most probable nodes on `steps`.
 pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f64 {
     let config = SimConfig {
+        drafting: Drafting::default(),
         slots: 0,
         true_cost: CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"),
     };

@@ -45,6 +45,7 @@ fn trace() -> (TraceHeader, Vec<TraceStep>) {
 fn config(slots: usize) -> SimConfig {
     // time = 10 + 0·hits + 1·misses, whatever the node count.
     SimConfig {
+        drafting: Default::default(),
         slots,
         true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
     }
@@ -99,4 +100,35 @@ fn traces_with_gaps_are_refused() {
     let (h, mut s) = trace();
     s[2].position = 99;
     assert!(simulate(&h, &s, &SimPolicy::Ar, &config(4)).is_err());
+}
+
+#[test]
+fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_decoding() {
+    let (h, s) = trace();
+    let mut c = config(4);
+    c.drafting = specfit_sim::Drafting {
+        ms_per_level: 1.0,
+        feed_ms: 2.0,
+        feed_ms_per_token: 0.5,
+    };
+    // Plain decoding drafts nothing: the same 41 ms as without drafting costs.
+    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 41.0);
+    // Top-2 drafts both levels every cycle (one drafter forward past level 1) and feeds 3, then
+    // 1, committed tokens: 23 + (1 + 2 + 1.5) + (1 + 2 + 0.5).
+    let r = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    assert_eq!(r.time_ms, 23.0 + 4.5 + 3.5);
+    // SpecFit's winner on the level-1 pool takes the level-1 node, so the stop rule drafts level
+    // 2 as well: each of its 2 cycles pays one level, the fixed feed and 2 fed tokens.
+    let policy = SimPolicy::SpecFit {
+        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
+        objective: Objective::Ratio,
+        max_nodes: 7,
+        stop_rule: true,
+        residency: false,
+    };
+    let plain = simulate(&h, &s, &policy, &config(4)).unwrap();
+    let charged = simulate(&h, &s, &policy, &c).unwrap();
+    assert_eq!(charged.committed, plain.committed);
+    let per_cycle: f64 = (charged.time_ms - plain.time_ms) / charged.cycles as f64;
+    assert_eq!(per_cycle, 1.0 + 2.0 + 2.0 * 0.5);
 }

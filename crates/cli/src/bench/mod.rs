@@ -7,6 +7,7 @@
 mod chart;
 mod plan;
 mod report;
+mod validate;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -56,7 +57,7 @@ pub struct Args {
     #[arg(long)]
     limit: Option<usize>,
     /// Most new tokens per prompt.
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 32)]
     max_tokens: usize,
     /// Draft nodes verified per cycle by eagle3 and at most by specfit (K).
     #[arg(long, default_value_t = 7)]
@@ -65,6 +66,11 @@ pub struct Args {
     /// points only.
     #[arg(long)]
     quick: bool,
+    /// Validate the trace simulator on the first N prompts of each set: record their traces,
+    /// replay them under each configuration with this machine's calibration and compare with
+    /// the measured tok/s (0 = skip).
+    #[arg(long, default_value_t = 8)]
+    validate: usize,
     /// Directory for report.json, report.md and chart.svg (written atomically).
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -116,9 +122,13 @@ pub fn run(args: &Args) -> Result<()> {
     let mut tallies: Vec<Vec<Tally>> = Vec::new();
     let sets = std::mem::take(&mut s.sets);
     let configs = std::mem::take(&mut s.configs);
+    let mut validation = Vec::new();
     for set in &sets {
         let mut row = vec![Tally::default(); configs.len()];
-        for prompt in &set.prompts {
+        // The same tallies over the prompts the simulator is checked on.
+        let mut checked = vec![Tally::default(); configs.len()];
+        let mut lengths = Vec::new();
+        for (index, prompt) in set.prompts.iter().enumerate() {
             bar.set_message(format!("{} #{}", set.name, prompt.question_id));
             let prefix = Prefix::new(
                 &s.model,
@@ -132,14 +142,50 @@ pub fn run(args: &Args) -> Result<()> {
                 let outcome = run_one(&mut s, config, runner, &prefix)?;
                 let select_us = runner.rule.select_us()[before..].to_vec();
                 let want = reference.get_or_insert_with(|| outcome.tokens.clone());
-                row[i].add(
-                    &outcome,
-                    &select_us,
-                    prompt.question_id,
-                    *want == outcome.tokens,
-                );
+                let same = *want == outcome.tokens;
+                row[i].add(&outcome, &select_us, prompt.question_id, same);
+                if index < args.validate {
+                    checked[i].add(&outcome, &select_us, prompt.question_id, same);
+                }
                 bar.inc(1);
             }
+            if index < args.validate {
+                lengths.push(reference.map_or(0, |r| r.len()));
+            }
+        }
+        if args.validate > 0 {
+            bar.set_message(format!(
+                "{}: recording traces for the simulator check",
+                set.name
+            ));
+            let prompts: Vec<(&[u32], usize)> = set
+                .prompts
+                .iter()
+                .zip(&lengths)
+                .map(|(p, &n)| (&p.tokens[..], n))
+                .collect();
+            let traces = validate::traces(
+                &s.model,
+                &s.drafter,
+                &mut prefill_cache,
+                &mut s.atlas,
+                &prompts,
+            )?;
+            let cfg = s.model.config();
+            let machine = validate::Machine {
+                header: specfit_trace::TraceHeader::new(
+                    cfg.moe_layers().len(),
+                    cfg.num_experts,
+                    cfg.num_experts_per_tok,
+                    cfg.vocab_size,
+                ),
+                calibration: &s.calibration,
+                model: &s.model,
+                budget: s.budget,
+            };
+            validation.push(validate::check(
+                &set.name, &traces, &configs, &checked, &machine,
+            )?);
         }
         tallies.push(row);
     }
@@ -156,6 +202,7 @@ pub fn run(args: &Args) -> Result<()> {
         budget: s.budget,
         calibration: &s.calibration,
         calibration_path: &s.calibration_path,
+        validation,
         seconds: started.elapsed().as_secs_f64(),
     });
     print!("{}", report.terminal());

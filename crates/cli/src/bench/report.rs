@@ -176,6 +176,8 @@ pub struct Report {
     pub lossless: bool,
     pub seconds: f64,
     pub sets: Vec<SetReport>,
+    /// The trace simulator's predictions beside the measurements (`--validate`).
+    pub validation: Vec<super::validate::SetValidation>,
 }
 
 /// Where the bench ran.
@@ -200,6 +202,7 @@ pub struct Inputs<'a> {
     pub budget: usize,
     pub calibration: &'a CalibrationJson,
     pub calibration_path: &'a Path,
+    pub validation: Vec<super::validate::SetValidation>,
     pub seconds: f64,
 }
 
@@ -247,6 +250,7 @@ impl Report {
             lossless,
             seconds: i.seconds,
             sets,
+            validation: i.validation,
         }
     }
 
@@ -296,6 +300,24 @@ impl Report {
                         "-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1))
                     );
                 }
+            }
+        }
+        for v in &self.validation {
+            let _ = writeln!(
+                out,
+                "\nsimulator check, {} (first {} prompts): replayed traces vs measured tok/s",
+                v.name, v.prompts
+            );
+            for c in &v.checks {
+                let _ = writeln!(
+                    out,
+                    "  {:<18} {:>3} slots  measured {:>8.1}  simulated {:>8.1}  error {:+6.1}%",
+                    c.label,
+                    c.slots,
+                    c.measured_tok_s,
+                    c.simulated_tok_s,
+                    100.0 * c.error
+                );
             }
         }
         let _ = writeln!(
@@ -358,6 +380,30 @@ impl Report {
                 if n == 0 {
                     let _ = writeln!(out, "|{}", " --- |".repeat(row.len()));
                 }
+            }
+            let _ = writeln!(out);
+        }
+        for v in &self.validation {
+            let _ = writeln!(
+                out,
+                "## Simulator check: {} (first {} prompts)\n\nTraces of these prompts (`specfit record`'s format) replayed by `specfit-sim` with this machine's calibration (verify cost, drafting cost, per-layer LRU), against the tok/s measured on the same prompts.\n",
+                v.name, v.prompts
+            );
+            let _ = writeln!(
+                out,
+                "| policy | slots | measured tok/s | simulated tok/s | error |"
+            );
+            let _ = writeln!(out, "| --- | --- | --- | --- | --- |");
+            for c in &v.checks {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {:.1} | {:.1} | {:+.1}% |",
+                    c.label,
+                    c.slots,
+                    c.measured_tok_s,
+                    c.simulated_tok_s,
+                    100.0 * c.error
+                );
             }
             let _ = writeln!(out);
         }

@@ -1,0 +1,160 @@
+//! Checks the trace simulator against the bench's own measurements: records traces (the full
+//! draft pool with the target's routes at every greedy position) of the first prompts of each
+//! set, replays them under each measured configuration with this machine's calibration (verify
+//! cost, drafting cost, per-layer LRU), and sets the predicted tok/s beside the measured tok/s of
+//! the same prompts. It measures nothing itself beyond recording the traces.
+
+use anyhow::Result;
+use serde::Serialize;
+use specfit_engine::spec::{record, Atlas, TreeShape};
+use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
+use specfit_selector::json::CalibrationJson;
+use specfit_selector::Objective;
+use specfit_sim::{simulate, Drafting, SimConfig, SimPolicy};
+use specfit_trace::{TraceHeader, TraceStep};
+
+use super::plan::{Config, Slots};
+use super::report::Tally;
+use crate::policy::{self, Policy, RouteChoice};
+
+/// One configuration's predicted and measured throughput on the validation prompts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub label: String,
+    pub slots: usize,
+    pub measured_tok_s: f64,
+    pub simulated_tok_s: f64,
+    /// simulated / measured − 1.
+    pub error: f64,
+}
+
+/// The validation of one prompt set.
+#[derive(Debug, Clone, Serialize)]
+pub struct SetValidation {
+    pub name: String,
+    pub prompts: usize,
+    pub checks: Vec<Check>,
+}
+
+/// Records one trace per prompt: `positions[i]` greedy positions of `prompts[i]`.
+pub fn traces(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    atlas: &mut Atlas,
+    prompts: &[(&[u32], usize)],
+) -> Result<Vec<Vec<TraceStep>>> {
+    prompts
+        .iter()
+        .map(|&(p, positions)| {
+            Ok(record(
+                model,
+                drafter,
+                cache,
+                atlas,
+                p,
+                TreeShape::default(),
+                positions,
+            )?)
+        })
+        .collect()
+}
+
+/// What the simulator needs besides the traces.
+pub struct Machine<'a> {
+    pub header: TraceHeader,
+    pub calibration: &'a CalibrationJson,
+    pub model: &'a Qwen3Moe,
+    pub budget: usize,
+}
+
+/// The simulator's policy for a configuration (`None` for route sources the trace does not
+/// hold: corrupted or predicted routes).
+fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
+    if c.policy.needs_routes() && c.routes != RouteChoice::Atlas {
+        return Ok(None);
+    }
+    let cal = m.calibration;
+    let max_nodes = m.budget.min(cal.max_nodes);
+    Ok(Some(match c.policy {
+        Policy::Ar => SimPolicy::Ar,
+        Policy::Eagle3 => SimPolicy::TopK(m.budget),
+        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident => {
+            let residency = c.policy == Policy::SpecfitResident;
+            let objective = if c.policy == Policy::SpecfitLambda {
+                Objective::lambda(policy::default_lambda(cal, m.model)?)?
+            } else {
+                Objective::Ratio
+            };
+            SimPolicy::SpecFit {
+                cost: policy::scale_beta(&cal.cost_model(residency)?, c.beta_scale)?,
+                objective,
+                max_nodes,
+                stop_rule: true,
+                residency,
+            }
+        }
+    }))
+}
+
+/// Replays every trace under every configuration and compares with `measured` (the tallies of
+/// the same prompts).
+pub fn check(
+    name: &str,
+    traces: &[Vec<TraceStep>],
+    configs: &[Config],
+    measured: &[Tally],
+    m: &Machine<'_>,
+) -> Result<SetValidation> {
+    let true_cost = m.calibration.cost_model(true)?;
+    let drafting = m
+        .calibration
+        .drafting
+        .map_or(Drafting::default(), |d| Drafting {
+            ms_per_level: d.ms_per_level,
+            feed_ms: d.feed_ms,
+            feed_ms_per_token: d.feed_ms_per_token,
+        });
+    let mut checks = Vec::new();
+    for (c, t) in configs.iter().zip(measured) {
+        let Some(policy) = sim_policy(c, m)? else {
+            continue;
+        };
+        let config = SimConfig {
+            slots: match c.slots {
+                Slots::None => 0,
+                Slots::Count(n) => n,
+            },
+            true_cost: true_cost.clone(),
+            drafting,
+        };
+        let (mut committed, mut ms) = (0usize, 0.0f64);
+        for steps in traces.iter().filter(|s| !s.is_empty()) {
+            let r = simulate(&m.header, steps, &policy, &config)?;
+            committed += r.committed;
+            ms += r.time_ms;
+        }
+        let simulated = if ms > 0.0 {
+            1e3 * committed as f64 / ms
+        } else {
+            0.0
+        };
+        let measured = t.tokens_per_second();
+        checks.push(Check {
+            label: c.label.clone(),
+            slots: c.slots.number(),
+            measured_tok_s: measured,
+            simulated_tok_s: simulated,
+            error: if measured > 0.0 {
+                simulated / measured - 1.0
+            } else {
+                0.0
+            },
+        });
+    }
+    Ok(SetValidation {
+        name: name.to_string(),
+        prompts: traces.len(),
+        checks,
+    })
+}

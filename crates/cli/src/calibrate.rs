@@ -37,8 +37,8 @@ pub struct Args {
     /// EAGLE-3 drafter that drafts the probed pools (default: the shipped drafter).
     #[arg(long)]
     drafter: Option<PathBuf>,
-    /// Calibration prompts, JSON Lines with a "question" field (default: the shipped GSM8K
-    /// train questions, disjoint from the bench prompts).
+    /// Calibration prompts, JSON Lines with a "question" field (default: the shipped GSM8K train
+    /// questions and CNN/DM training articles, disjoint from the bench prompts).
     #[arg(long)]
     prompts: Option<PathBuf>,
     /// Probe forwards per prompt.
@@ -120,12 +120,11 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let (model, mut cache) = target.load()?;
     let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);
     let drafter = Eagle3::load(&drafter_dir, model.config())?;
-    let prompts_path = args
-        .prompts
-        .clone()
-        .unwrap_or_else(|| crate::paths::shipped("data/calibration/gsm8k_train.jsonl"));
     let tokenizer = Tokenizer::load(&model_dir)?;
-    let prompts = read_prompts(&prompts_path, &tokenizer)?;
+    let prompts = match &args.prompts {
+        Some(path) => read_prompts(path, &tokenizer)?,
+        None => default_prompts(&tokenizer)?,
+    };
     let plan = Plan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,
@@ -135,6 +134,17 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
         file,
         crate::paths::calibration(&model_dir, crate::target::tier_key(&cache)),
     ))
+}
+
+/// The shipped calibration prompts: 24 GSM8K train questions and 6 CNN/DM training articles (short
+/// and long contexts), all disjoint from the bench prompts.
+pub fn default_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    let mut prompts = Vec::new();
+    for file in ["gsm8k_train.jsonl", "cnn_dm_train.jsonl"] {
+        let path = crate::paths::shipped(&format!("data/calibration/{file}"));
+        prompts.extend(read_prompts(&path, tokenizer)?);
+    }
+    Ok(prompts)
 }
 
 /// Calibration prompts: a JSON Lines file with a "question" per line, rendered as chat.
@@ -199,7 +209,23 @@ pub fn measure(
     }
     let cal = calibrate(&rows)?;
     print_fit(&cal);
+    let mut steps = Vec::new();
+    for prompt in prompts {
+        steps.extend(plain_steps(model, cache, prompt, 16)?);
+    }
     let mut file = CalibrationJson::new(&cal);
+    file.replay = Some(replay_fit(&engine_rows, &steps, plan.max_nodes)?);
+    let r = file.replay.as_ref().expect("just set");
+    eprintln!(
+        "replay model (verify probes + {} plain steps): R² = {:.4}, median |error| = {:.3} ms; plain step {:.3} ms, hit {:.4} ms, miss {:.4} ms, attention {:.2e} ms per token per cached token",
+        steps.len(),
+        r.r2,
+        r.median_abs_err_ms,
+        r.ar_intercept,
+        r.beta_hit,
+        r.beta_miss,
+        r.context_ms
+    );
     let mut stamp = target_stamp(model.config());
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
     stamp.insert("slots".into(), cache.slots_per_layer().into());
@@ -256,4 +282,113 @@ fn print_fit(cal: &Calibration) {
             f.r2, f.median_abs_err_ms
         );
     }
+}
+
+/// One timed plain-decoding forward.
+#[derive(Debug, Clone, Copy)]
+pub struct PlainStep {
+    pub hits: u64,
+    pub misses: u64,
+    pub context: usize,
+    pub ms: f64,
+}
+
+/// Prefills `prompt`, then times `n` greedy one-token forwards through `cache`.
+fn plain_steps(
+    model: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<PlainStep>> {
+    use specfit_engine::{Batch, Logits};
+    let mut kv = model.new_kv_cache();
+    let batch = Batch {
+        logits: Logits::Last,
+        ..Batch::causal(prompt)
+    };
+    let mut next = model.forward(&batch, &mut kv, cache)?.argmax(0);
+    let mut steps = Vec::with_capacity(n);
+    for _ in 0..n {
+        let context = kv.len();
+        let t = std::time::Instant::now();
+        let out = model.forward(&Batch::causal(&[next]), &mut kv, cache)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        next = out.argmax(0);
+        steps.push(PlainStep {
+            hits: out.copies.total.hits,
+            misses: out.copies.total.misses,
+            context,
+            ms,
+        });
+    }
+    Ok(steps)
+}
+
+/// The replay model (see `ReplayJson`) by NNLS over verify probes and plain steps. Columns:
+/// the plain-step intercept, `a[0..=K]`, hits, misses, (verified tokens × cached tokens).
+pub fn replay_fit(
+    probes: &[specfit_engine::spec::ProbeRow],
+    steps: &[PlainStep],
+    max_nodes: usize,
+) -> Result<specfit_selector::json::ReplayJson> {
+    let k = max_nodes.max(probes.iter().map(|p| p.nodes).max().unwrap_or(0));
+    let cols = 1 + (k + 1) + 3;
+    let mut a = Vec::with_capacity((probes.len() + steps.len()) * cols);
+    let mut b = Vec::with_capacity(probes.len() + steps.len());
+    for p in probes {
+        let mut row = vec![0.0; cols];
+        row[1 + p.nodes] = 1.0;
+        row[k + 2] = p.hits as f64;
+        row[k + 3] = p.misses as f64;
+        row[k + 4] = ((p.nodes + 1) * p.context) as f64;
+        a.extend(row);
+        b.push(p.ms);
+    }
+    for s in steps {
+        let mut row = vec![0.0; cols];
+        row[0] = 1.0;
+        row[k + 2] = s.hits as f64;
+        row[k + 3] = s.misses as f64;
+        row[k + 4] = s.context as f64;
+        a.extend(row);
+        b.push(s.ms);
+    }
+    let rows = b.len();
+    ensure!(
+        rows > cols,
+        "too few probe rows ({rows}) to fit the replay model"
+    );
+    let x = specfit_selector::nnls::nnls(
+        specfit_selector::nnls::Matrix {
+            data: &a,
+            rows,
+            cols,
+        },
+        &b,
+    )?;
+    let predicted: Vec<f64> = (0..rows)
+        .map(|r| (0..cols).map(|c| a[r * cols + c] * x[c]).sum())
+        .collect();
+    let mean = b.iter().sum::<f64>() / rows as f64;
+    let ss_res: f64 = b.iter().zip(&predicted).map(|(y, p)| (y - p).powi(2)).sum();
+    let ss_tot: f64 = b.iter().map(|y| (y - mean).powi(2)).sum();
+    let mut err: Vec<f64> = b
+        .iter()
+        .zip(&predicted)
+        .map(|(y, p)| (y - p).abs())
+        .collect();
+    err.sort_by(f64::total_cmp);
+    Ok(specfit_selector::json::ReplayJson {
+        intercepts: x[1..k + 2].to_vec(),
+        ar_intercept: x[0],
+        beta_hit: x[k + 2],
+        beta_miss: x[k + 3],
+        context_ms: x[k + 4],
+        r2: if ss_tot > 0.0 {
+            1.0 - ss_res / ss_tot
+        } else {
+            1.0
+        },
+        median_abs_err_ms: err[err.len() / 2],
+    })
 }

@@ -110,6 +110,8 @@ pub fn run(args: &Args) -> Result<()> {
     for &s in &slots {
         let config = SimConfig {
             drafting,
+            context_ms: 0.0,
+            ar_intercept: None,
             slots: s,
             true_cost: true_cost.clone(),
         };

@@ -876,6 +876,8 @@ pub struct ProbeRow {
     /// Committed tokens fed back to the drafter after the verify, and the time it took.
     pub fed: usize,
     pub feed_ms: f64,
+    /// Tokens already in the target's KV cache (the context every verified token attends to).
+    pub context: usize,
 }
 
 /// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
@@ -924,6 +926,7 @@ pub fn probe(
             draft_ms,
             fed: v.committed.len(),
             feed_ms: 0.0,
+            context: n,
         });
         let t1 = Instant::now();
         advance_drafter(target, drafter, &mut draft, n, &v)?;

@@ -316,6 +316,27 @@ pub struct CalibrationJson {
     /// Drafting costs, when the calibration was measured on an engine with a drafter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drafting: Option<DraftingJson>,
+    /// The fuller machine model trace replay uses (see [`ReplayJson`]), when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayJson>,
+}
+
+/// What a forward costs on the measured machine, for trace replay: a verify forward of `n` draft
+/// nodes costs `intercepts[n] + beta_hit · hits + beta_miss · misses + context_ms · (n + 1) · c`
+/// and a plain-decoding step `ar_intercept + beta_hit · hits + beta_miss · misses +
+/// context_ms · c`, where `c` is the number of tokens already cached (attention reads them all).
+/// Fitted jointly by NNLS on verify probes and plain steps over short and long prompts. The
+/// selector does not use it (its cost has no context term).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayJson {
+    pub intercepts: Vec<f64>,
+    pub ar_intercept: f64,
+    pub beta_hit: f64,
+    pub beta_miss: f64,
+    pub context_ms: f64,
+    pub r2: f64,
+    pub median_abs_err_ms: f64,
 }
 
 /// The `format` tag of calibration files.
@@ -337,6 +358,7 @@ impl CalibrationJson {
             fit: fit(&cal.paper),
             target: None,
             drafting: None,
+            replay: None,
             cost_residency: cal
                 .residency
                 .as_ref()

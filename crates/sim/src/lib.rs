@@ -43,6 +43,10 @@ pub struct SimConfig {
     /// What drafting adds to each speculative cycle (zero: verify time only, as in the paper's
     /// cost model).
     pub drafting: Drafting,
+    /// Attention's share: ms per verified token per token already cached (the trace position).
+    pub context_ms: f64,
+    /// A plain-decoding step's intercept, when it differs from a root-only verify's `a[0]`.
+    pub ar_intercept: Option<f64>,
 }
 
 /// The drafter's time per speculative cycle: `ms_per_level` for each drafted level past the
@@ -126,13 +130,62 @@ impl Lru {
     }
 }
 
-/// Replays `steps` (consecutive positions) under `policy` on `config`.
+/// Replays `steps` (consecutive positions) under `policy` on `config`, from empty caches.
 pub fn simulate(
     header: &TraceHeader,
     steps: &[TraceStep],
     policy: &SimPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
+    simulate_many(header, &[steps.to_vec()], policy, config)
+}
+
+/// Replays several traces one after the other, the expert caches carrying over from one to the
+/// next (as in a session serving one prompt after another), and sums the reports.
+pub fn simulate_many(
+    header: &TraceHeader,
+    traces: &[Vec<TraceStep>],
+    policy: &SimPolicy,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    let mut lru = Lru {
+        slots: config.slots,
+        layers: vec![Vec::new(); header.moe_layers],
+    };
+    let mut selector = match policy {
+        SimPolicy::SpecFit {
+            cost,
+            objective,
+            max_nodes,
+            ..
+        } => Some(Selector::new(cost.clone(), *max_nodes, *objective)?),
+        _ => None,
+    };
+    let mut report = SimReport::default();
+    for steps in traces {
+        replay(
+            header,
+            steps,
+            policy,
+            config,
+            selector.as_mut(),
+            &mut lru,
+            &mut report,
+        )?;
+    }
+    Ok(report)
+}
+
+/// One trace's cycles, added to `report`.
+fn replay(
+    header: &TraceHeader,
+    steps: &[TraceStep],
+    policy: &SimPolicy,
+    config: &SimConfig,
+    mut selector: Option<&mut Selector>,
+    lru: &mut Lru,
+    report: &mut SimReport,
+) -> Result<(), SimError> {
     for (index, s) in steps.iter().enumerate() {
         let want = steps[0].position + index;
         if s.position != want {
@@ -143,30 +196,21 @@ pub fn simulate(
             });
         }
     }
-    let mut selector = match policy {
-        SimPolicy::SpecFit {
-            cost,
-            objective,
-            max_nodes,
-            ..
-        } => Some(Selector::new(cost.clone(), *max_nodes, *objective)?),
-        _ => None,
-    };
-    let mut lru = Lru {
-        slots: config.slots,
-        layers: vec![Vec::new(); header.moe_layers],
-    };
-    let mut report = SimReport::default();
     let mut i = 0;
     while i < steps.len() {
         let step = &steps[i];
-        let (chosen, levels) = choose(header, step, policy, selector.as_mut(), &lru)?;
+        let (chosen, levels) = choose(header, step, policy, selector.as_deref_mut(), lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
         let (hits, misses) = lru.access(&union);
-        report.time_ms += config
+        let mut forward = config
             .true_cost
             .time_ms(chosen.len(), hits as u32, misses as u32);
+        if let (SimPolicy::Ar, Some(a)) = (policy, config.ar_intercept) {
+            forward += a - config.true_cost.intercepts()[0];
+        }
+        report.time_ms +=
+            forward + config.context_ms * (chosen.len() + 1) as f64 * step.position as f64;
         report.hits += hits;
         report.misses += misses;
         // Accept along agreeing chosen children, then the bonus token.
@@ -190,7 +234,7 @@ pub fn simulate(
         report.committed += accepted + 1;
         i += accepted + 1;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// The experts per layer a verify forward of the root and `chosen` needs (distinct, sorted).
@@ -321,6 +365,8 @@ pub fn preset(name: &str, max_nodes: usize) -> Option<Preset> {
 pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f64 {
     let config = SimConfig {
         drafting: Drafting::default(),
+        context_ms: 0.0,
+        ar_intercept: None,
         slots: 0,
         true_cost: CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"),
     };

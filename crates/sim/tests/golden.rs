@@ -46,6 +46,8 @@ fn config(slots: usize) -> SimConfig {
     // time = 10 + 0·hits + 1·misses, whatever the node count.
     SimConfig {
         drafting: Default::default(),
+        context_ms: 0.0,
+        ar_intercept: None,
         slots,
         true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
     }

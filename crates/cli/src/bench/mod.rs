@@ -374,10 +374,7 @@ fn calibration(
         path.display()
     );
     eprintln!("no calibration for this model and tier: measuring probe forwards first");
-    let prompts = crate::calibrate::read_prompts(
-        &crate::paths::shipped("data/calibration/gsm8k_train.jsonl"),
-        tokenizer,
-    )?;
+    let prompts = crate::calibrate::default_prompts(tokenizer)?;
     let mut cache = base.sibling(base.slots_per_layer(), CacheMode::Lru)?;
     let plan = crate::calibrate::Plan {
         cycles: 32,

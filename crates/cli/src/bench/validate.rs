@@ -10,7 +10,7 @@ use specfit_engine::spec::{record, Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::Objective;
-use specfit_sim::{simulate, Drafting, SimConfig, SimPolicy};
+use specfit_sim::{simulate_many, Drafting, SimConfig, SimPolicy};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use super::plan::{Config, Slots};
@@ -106,7 +106,7 @@ pub fn check(
     measured: &[Tally],
     m: &Machine<'_>,
 ) -> Result<SetValidation> {
-    let true_cost = m.calibration.cost_model(true)?;
+    let (true_cost, context_ms, ar_intercept) = machine_cost(m.calibration)?;
     let drafting = m
         .calibration
         .drafting
@@ -127,13 +127,12 @@ pub fn check(
             },
             true_cost: true_cost.clone(),
             drafting,
+            context_ms,
+            ar_intercept,
         };
-        let (mut committed, mut ms) = (0usize, 0.0f64);
-        for steps in traces.iter().filter(|s| !s.is_empty()) {
-            let r = simulate(&m.header, steps, &policy, &config)?;
-            committed += r.committed;
-            ms += r.time_ms;
-        }
+        // The bench's caches carry over from prompt to prompt; so do the simulator's.
+        let r = simulate_many(&m.header, traces, &policy, &config)?;
+        let (committed, ms) = (r.committed, r.time_ms);
         let simulated = if ms > 0.0 {
             1e3 * committed as f64 / ms
         } else {
@@ -156,5 +155,20 @@ pub fn check(
         name: name.to_string(),
         prompts: traces.len(),
         checks,
+    })
+}
+
+/// The simulated machine of a calibration: its replay fit (context term, plain-step intercept)
+/// when it has one, else its residency-aware fit.
+pub fn machine_cost(
+    cal: &CalibrationJson,
+) -> Result<(specfit_selector::CostModel, f64, Option<f64>)> {
+    Ok(match &cal.replay {
+        Some(r) => (
+            specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?,
+            r.context_ms,
+            Some(r.ar_intercept),
+        ),
+        None => (cal.cost_model(true)?, 0.0, None),
     })
 }

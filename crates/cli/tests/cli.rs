@@ -721,7 +721,7 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     assert!(train.status.success(), "{stderr}");
     // "held-out X (chance Y)": the head must beat guessing.
     let held: f64 = stderr
-        .split("held-out ")
+        .split(", held-out ")
         .nth(1)
         .unwrap()
         .split(' ')

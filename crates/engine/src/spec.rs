@@ -856,7 +856,7 @@ fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
 #[derive(Debug, Clone, Copy)]
 pub struct ProbePlan {
     pub shape: TreeShape,
-    /// Node counts cycle through `0..=max_nodes`.
+    /// Node counts cycle through `0..=max_nodes` (starting at `seed mod (max_nodes + 1)`).
     pub max_nodes: usize,
     pub cycles: usize,
     pub seed: u64,
@@ -905,7 +905,9 @@ pub fn probe(
         })?;
         let draft_ms = t0.elapsed().as_secs_f64() * 1e3;
         let levels = pool.iter().map(|p| p.depth).max().unwrap_or(0);
-        let want = (cycle / 2) % (max_nodes + 1);
+        // Sizes cycle through 0..=K, offset by the seed so that short probes of many prompts
+        // still cover every size.
+        let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
         if cycle % 2 == 1 {
             experts.clear();

@@ -33,11 +33,13 @@ pub struct Args {
     /// Positions of the synthetic trace.
     #[arg(long, default_value_t = 400)]
     positions: usize,
-    /// Synthetic routing: probability a token keeps each expert of the previous token.
-    #[arg(long, default_value_t = 0.5)]
+    /// Synthetic routing: probability a token keeps each expert of the previous token (default:
+    /// the value fitted to the paper's throughputs).
+    #[arg(long, default_value_t = specfit_sim::synth::PAPER_LOCALITY)]
     locality: f64,
-    /// Synthetic routing: probability a drafted child keeps each expert of its parent.
-    #[arg(long, default_value_t = 0.5)]
+    /// Synthetic routing: probability a drafted child keeps each expert of its parent (default:
+    /// the value fitted to the paper's throughputs).
+    #[arg(long, default_value_t = specfit_sim::synth::PAPER_SHARE)]
     share: f64,
     /// Calibration from `specfit calibrate` with a residency-aware fit.
     #[arg(long, required_unless_present = "preset", conflicts_with = "preset")]

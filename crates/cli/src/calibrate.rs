@@ -149,26 +149,10 @@ pub fn default_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
 
 /// Calibration prompts: a JSON Lines file with a "question" per line, rendered as chat.
 pub fn read_prompts(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
-    let text = read_text(path)?;
-    let mut prompts = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let v: serde_json::Value = serde_json::from_str(line)
-            .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
-        let q = v["question"].as_str().with_context(|| {
-            format!(
-                "{} line {}: no string field \"question\"",
-                path.display(),
-                i + 1
-            )
-        })?;
-        prompts.push(tokenizer.encode(&tokenizer.chat_prompt(q)?)?);
-    }
-    ensure!(!prompts.is_empty(), "{}: no prompts", path.display());
-    Ok(prompts)
+    use crate::prompt::{chat_tokens, read_jsonl, user_turn};
+    read_jsonl(path, usize::MAX, |v, at| {
+        chat_tokens(tokenizer, user_turn(v, at)?, at)
+    })
 }
 
 /// How much to probe.

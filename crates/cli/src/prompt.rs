@@ -47,3 +47,53 @@ impl PromptArgs {
         Ok(ids)
     }
 }
+
+/// Reads up to `limit` items from a JSON Lines file of prompts, one per non-empty line, each made
+/// by `item` from the line's JSON and its "FILE line N" (for error messages). No item at all is
+/// an error.
+pub fn read_jsonl<T>(
+    path: &Path,
+    limit: usize,
+    mut item: impl FnMut(&serde_json::Value, &str) -> Result<T>,
+) -> Result<Vec<T>> {
+    use anyhow::Context;
+    let text = crate::files::read_text(path)?;
+    let mut out = Vec::new();
+    let lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    for (i, line) in lines.take(limit) {
+        let at = format!("{} line {}", path.display(), i + 1);
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{at}: not JSON"))?;
+        out.push(item(&v, &at)?);
+    }
+    ensure!(!out.is_empty(), "{}: no prompts", path.display());
+    Ok(out)
+}
+
+/// The user turn of a prompt line: its `"question"`, Spec-Bench's `"turns"[0]`, or the first
+/// user message of a chat document's `"messages"`.
+pub fn user_turn<'a>(v: &'a serde_json::Value, at: &str) -> Result<&'a str> {
+    let user = v["question"]
+        .as_str()
+        .or_else(|| v["turns"][0].as_str())
+        .or_else(|| {
+            v["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["role"] == "user")?["content"]
+                .as_str()
+        });
+    user.ok_or_else(|| {
+        anyhow::anyhow!("{at}: no string \"question\", \"turns\"[0] or user message")
+    })
+}
+
+/// `user` rendered with the chat template and tokenized; no tokens is an error naming `at`.
+pub fn chat_tokens(tok: &Tokenizer, user: &str, at: &str) -> Result<Vec<u32>> {
+    let ids = tok.encode(&tok.chat_prompt(user)?)?;
+    ensure!(!ids.is_empty(), "{at}: the prompt encodes to no tokens");
+    Ok(ids)
+}

@@ -5,12 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{ensure, Result};
 use specfit_engine::predictor::{RoutePredictor, RouteSample};
 use specfit_engine::spec::{collect_route_samples, TreeShape};
 use specfit_engine::{Eagle3, Tokenizer};
 
-use crate::files::read_text;
 use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
@@ -44,33 +43,8 @@ pub struct Args {
 
 /// Reads prompts (see `--prompts`) rendered with the chat template.
 fn read_prompts(path: &Path, tok: &Tokenizer, limit: usize) -> Result<Vec<Vec<u32>>> {
-    let text = read_text(path)?;
-    let mut out = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        if out.len() == limit {
-            break;
-        }
-        let at = || format!("{} line {}", path.display(), i + 1);
-        let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
-        let user = v["question"].as_str().or_else(|| {
-            v["messages"]
-                .as_array()?
-                .iter()
-                .find(|m| m["role"] == "user")?["content"]
-                .as_str()
-        });
-        let user =
-            user.with_context(|| format!("{}: no \"question\" and no user message", at()))?;
-        let ids = tok.encode(&tok.chat_prompt(user)?)?;
-        ensure!(!ids.is_empty(), "{}: the prompt encodes to no tokens", at());
-        out.push(ids);
-    }
-    ensure!(!out.is_empty(), "{}: no prompts", path.display());
-    Ok(out)
+    use crate::prompt::{chat_tokens, read_jsonl, user_turn};
+    read_jsonl(path, limit, |v, at| chat_tokens(tok, user_turn(v, at)?, at))
 }
 
 pub fn run(args: &Args) -> Result<()> {

@@ -392,18 +392,8 @@ pub fn generate_spec(
     rule: &mut dyn Verify,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
-    if options.max_tokens == 0 {
-        return Ok(SpecReport::default());
-    }
-    let start = Instant::now();
-    let stats_before = experts.stats().clone();
-    // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
-    let mut sampler = Sampler::new(options.sampling, options.seed);
-    let state = prefill(target, drafter, experts, prompt, &mut sampler)?;
-    let prefill = (start.elapsed().as_secs_f64(), stats_before);
-    decode(
-        target, drafter, experts, routes, state, sampler, prefill, rule, options,
-    )
+    let from = Start::Prompt(prompt);
+    start_and_decode(target, drafter, experts, routes, from, rule, options)
 }
 
 /// [`generate_spec`] from a prompt prefilled once ([`Prefix::new`] with the drafter): runs the
@@ -418,13 +408,38 @@ pub fn generate_spec_from(
     rule: &mut dyn Verify,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
+    let from = Start::Prefix(prefix);
+    start_and_decode(target, drafter, experts, routes, from, rule, options)
+}
+
+/// Where a generation starts: a whole prompt, or a prompt prefilled once.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    Prompt(&'a [u32]),
+    Prefix(&'a Prefix),
+}
+
+/// Prefills (the whole prompt, or the last token of a prefix), then decodes.
+fn start_and_decode(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    routes: Routes<'_>,
+    from: Start<'_>,
+    rule: &mut dyn Verify,
+    options: &SpecOptions,
+) -> Result<SpecReport, EngineError> {
     if options.max_tokens == 0 {
         return Ok(SpecReport::default());
     }
     let start = Instant::now();
     let stats_before = experts.stats().clone();
+    // Prefill the target (with the drafter's taps) and the drafter (shifted by one token).
     let mut sampler = Sampler::new(options.sampling, options.seed);
-    let state = resume(target, drafter, experts, prefix, &mut sampler)?;
+    let state = match from {
+        Start::Prompt(prompt) => prefill(target, drafter, experts, prompt, &mut sampler)?,
+        Start::Prefix(prefix) => resume(target, drafter, experts, prefix, &mut sampler)?,
+    };
     let prefill = (start.elapsed().as_secs_f64(), stats_before);
     decode(
         target, drafter, experts, routes, state, sampler, prefill, rule, options,

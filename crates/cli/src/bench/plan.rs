@@ -4,10 +4,9 @@
 
 use std::path::Path;
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{Context, Result};
 use specfit_engine::Tokenizer;
 
-use crate::files::read_text;
 use crate::policy::{Policy, RouteChoice};
 
 /// One prompt of a set.
@@ -30,36 +29,17 @@ pub const DEFAULT_SETS: [(&str, usize); 2] = [("summarization", 40), ("math_reas
 /// Reads `path` (Spec-Bench JSON Lines: question_id, turns[0]) and renders the first `limit`
 /// prompts, in file order, with the model's chat template.
 pub fn read_set(name: &str, path: &Path, limit: usize, tok: &Tokenizer) -> Result<PromptSet> {
-    let text = read_text(path)?;
-    let mut prompts = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        if prompts.len() == limit {
-            break;
-        }
-        let at = || format!("{} line {}", path.display(), i + 1);
-        let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
-        let id = v["question_id"]
+    use crate::prompt::{chat_tokens, read_jsonl, user_turn};
+    let prompts = read_jsonl(path, limit, |v, at| {
+        let question_id = v["question_id"]
             .as_u64()
-            .with_context(|| format!("{}: no integer question_id", at()))?;
-        let turn = v["turns"][0]
-            .as_str()
-            .with_context(|| format!("{}: no string turns[0]", at()))?;
-        let tokens = tok.encode(&tok.chat_prompt(turn)?)?;
-        ensure!(
-            !tokens.is_empty(),
-            "{}: the prompt encodes to no tokens",
-            at()
-        );
-        prompts.push(BenchPrompt {
-            question_id: id,
+            .with_context(|| format!("{at}: no integer question_id"))?;
+        let tokens = chat_tokens(tok, user_turn(v, at)?, at)?;
+        Ok(BenchPrompt {
+            question_id,
             tokens,
-        });
-    }
-    ensure!(!prompts.is_empty(), "{}: no prompts", path.display());
+        })
+    })?;
     Ok(PromptSet {
         name: name.to_string(),
         prompts,

@@ -748,7 +748,7 @@ pub(crate) fn feed_drafter(
     first: usize,
 ) -> Result<DraftState, EngineError> {
     let positions: Vec<usize> = (first..first + tokens.len()).collect();
-    let out = drafter.forward(
+    let out = drafter.forward_last(
         target.embed(),
         tokens,
         DraftHidden::Target(feats),
@@ -760,7 +760,7 @@ pub(crate) fn feed_drafter(
     Ok(DraftState {
         kv,
         hidden: out.hidden[(t - 1) * h..].to_vec(),
-        logits: out.row(t - 1).to_vec(),
+        logits: out.row(0).to_vec(),
     })
 }
 

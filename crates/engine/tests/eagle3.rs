@@ -195,3 +195,50 @@ fn drafters_that_do_not_fit_the_target_are_refused() {
     );
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+#[test]
+fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
+    use specfit_engine::{DraftHidden, Mask};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (target, _) = specfit_engine::load_target(
+        &root.join("fixtures/qwen3moe/eagle_target"),
+        &specfit_engine::Tier::Ram,
+        usize::MAX,
+        specfit_engine::CacheMode::Lru,
+        None,
+    )
+    .unwrap();
+    let drafter =
+        specfit_engine::Eagle3::load(&root.join("fixtures/eagle3/tiny"), target.config()).unwrap();
+    let tokens = [3u32, 17, 101, 9, 250];
+    let width = 3 * target.config().hidden_size;
+    let feats: Vec<f32> = (0..tokens.len() * width)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
+    let (mut a, mut b) = (drafter.new_kv_cache(), drafter.new_kv_cache());
+    let all = drafter
+        .forward(
+            target.embed(),
+            &tokens,
+            DraftHidden::Target(&feats),
+            None,
+            Mask::Causal,
+            &mut a,
+        )
+        .unwrap();
+    let last = drafter
+        .forward_last(
+            target.embed(),
+            &tokens,
+            DraftHidden::Target(&feats),
+            None,
+            Mask::Causal,
+            &mut b,
+        )
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(last.logits.len(), all.draft_vocab);
+    assert_eq!(bits(last.row(0)), bits(all.row(tokens.len() - 1)));
+    assert_eq!(bits(&last.hidden), bits(&all.hidden));
+    assert_eq!(a.len(), b.len());
+}

@@ -241,6 +241,35 @@ impl Eagle3 {
         mask: Mask<'_>,
         kv: &mut KvCache,
     ) -> Result<DraftOutput, EngineError> {
+        self.forward_rows(target_embed, tokens, hidden, positions, mask, kv, false)
+    }
+
+    /// [`Eagle3::forward`] computing the logits of the last token only (`row(0)`; the same
+    /// bits as `forward`'s last row): feeding committed tokens needs only the last row, and
+    /// the draft lm_head is most of the drafter's work.
+    pub fn forward_last(
+        &self,
+        target_embed: WeightView<'_>,
+        tokens: &[u32],
+        hidden: DraftHidden<'_>,
+        positions: Option<&[usize]>,
+        mask: Mask<'_>,
+        kv: &mut KvCache,
+    ) -> Result<DraftOutput, EngineError> {
+        self.forward_rows(target_embed, tokens, hidden, positions, mask, kv, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_rows(
+        &self,
+        target_embed: WeightView<'_>,
+        tokens: &[u32],
+        hidden: DraftHidden<'_>,
+        positions: Option<&[usize]>,
+        mask: Mask<'_>,
+        kv: &mut KvCache,
+        last_only: bool,
+    ) -> Result<DraftOutput, EngineError> {
         let (t, h) = (tokens.len(), self.cfg.hidden_size);
         if let Some((index, &token)) = tokens
             .iter()
@@ -302,7 +331,11 @@ impl Eagle3 {
         out.iter_mut().zip(&mlp).for_each(|(a, b)| *a += b);
         // Logits over the draft vocabulary from the final norm.
         rms_norm(&out, &self.norm, eps, &mut normed);
-        let logits = self.lm_head.forward(&normed, t);
+        let logits = if last_only && t > 0 {
+            self.lm_head.forward(&normed[(t - 1) * h..], 1)
+        } else {
+            self.lm_head.forward(&normed, t)
+        };
         Ok(DraftOutput {
             hidden: out,
             logits,

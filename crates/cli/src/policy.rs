@@ -25,6 +25,9 @@ pub enum Policy {
     SpecfitLambda,
     /// SpecFit with the residency-aware cost on the live slot contents.
     SpecfitResident,
+    /// SpecFit that decodes plainly (no drafting) for 1, 2, 4, … 16 tokens after each cycle
+    /// whose best subtree is empty (an extension beyond the paper; still lossless).
+    SpecfitAdaptive,
 }
 
 impl Policy {
@@ -32,7 +35,10 @@ impl Policy {
     pub fn needs_routes(self) -> bool {
         matches!(
             self,
-            Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident
+            Policy::Specfit
+                | Policy::SpecfitLambda
+                | Policy::SpecfitResident
+                | Policy::SpecfitAdaptive
         )
     }
 
@@ -43,6 +49,7 @@ impl Policy {
             Policy::Specfit => "specfit",
             Policy::SpecfitLambda => "specfit-lambda",
             Policy::SpecfitResident => "specfit-resident",
+            Policy::SpecfitAdaptive => "specfit-adaptive",
         }
     }
 }
@@ -149,7 +156,7 @@ pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn Verify>> {
         Policy::Ar => return Ok(Box::new(TopK(0))),
         Policy::Eagle3 => return Ok(Box::new(TopK(spec.budget))),
         Policy::SpecfitLambda => Objective::lambda(spec.lambda)?,
-        Policy::Specfit | Policy::SpecfitResident => Objective::Ratio,
+        Policy::Specfit | Policy::SpecfitResident | Policy::SpecfitAdaptive => Objective::Ratio,
     };
     let Some(cal) = spec.calibration else {
         bail!(
@@ -161,6 +168,7 @@ pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn Verify>> {
     let selector = Selector::new(cost, spec.budget.min(cal.max_nodes), objective)?;
     let mut rule = SpecFitRule::new(selector, model.config().num_experts);
     rule.use_resident = residency;
+    rule.adaptive = spec.policy == Policy::SpecfitAdaptive;
     Ok(Box::new(rule))
 }
 

@@ -20,7 +20,15 @@ pub struct SpecFitRule {
     pub use_resident: bool,
     /// Microseconds of each selection (search only), for reports.
     pub select_us: Vec<f64>,
+    /// Plain bursts: after a cycle whose subtree is empty, decode the next tokens without
+    /// drafting (1, 2, 4, … up to [`MAX_BURST`] while the subtree stays empty).
+    pub adaptive: bool,
+    empty_streak: u32,
+    burst: usize,
 }
+
+/// The longest plain burst of an adaptive rule.
+pub const MAX_BURST: usize = 16;
 
 impl std::fmt::Debug for SpecFitRule {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -45,6 +53,9 @@ impl SpecFitRule {
             stop_rule: true,
             use_resident: false,
             select_us: Vec::new(),
+            adaptive: false,
+            empty_streak: 0,
+            burst: 0,
         }
     }
 
@@ -101,7 +112,21 @@ impl Verify for SpecFitRule {
         pool: &[DraftNode],
         routes: &mut dyn RouteSource,
     ) -> Result<Vec<usize>, EngineError> {
-        Ok(self.select(pool, routes)?.1.nodes)
+        let nodes = self.select(pool, routes)?.1.nodes;
+        if self.adaptive {
+            if nodes.is_empty() {
+                self.empty_streak += 1;
+                self.burst = (1usize << (self.empty_streak - 1).min(4)).min(MAX_BURST);
+            } else {
+                self.empty_streak = 0;
+                self.burst = 0;
+            }
+        }
+        Ok(nodes)
+    }
+
+    fn plain_steps(&mut self) -> usize {
+        std::mem::take(&mut self.burst)
     }
 
     fn select_us(&self) -> &[f64] {

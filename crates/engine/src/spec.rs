@@ -57,6 +57,10 @@ pub trait Verify {
     fn select_us(&self) -> &[f64] {
         &[]
     }
+    /// Tokens to decode plainly (no drafting, no tree) before the next speculative cycle.
+    fn plain_steps(&mut self) -> usize {
+        0
+    }
 }
 
 /// Expert routes of a pool, per MoE layer: the root's and each node's experts.
@@ -333,6 +337,8 @@ pub struct SpecReport {
     pub cycles: usize,
     /// Draft nodes verified, summed over cycles.
     pub verified_nodes: usize,
+    /// Cycles that were plain decoding steps (bursts of an adaptive rule), included in `cycles`.
+    pub plain_steps: usize,
     /// Tokens committed per cycle, summed (accepted drafts + bonus).
     pub committed: usize,
     pub draft_seconds: f64,
@@ -352,6 +358,9 @@ pub struct SpecReport {
 /// The drafter's state between cycles.
 pub(crate) struct DraftState {
     pub(crate) kv: KvCache,
+    /// Drafter cache entries of committed tokens (fewer than the target's after plain bursts,
+    /// whose tokens the drafter skips; tree entries come after them).
+    committed: usize,
     /// Last committed-position hidden output and logits (they predict level 1).
     hidden: Vec<f32>,
     logits: Vec<f32>,
@@ -478,6 +487,22 @@ fn decode(
     };
     let decode = Instant::now();
     while report.tokens.len() < max_tokens && !stop.contains(&root) {
+        let burst = rule.plain_steps();
+        if burst > 0 {
+            let t0 = Instant::now();
+            root = plain_burst(
+                target,
+                drafter,
+                experts,
+                (&mut kv, &mut draft),
+                (root, burst),
+                &mut sampler,
+                options,
+                &mut report,
+            )?;
+            report.verify_seconds += t0.elapsed().as_secs_f64();
+            continue;
+        }
         let n = kv.len(); // the root will sit at cache index / position n
         let t0 = Instant::now();
         let resident: Vec<Vec<u32>> = (0..target.config().moe_layers().len())
@@ -684,6 +709,56 @@ fn prefill(
     Ok((kv, root, draft))
 }
 
+/// Up to `burst` plain decoding steps after `root` (one target forward each, one token drawn
+/// exactly as plain decoding draws it), then the drafter learns the last new token only: the
+/// burst's earlier positions stay out of its cache, which can only cost acceptance, never
+/// exactness. Each step counts as a cycle that verified nothing. Returns the new root.
+#[allow(clippy::too_many_arguments)]
+fn plain_burst(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    (kv, draft): (&mut KvCache, &mut DraftState),
+    (mut root, burst): (u32, usize),
+    sampler: &mut Sampler,
+    options: &SpecOptions,
+    report: &mut SpecReport,
+) -> Result<u32, EngineError> {
+    let h = target.config().hidden_size;
+    for step in 0..burst {
+        if report.tokens.len() >= options.max_tokens || options.stop.contains(&root) {
+            break;
+        }
+        let at = kv.len();
+        let last = [root];
+        let batch = Batch {
+            taps: drafter.taps(),
+            logits: Logits::Last,
+            ..Batch::causal(&last)
+        };
+        let out = target.forward(&batch, kv, experts)?;
+        let next = sampler.sample(out.row(0));
+        report.cycles += 1;
+        report.plain_steps += 1;
+        report.committed += 1;
+        report.tokens.push(next);
+        if let Some(sink) = &options.on_token {
+            (sink.0)(next);
+        }
+        let done = step + 1 == burst
+            || report.tokens.len() >= options.max_tokens
+            || options.stop.contains(&next);
+        if done {
+            let features = concat_taps(&out.taps, 1, h);
+            draft.kv.truncate(draft.committed)?;
+            let cache = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+            *draft = feed_drafter(target, drafter, cache, &[next], &features, at)?;
+        }
+        root = next;
+    }
+    Ok(root)
+}
+
 /// Runs the prompt's last token on a copy of `prefix` (target with the drafter's taps, then the
 /// drafter on the first generated token): the state [`prefill`] would have left.
 fn resume(
@@ -721,7 +796,7 @@ fn advance_drafter(
     n: usize,
     v: &Verified,
 ) -> Result<(), EngineError> {
-    draft.kv.truncate(n)?;
+    draft.kv.truncate(draft.committed)?;
     let kv = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
     *draft = feed_drafter(target, drafter, kv, &v.committed, &v.features, n)?;
     Ok(())
@@ -758,6 +833,7 @@ pub(crate) fn feed_drafter(
     )?;
     let (t, h) = (tokens.len(), drafter.config().hidden_size);
     Ok(DraftState {
+        committed: kv.len(),
         kv,
         hidden: out.hidden[(t - 1) * h..].to_vec(),
         logits: out.row(0).to_vec(),
@@ -811,7 +887,7 @@ fn draft_tree(
             .enumerate()
             .map(|(i, &node)| {
                 let mut row = vec![false; cached + expand.len()];
-                row[..n].iter_mut().for_each(|v| *v = true);
+                row[..draft.committed].iter_mut().for_each(|v| *v = true);
                 let mut a = pool[node].parent;
                 while let Some(p) = a {
                     row[cache_index[p].expect("ancestors were fed")] = true;

@@ -591,3 +591,79 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     }
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+#[test]
+fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
+    use specfit_engine::policy::SpecFitRule;
+    use specfit_engine::spec::Atlas;
+    use specfit_selector::{CostModel, Objective, Selector};
+    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let ddir = root().join("fixtures/eagle3/tiny");
+    let load = |slots| {
+        specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Ram,
+            slots,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap()
+    };
+    let (target, _) = load(usize::MAX);
+    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let experts = target.config().num_experts;
+    for (prompt, sampling) in [
+        (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),
+        (
+            &[1u32, 5][..],
+            Sampling::TopP {
+                temperature: 0.8,
+                top_p: 0.9,
+            },
+        ),
+    ] {
+        let want = generate(
+            &target,
+            &mut load(2).1,
+            prompt,
+            &mut Sampler::new(sampling, 7),
+            &GenerateOptions {
+                max_tokens: 40,
+                stop: vec![],
+            },
+            |_| {},
+        )
+        .unwrap()
+        .tokens;
+        // Cheap experts (verifies nodes, few bursts) and dear ones (mostly empty subtrees: bursts).
+        let mut bursts = Vec::new();
+        for beta in [0.0, 50.0] {
+            let cost = CostModel::paper(vec![1.0; 8], beta).unwrap();
+            let mut rule =
+                SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
+            rule.adaptive = true;
+            let mut atlas = Atlas::new(load(usize::MAX).1);
+            let options = SpecOptions {
+                max_tokens: 40,
+                sampling,
+                seed: 7,
+                ..SpecOptions::default()
+            };
+            let got = generate_spec(
+                &target,
+                &drafter,
+                &mut load(2).1,
+                Routes::Atlas(&mut atlas),
+                prompt,
+                &mut rule,
+                &options,
+            )
+            .unwrap();
+            assert_eq!(got.tokens, want, "β {beta} {sampling:?}");
+            assert!(got.plain_steps < got.cycles);
+            bursts.push(got.plain_steps);
+        }
+        // Dear experts leave the subtree empty and trigger bursts; free ones verify nodes.
+        assert!(bursts[1] > 0 && bursts[1] >= bursts[0], "{bursts:?}");
+    }
+}

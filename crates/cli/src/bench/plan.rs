@@ -125,6 +125,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
     if !s.quick {
         out.push(Config::new(Policy::SpecfitLambda, atlas.clone(), d, 1.0));
         out.push(Config::new(Policy::SpecfitResident, atlas.clone(), d, 1.0));
+        out.push(Config::new(Policy::SpecfitAdaptive, atlas.clone(), d, 1.0));
         if let Some(p) = &s.predictor {
             let r = RouteChoice::Predictor(p.clone());
             out.push(Config::new(Policy::Specfit, r, d, 1.0));
@@ -183,6 +184,7 @@ mod tests {
             "specfit@8",
             "specfit-lambda@8",
             "specfit-resident@8",
+            "specfit-adaptive@8",
             "specfit[predictor]@8",
             "specfit[corrupt:0.4]@8",
             "specfit β×2@8",
@@ -202,7 +204,7 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 9 + 2 + 3 * 3);
+        assert_eq!(c.len(), 10 + 2 + 3 * 3);
     }
 
     #[test]

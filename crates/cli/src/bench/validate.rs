@@ -71,7 +71,10 @@ pub struct Machine<'a> {
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
 /// hold: corrupted or predicted routes).
 fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
-    if c.policy.needs_routes() && c.routes != RouteChoice::Atlas {
+    // The trace holds atlas routes only, and the simulator has no plain bursts.
+    if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
+        || c.policy == Policy::SpecfitAdaptive
+    {
         return Ok(None);
     }
     let cal = m.calibration;
@@ -79,7 +82,10 @@ fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
     Ok(Some(match c.policy {
         Policy::Ar => SimPolicy::Ar,
         Policy::Eagle3 => SimPolicy::TopK(m.budget),
-        Policy::Specfit | Policy::SpecfitLambda | Policy::SpecfitResident => {
+        Policy::Specfit
+        | Policy::SpecfitLambda
+        | Policy::SpecfitResident
+        | Policy::SpecfitAdaptive => {
             let residency = c.policy == Policy::SpecfitResident;
             let objective = if c.policy == Policy::SpecfitLambda {
                 Objective::lambda(policy::default_lambda(cal, m.model)?)?

@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long)]
     limit: Option<usize>,
     /// Most new tokens per prompt.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 28)]
     max_tokens: usize,
     /// Draft nodes verified per cycle by eagle3 and at most by specfit (K).
     #[arg(long, default_value_t = 7)]

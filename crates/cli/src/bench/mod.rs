@@ -62,7 +62,7 @@ pub struct Args {
     /// Draft nodes verified per cycle by eagle3 and at most by specfit (K).
     #[arg(long, default_value_t = 7)]
     budget: usize,
-    /// A short run: 8 prompts per set, 32 tokens, the main policies at the default and no-cache
+    /// A short run: 8 prompts per set, at most 32 new tokens, the main policies at the default and no-cache
     /// points only.
     #[arg(long)]
     quick: bool,

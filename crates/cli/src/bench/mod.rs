@@ -136,21 +136,30 @@ pub fn run(args: &Args) -> Result<()> {
                 &mut prefill_cache,
                 &prompt.tokens,
             )?;
-            let mut reference: Option<Vec<u32>> = None;
-            for (i, (config, runner)) in configs.iter().zip(&mut runners).enumerate() {
+            // Configurations run in an order rotated by one per prompt, so that none always runs
+            // first after the prefill; every output is then checked against `ar`'s (config 0).
+            let n = configs.len();
+            let mut outcomes: Vec<Option<(Outcome, Vec<f64>)>> = (0..n).map(|_| None).collect();
+            for k in 0..n {
+                let i = (k + index) % n;
+                let runner = &mut runners[i];
                 let before = runner.rule.select_us().len();
-                let outcome = run_one(&mut s, config, runner, &prefix)?;
+                let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
                 let select_us = runner.rule.select_us()[before..].to_vec();
-                let want = reference.get_or_insert_with(|| outcome.tokens.clone());
-                let same = *want == outcome.tokens;
-                row[i].add(&outcome, &select_us, prompt.question_id, same);
-                if index < args.validate {
-                    checked[i].add(&outcome, &select_us, prompt.question_id, same);
-                }
+                outcomes[i] = Some((outcome, select_us));
                 bar.inc(1);
             }
+            let outcomes: Vec<(Outcome, Vec<f64>)> = outcomes.into_iter().flatten().collect();
+            let reference = outcomes[0].0.tokens.clone();
+            for (i, (outcome, select_us)) in outcomes.iter().enumerate() {
+                let same = outcome.tokens == reference;
+                row[i].add(outcome, select_us, prompt.question_id, same);
+                if index < args.validate {
+                    checked[i].add(outcome, select_us, prompt.question_id, same);
+                }
+            }
             if index < args.validate {
-                lengths.push(reference.map_or(0, |r| r.len()));
+                lengths.push(reference.len());
             }
         }
         if args.validate > 0 {

@@ -10,6 +10,19 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The fixture target with `slots` LRU slots per layer, experts in RAM.
+fn fixture_target(slots: usize) -> (specfit_engine::Qwen3Moe, specfit_engine::ExpertCache) {
+    let dir = root().join("fixtures/qwen3moe/eagle_target");
+    specfit_engine::load_target(
+        &dir,
+        &specfit_engine::Tier::Ram,
+        slots,
+        CacheMode::Lru,
+        None,
+    )
+    .unwrap()
+}
+
 #[test]
 fn tree_decoding_commits_exactly_the_greedy_tokens() {
     let tdir = root().join("fixtures/qwen3moe/eagle_target");
@@ -208,18 +221,8 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
     let ddir = root().join("fixtures/eagle3/tiny");
-    let load = |slots| {
-        specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Ram,
-            slots,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap()
-    };
+    let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
     let drafter = Eagle3::load(&ddir, target.config()).unwrap();
     let prompt = [1u32, 243, 56, 119, 188, 74];
@@ -308,18 +311,8 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
 
 #[test]
 fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_seed() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
     let ddir = root().join("fixtures/eagle3/tiny");
-    let load = |slots| {
-        specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Ram,
-            slots,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap()
-    };
+    let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
     let drafter = Eagle3::load(&ddir, target.config()).unwrap();
     let prompt = [1u32, 243, 56, 119];
@@ -462,18 +455,8 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
 #[test]
 fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     use specfit_engine::spec::{record, Atlas};
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
     let ddir = root().join("fixtures/eagle3/tiny");
-    let load = |slots| {
-        specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Ram,
-            slots,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap()
-    };
+    let load = fixture_target;
     let (target, mut cache) = load(2);
     let drafter = Eagle3::load(&ddir, target.config()).unwrap();
     let prompt = [1u32, 243, 56, 119];
@@ -597,18 +580,8 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
     let ddir = root().join("fixtures/eagle3/tiny");
-    let load = |slots| {
-        specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Ram,
-            slots,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap()
-    };
+    let load = fixture_target;
     let (target, _) = load(usize::MAX);
     let drafter = Eagle3::load(&ddir, target.config()).unwrap();
     let experts = target.config().num_experts;

@@ -373,26 +373,14 @@ pub fn replay_fit(
     let predicted: Vec<f64> = (0..rows)
         .map(|r| (0..cols).map(|c| a[r * cols + c] * x[c]).sum())
         .collect();
-    let mean = b.iter().sum::<f64>() / rows as f64;
-    let ss_res: f64 = b.iter().zip(&predicted).map(|(y, p)| (y - p).powi(2)).sum();
-    let ss_tot: f64 = b.iter().map(|y| (y - mean).powi(2)).sum();
-    let mut err: Vec<f64> = b
-        .iter()
-        .zip(&predicted)
-        .map(|(y, p)| (y - p).abs())
-        .collect();
-    err.sort_by(f64::total_cmp);
+    let (r2, median_abs_err_ms) = specfit_selector::calibrate::quality(&b, &predicted);
     Ok(specfit_selector::json::ReplayJson {
         intercepts: x[1..k + 2].to_vec(),
         ar_intercept: x[0],
         beta_hit: x[k + 2],
         beta_miss: x[k + 3],
         context_ms: x[k + 4],
-        r2: if ss_tot > 0.0 {
-            1.0 - ss_res / ss_tot
-        } else {
-            1.0
-        },
-        median_abs_err_ms: err[err.len() / 2],
+        r2,
+        median_abs_err_ms,
     })
 }

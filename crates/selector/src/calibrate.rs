@@ -172,8 +172,9 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
     })
 }
 
-/// R² and the median absolute error of predictions against measurements.
-fn quality(measured: &[f64], predicted: &[f64]) -> (f64, f64) {
+/// R² and the median absolute error of predictions against measurements (the fit quality
+/// every cost fit reports).
+pub fn quality(measured: &[f64], predicted: &[f64]) -> (f64, f64) {
     let mean = measured.iter().sum::<f64>() / measured.len() as f64;
     let ss_tot: f64 = measured.iter().map(|y| (y - mean).powi(2)).sum();
     let ss_res: f64 = measured

@@ -13,7 +13,7 @@ use specfit_selector::Objective;
 use specfit_sim::{simulate_many, Drafting, SimConfig, SimPolicy};
 use specfit_trace::{TraceHeader, TraceStep};
 
-use super::plan::{Config, Slots};
+use super::plan::Config;
 use super::report::Tally;
 use crate::policy::{self, Policy, RouteChoice};
 
@@ -127,10 +127,7 @@ pub fn check(
             continue;
         };
         let config = SimConfig {
-            slots: match c.slots {
-                Slots::None => 0,
-                Slots::Count(n) => n,
-            },
+            slots: c.slots.number(),
             true_cost: true_cost.clone(),
             drafting,
             context_ms,

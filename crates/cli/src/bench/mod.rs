@@ -45,10 +45,15 @@ pub struct Args {
     /// 100%, half, a quarter and none.
     #[arg(long)]
     slots: Option<usize>,
-    /// Cost calibration (default: MODEL/specfit-calibration.TIER.json, measured first when
-    /// missing).
+    /// Use this cost calibration instead of measuring one. By default every run measures a
+    /// fresh calibration first (about 25 s on the shipped model) and saves it as
+    /// MODEL/specfit-calibration.TIER.json: this machine's speed drifts (other load, the disk),
+    /// and both SpecFit's choices and the simulator check need today's costs.
     #[arg(long)]
     calibration: Option<PathBuf>,
+    /// Reuse MODEL/specfit-calibration.TIER.json when it exists instead of measuring.
+    #[arg(long, conflicts_with = "calibration")]
+    reuse_calibration: bool,
     /// Prompt sets: Spec-Bench category names (data/spec_bench/NAME.jsonl) or JSON Lines paths.
     #[arg(long, value_delimiter = ',', default_values_t = ["summarization".to_string(), "math_reasoning".to_string()])]
     prompts: Vec<String>,
@@ -370,15 +375,15 @@ fn calibration(
     base: &ExpertCache,
     tokenizer: &Tokenizer,
 ) -> Result<(CalibrationJson, PathBuf)> {
-    let path = args
-        .calibration
-        .clone()
-        .unwrap_or_else(|| crate::paths::calibration(&args.model, crate::target::tier_key(base)));
-    if path.exists() {
+    if let Some(path) = &args.calibration {
+        // (A missing --calibration file was refused in `setup`.)
+        return Ok((policy::load_calibration(path, model)?, path.clone()));
+    }
+    let path = crate::paths::calibration(&args.model, crate::target::tier_key(base));
+    if args.reuse_calibration && path.exists() {
         return Ok((policy::load_calibration(&path, model)?, path));
     }
-    // (A missing --calibration file was refused in `setup`.)
-    eprintln!("no calibration for this model and tier: measuring probe forwards first");
+    eprintln!("measuring this machine's costs first (probe forwards; --reuse-calibration skips this)");
     let prompts = crate::calibrate::default_prompts(tokenizer)?;
     let mut cache = base.sibling(base.slots_per_layer(), CacheMode::Lru)?;
     let plan = crate::calibrate::Plan {

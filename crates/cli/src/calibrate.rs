@@ -197,6 +197,12 @@ pub fn measure(
     for prompt in prompts {
         steps.extend(plain_steps(model, cache, prompt, 16)?);
     }
+    // Plain steps with every expert copied (the no-cache end of the sweep) tell the per-layer
+    // read latency apart from the per-copy cost.
+    let mut cleared = cache.sibling(usize::MAX, specfit_engine::CacheMode::ClearEveryForward)?;
+    for prompt in prompts.iter().skip(1).step_by(3) {
+        steps.extend(plain_steps(model, &mut cleared, prompt, 16)?);
+    }
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
     let mut resident = cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru)?;
@@ -221,58 +227,123 @@ pub fn measure(
     file.replay = Some(replay_fit(&replay_rows, &steps, plan.max_nodes)?);
     let r = file.replay.as_ref().expect("just set");
     eprintln!(
-        "replay model (verify probes + {} plain steps): R² = {:.4}, median |error| = {:.3} ms; plain step {:.3} ms, hit {:.4} ms, miss {:.4} ms, attention {:.2e} ms per token per cached token",
-        steps.len(),
+        "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per layer with a miss, attention {:.2e} ms per token per cached token",
+        replay_rows.len(),
         r.r2,
         r.median_abs_err_ms,
-        r.ar_intercept,
+        r.intercepts[0],
         r.beta_hit,
         r.beta_miss,
+        r.miss_layer_ms,
         r.context_ms
     );
+    if let Some(p) = &r.plain {
+        eprintln!(
+            "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per layer with a miss, attention {:.2e} ms per cached token",
+            steps.len(),
+            p.r2,
+            p.median_abs_err_ms,
+            p.intercept,
+            p.beta_hit,
+            p.beta_miss,
+            p.miss_layer_ms,
+            p.context_ms
+        );
+    }
     let mut stamp = target_stamp(model.config());
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
     stamp.insert("slots".into(), cache.slots_per_layer().into());
     file.target = Some(stamp);
-    file.drafting = Some(drafting_fit(&engine_rows));
+    file.drafting = Some(drafting_fit(&engine_rows)?);
     let d = file.drafting.as_ref().expect("just set");
     eprintln!(
-        "drafting: {:.3} ms per drafted level, feeding the drafter {:.3} ms + {:.3} ms per committed token",
-        d.ms_per_level, d.feed_ms, d.feed_ms_per_token
+        "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
+        d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
     );
     Ok(file)
 }
 
-/// Drafting costs from probe rows: mean time per drafter forward of a level, and a least-squares
-/// line (clamped to non-negative) of feed time against tokens fed.
-pub fn drafting_fit(rows: &[specfit_engine::spec::ProbeRow]) -> DraftingJson {
-    let forwards: usize = rows.iter().map(|r| r.draft_forwards).sum();
-    let draft_ms: f64 = rows.iter().map(|r| r.draft_ms).sum();
-    let ms_per_level = if forwards > 0 {
-        draft_ms / forwards as f64
-    } else {
-        0.0
-    };
-    let n = rows.len().max(1) as f64;
-    let mx = rows.iter().map(|r| r.fed as f64).sum::<f64>() / n;
-    let my = rows.iter().map(|r| r.feed_ms).sum::<f64>() / n;
-    let sxx: f64 = rows.iter().map(|r| (r.fed as f64 - mx).powi(2)).sum();
-    let sxy: f64 = rows
+/// Drafting costs from probe rows by NNLS: each drafted level past the first costs
+/// `ms_per_level + level_context_ms · c`, and feeding `t` committed tokens back costs
+/// `feed_ms + (feed_ms_per_token + feed_context_ms · c) · t` (`c` tokens cached).
+pub fn drafting_fit(rows: &[specfit_engine::spec::ProbeRow]) -> Result<DraftingJson> {
+    let levels: Vec<(Vec<f64>, f64)> = rows
         .iter()
-        .map(|r| (r.fed as f64 - mx) * (r.feed_ms - my))
-        .sum();
-    let slope = if sxx > 0.0 { (sxy / sxx).max(0.0) } else { 0.0 };
-    let intercept = my - slope * mx;
-    let (feed_ms, feed_ms_per_token) = if intercept >= 0.0 {
-        (intercept, slope)
-    } else {
-        (0.0, if mx > 0.0 { my / mx } else { 0.0 })
+        .filter(|r| r.draft_forwards > 0)
+        .map(|r| {
+            let f = r.draft_forwards as f64;
+            (vec![f, f * r.context as f64], r.draft_ms)
+        })
+        .collect();
+    let feeds: Vec<(Vec<f64>, f64)> = rows
+        .iter()
+        .map(|r| {
+            let t = r.fed as f64;
+            (vec![1.0, t, t * r.context as f64], r.feed_ms)
+        })
+        .collect();
+    let (level, _) = nnls_fit(&levels)?;
+    let (feed, _) = nnls_fit(&feeds)?;
+    Ok(DraftingJson {
+        ms_per_level: level[0],
+        level_context_ms: level[1],
+        feed_ms: feed[0],
+        feed_ms_per_token: feed[1],
+        feed_context_ms: feed[2],
+    })
+}
+
+/// A least-squares fit with non-negative coefficients of `ms ≈ row · x` and its quality (R²,
+/// median absolute error). Columns are scaled to unit maximum for the solver. Timing noise on a
+/// shared machine is one-sided (a preempted forward is only ever slower), so rows measured more
+/// than 5 median absolute errors above their prediction are dropped once and the fit repeated;
+/// the quality is reported on every row.
+pub fn nnls_fit(rows: &[(Vec<f64>, f64)]) -> Result<(Vec<f64>, (f64, f64))> {
+    let cols = rows.first().map_or(0, |r| r.0.len());
+    ensure!(
+        rows.len() > cols && cols > 0,
+        "too few measurements ({}) to fit {cols} costs",
+        rows.len()
+    );
+    let solve = |keep: &[bool]| -> Result<Vec<f64>> {
+        let kept: Vec<&(Vec<f64>, f64)> = rows.iter().zip(keep).filter(|(_, &k)| k).map(|(r, _)| r).collect();
+        let scales: Vec<f64> = (0..cols)
+            .map(|c| kept.iter().map(|r| r.0[c].abs()).fold(0.0, f64::max))
+            .map(|m| if m > 0.0 { m } else { 1.0 })
+            .collect();
+        let a: Vec<f64> = kept
+            .iter()
+            .flat_map(|r| r.0.iter().zip(&scales).map(|(v, s)| v / s))
+            .collect();
+        let b: Vec<f64> = kept.iter().map(|r| r.1).collect();
+        let x = specfit_selector::nnls::nnls(
+            specfit_selector::nnls::Matrix {
+                data: &a,
+                rows: b.len(),
+                cols,
+            },
+            &b,
+        )?;
+        Ok(x.iter().zip(&scales).map(|(v, s)| v / s).collect())
     };
-    DraftingJson {
-        ms_per_level,
-        feed_ms,
-        feed_ms_per_token,
+    let predict = |x: &[f64]| -> Vec<f64> {
+        rows.iter()
+            .map(|r| r.0.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    };
+    let measured: Vec<f64> = rows.iter().map(|r| r.1).collect();
+    let mut x = solve(&vec![true; rows.len()])?;
+    let (_, median) = specfit_selector::calibrate::quality(&measured, &predict(&x));
+    let keep: Vec<bool> = measured
+        .iter()
+        .zip(predict(&x))
+        .map(|(m, p)| m - p <= 5.0 * median)
+        .collect();
+    if keep.iter().filter(|&&k| k).count() > cols {
+        x = solve(&keep)?;
     }
+    let quality = specfit_selector::calibrate::quality(&measured, &predict(&x));
+    Ok((x, quality))
 }
 
 fn print_fit(cal: &Calibration) {
@@ -293,6 +364,8 @@ fn print_fit(cal: &Calibration) {
 pub struct PlainStep {
     pub hits: u64,
     pub misses: u64,
+    /// MoE layers that copied at least one expert.
+    pub miss_layers: usize,
     pub context: usize,
     pub ms: f64,
 }
@@ -321,6 +394,7 @@ fn plain_steps(
         steps.push(PlainStep {
             hits: out.copies.total.hits,
             misses: out.copies.total.misses,
+            miss_layers: out.copies.miss_layers(),
             context,
             ms,
         });
@@ -328,59 +402,59 @@ fn plain_steps(
     Ok(steps)
 }
 
-/// The replay model (see `ReplayJson`) by NNLS over verify probes and plain steps. Columns:
-/// the plain-step intercept, `a[0..=K]`, hits, misses, (verified tokens × cached tokens).
+/// The replay model (see `ReplayJson`): verify probes fitted by NNLS on one-hot node counts,
+/// hits, misses, layers with a miss and (verified tokens × cached tokens); plain steps fitted
+/// apart on 1, hits, misses, layers with a miss and cached tokens.
 pub fn replay_fit(
     probes: &[specfit_engine::spec::ProbeRow],
     steps: &[PlainStep],
     max_nodes: usize,
 ) -> Result<specfit_selector::json::ReplayJson> {
     let k = max_nodes.max(probes.iter().map(|p| p.nodes).max().unwrap_or(0));
-    let cols = 1 + (k + 1) + 3;
-    let mut a = Vec::with_capacity((probes.len() + steps.len()) * cols);
-    let mut b = Vec::with_capacity(probes.len() + steps.len());
-    for p in probes {
-        let mut row = vec![0.0; cols];
-        row[1 + p.nodes] = 1.0;
-        row[k + 2] = p.hits as f64;
-        row[k + 3] = p.misses as f64;
-        row[k + 4] = ((p.nodes + 1) * p.context) as f64;
-        a.extend(row);
-        b.push(p.ms);
-    }
-    for s in steps {
-        let mut row = vec![0.0; cols];
-        row[0] = 1.0;
-        row[k + 2] = s.hits as f64;
-        row[k + 3] = s.misses as f64;
-        row[k + 4] = s.context as f64;
-        a.extend(row);
-        b.push(s.ms);
-    }
-    let rows = b.len();
-    ensure!(
-        rows > cols,
-        "too few probe rows ({rows}) to fit the replay model"
-    );
-    let x = specfit_selector::nnls::nnls(
-        specfit_selector::nnls::Matrix {
-            data: &a,
-            rows,
-            cols,
-        },
-        &b,
-    )?;
-    let predicted: Vec<f64> = (0..rows)
-        .map(|r| (0..cols).map(|c| a[r * cols + c] * x[c]).sum())
+    let verify: Vec<(Vec<f64>, f64)> = probes
+        .iter()
+        .map(|p| {
+            let mut row = vec![0.0; k + 5];
+            row[p.nodes] = 1.0;
+            row[k + 1] = p.hits as f64;
+            row[k + 2] = p.misses as f64;
+            row[k + 3] = p.miss_layers as f64;
+            row[k + 4] = ((p.nodes + 1) * p.context) as f64;
+            (row, p.ms)
+        })
         .collect();
-    let (r2, median_abs_err_ms) = specfit_selector::calibrate::quality(&b, &predicted);
+    let plain: Vec<(Vec<f64>, f64)> = steps
+        .iter()
+        .map(|s| {
+            let row = vec![
+                1.0,
+                s.hits as f64,
+                s.misses as f64,
+                s.miss_layers as f64,
+                s.context as f64,
+            ];
+            (row, s.ms)
+        })
+        .collect();
+    let (x, (r2, median_abs_err_ms)) = nnls_fit(&verify)?;
+    let (y, (plain_r2, plain_median)) = nnls_fit(&plain)?;
     Ok(specfit_selector::json::ReplayJson {
-        intercepts: x[1..k + 2].to_vec(),
-        ar_intercept: x[0],
-        beta_hit: x[k + 2],
-        beta_miss: x[k + 3],
+        intercepts: x[..=k].to_vec(),
+        ar_intercept: y[0],
+        beta_hit: x[k + 1],
+        beta_miss: x[k + 2],
+        miss_layer_ms: x[k + 3],
         context_ms: x[k + 4],
         r2,
         median_abs_err_ms,
+        plain: Some(specfit_selector::json::PlainJson {
+            intercept: y[0],
+            beta_hit: y[1],
+            beta_miss: y[2],
+            miss_layer_ms: y[3],
+            context_ms: y[4],
+            r2: plain_r2,
+            median_abs_err_ms: plain_median,
+        }),
     })
 }

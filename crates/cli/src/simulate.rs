@@ -60,26 +60,18 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     let (header, steps) = load_trace(args)?;
     let calibrated_here = args.calibration.is_none();
-    let mut drafting = specfit_sim::Drafting::default();
-    let (true_cost, believed, k) = match (&args.calibration, &args.preset) {
+    let (machine, believed, k) = match (&args.calibration, &args.preset) {
         (Some(path), _) => {
             let cal = CalibrationJson::parse(&read_text(path)?)
                 .with_context(|| format!("{}", path.display()))?;
-            let true_cost = cal.cost_model(true).with_context(|| {
+            let machine = crate::bench::validate::machine_cost(&cal).with_context(|| {
                 format!(
                     "{} has no residency-aware fit (probe rows need hits and misses)",
                     path.display()
                 )
             })?;
-            if let Some(d) = cal.drafting {
-                drafting = specfit_sim::Drafting {
-                    ms_per_level: d.ms_per_level,
-                    feed_ms: d.feed_ms,
-                    feed_ms_per_token: d.feed_ms_per_token,
-                };
-            }
             (
-                true_cost,
+                machine,
                 cal.cost_model(false)?,
                 args.budget.min(cal.max_nodes),
             )
@@ -91,7 +83,15 @@ pub fn run(args: &Args) -> Result<()> {
                 "preset {} (assumed intercepts and hit cost: see specfit_sim::preset)",
                 p.name
             );
-            (p.true_cost, p.believed, args.budget)
+            let machine = SimConfig {
+                slots: 0,
+                true_cost: p.true_cost,
+                drafting: specfit_sim::Drafting::default(),
+                context_ms: 0.0,
+                miss_layer_ms: 0.0,
+                plain: None,
+            };
+            (machine, p.believed, args.budget)
         }
         (None, None) => bail!("give --calibration FILE or --preset NAME"),
     };
@@ -111,11 +111,8 @@ pub fn run(args: &Args) -> Result<()> {
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for &s in &slots {
         let config = SimConfig {
-            drafting,
-            context_ms: 0.0,
-            ar_intercept: None,
             slots: s,
-            true_cost: true_cost.clone(),
+            ..machine.clone()
         };
         // With a preset, SpecFit believes what probing this simulated machine at this cache size
         // gives (as `specfit probe` + `calibrate` would); with a calibration file, its paper form.
@@ -149,7 +146,7 @@ pub fn run(args: &Args) -> Result<()> {
             (
                 "specfit-resident",
                 SimPolicy::SpecFit {
-                    cost: true_cost.clone(),
+                    cost: machine.true_cost.clone(),
                     objective: Objective::Ratio,
                     max_nodes: k,
                     stop_rule: true,

@@ -600,6 +600,8 @@ pub struct Verified {
     pub demand: u64,
     /// Expert copies of the verify forward.
     pub copies: LayerStats,
+    /// MoE layers of the verify forward that copied at least one expert.
+    pub miss_layers: usize,
     /// Wall time of the verify forward.
     pub seconds: f64,
 }
@@ -668,6 +670,7 @@ pub fn verify(
         committed,
         features,
         demand,
+        miss_layers: out.copies.miss_layers(),
         copies: out.copies.total,
         seconds,
     })
@@ -960,6 +963,8 @@ pub struct ProbeRow {
     pub demand: u64,
     pub hits: u64,
     pub misses: u64,
+    /// MoE layers that copied at least one expert.
+    pub miss_layers: usize,
     pub ms: f64,
     /// Drafter forwards that drafted this cycle's levels past the first, and their time.
     pub draft_forwards: usize,
@@ -1014,6 +1019,7 @@ pub fn probe(
             demand: v.demand,
             hits: v.copies.hits,
             misses: v.copies.misses,
+            miss_layers: v.miss_layers,
             ms: v.seconds * 1e3,
             draft_forwards: levels.saturating_sub(1),
             draft_ms,

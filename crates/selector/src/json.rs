@@ -283,6 +283,13 @@ pub struct DraftingJson {
     pub ms_per_level: f64,
     pub feed_ms: f64,
     pub feed_ms_per_token: f64,
+    /// Extra ms per drafted level per token already cached (the drafter attends to all of
+    /// them); 0 in files written before it was measured.
+    #[serde(default)]
+    pub level_context_ms: f64,
+    /// Extra ms per fed token per token already cached.
+    #[serde(default)]
+    pub feed_context_ms: f64,
 }
 
 /// Fit quality as stored in a calibration file.
@@ -322,11 +329,13 @@ pub struct CalibrationJson {
 }
 
 /// What a forward costs on the measured machine, for trace replay: a verify forward of `n` draft
-/// nodes costs `intercepts[n] + beta_hit · hits + beta_miss · misses + context_ms · (n + 1) · c`
-/// and a plain-decoding step `ar_intercept + beta_hit · hits + beta_miss · misses +
-/// context_ms · c`, where `c` is the number of tokens already cached (attention reads them all).
-/// Fitted jointly by NNLS on verify probes and plain steps over short and long prompts. The
-/// selector does not use it (its cost has no context term).
+/// nodes costs `intercepts[n] + beta_hit · hits + beta_miss · misses + miss_layer_ms · L +
+/// context_ms · (n + 1) · c`, where `L` is the number of MoE layers that copied at least one
+/// expert and `c` the number of tokens already cached (attention reads them all). A plain
+/// decoding step costs what [`PlainJson`] says when present (its own fit on back-to-back plain
+/// steps), else `ar_intercept` with the verify coefficients. Fitted by NNLS on verify probes
+/// and plain steps over short and long prompts. The selector does not use it (its cost has no
+/// context term).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayJson {
@@ -334,6 +343,26 @@ pub struct ReplayJson {
     pub ar_intercept: f64,
     pub beta_hit: f64,
     pub beta_miss: f64,
+    pub context_ms: f64,
+    /// 0 in files written before it was measured.
+    #[serde(default)]
+    pub miss_layer_ms: f64,
+    pub r2: f64,
+    pub median_abs_err_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plain: Option<PlainJson>,
+}
+
+/// A plain decoding step's cost on the measured machine, fitted on plain steps alone (they run
+/// back to back, with warmer processor caches than a verify after drafting):
+/// `intercept + beta_hit · hits + beta_miss · misses + miss_layer_ms · L + context_ms · c`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlainJson {
+    pub intercept: f64,
+    pub beta_hit: f64,
+    pub beta_miss: f64,
+    pub miss_layer_ms: f64,
     pub context_ms: f64,
     pub r2: f64,
     pub median_abs_err_ms: f64,

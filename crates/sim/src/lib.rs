@@ -45,18 +45,35 @@ pub struct SimConfig {
     pub drafting: Drafting,
     /// Attention's share: ms per verified token per token already cached (the trace position).
     pub context_ms: f64,
-    /// A plain-decoding step's intercept, when it differs from a root-only verify's `a[0]`.
-    pub ar_intercept: Option<f64>,
+    /// ms per MoE layer that copies at least one expert (the read latency a layer waits for,
+    /// however many reads are in flight together), on top of the true cost's per-miss β.
+    pub miss_layer_ms: f64,
+    /// A plain decoding step's own cost, when it differs from a root-only verify's.
+    pub plain: Option<PlainCost>,
 }
 
-/// The drafter's time per speculative cycle: `ms_per_level` for each drafted level past the
-/// first, and `feed_ms + feed_ms_per_token · committed` to feed the committed tokens back.
-/// Plain decoding (`SimPolicy::Ar`) drafts nothing.
+/// What a plain decoding step costs: `intercept + beta_hit · hits + beta_miss · misses +
+/// miss_layer_ms · L + context_ms · c` (`L` layers with a copy, `c` tokens cached).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PlainCost {
+    pub intercept: f64,
+    pub beta_hit: f64,
+    pub beta_miss: f64,
+    pub miss_layer_ms: f64,
+    pub context_ms: f64,
+}
+
+/// The drafter's time per speculative cycle: `ms_per_level + level_context_ms · c` for each
+/// drafted level past the first, and `feed_ms + (feed_ms_per_token + feed_context_ms · c) ·
+/// committed` to feed the committed tokens back (`c` tokens cached). Plain decoding
+/// (`SimPolicy::Ar`) drafts nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Drafting {
     pub ms_per_level: f64,
     pub feed_ms: f64,
     pub feed_ms_per_token: f64,
+    pub level_context_ms: f64,
+    pub feed_context_ms: f64,
 }
 
 /// What a replay measured.
@@ -102,31 +119,40 @@ struct Lru {
 }
 
 impl Lru {
-    /// Charges one forward's union; returns (hits, misses).
-    fn access(&mut self, union: &[Vec<u32>]) -> (u64, u64) {
-        let (mut hits, mut misses) = (0, 0);
+    /// Charges one forward's union; returns (hits, misses, layers with a miss).
+    fn access(&mut self, union: &[Vec<u32>]) -> (u64, u64, usize) {
+        let (mut hits, mut misses, mut miss_layers) = (0, 0, 0);
         for (layer, experts) in self.layers.iter_mut().zip(union) {
-            if self.slots == 0 {
-                misses += experts.len() as u64;
-                continue;
-            }
-            for &e in experts {
-                match layer.iter().position(|&x| x == e) {
-                    Some(i) => {
-                        hits += 1;
-                        layer.remove(i);
-                    }
-                    None => {
-                        misses += 1;
-                        if layer.len() == self.slots {
-                            layer.remove(0);
-                        }
-                    }
-                }
-                layer.push(e);
+            let before = misses;
+            Self::access_layer(self.slots, layer, experts, &mut hits, &mut misses);
+            if misses > before {
+                miss_layers += 1;
             }
         }
-        (hits, misses)
+        (hits, misses, miss_layers)
+    }
+
+    /// One layer's share of [`Lru::access`].
+    fn access_layer(slots: usize, layer: &mut Vec<u32>, experts: &[u32], hits: &mut u64, misses: &mut u64) {
+        if slots == 0 {
+            *misses += experts.len() as u64;
+            return;
+        }
+        for &e in experts {
+            match layer.iter().position(|&x| x == e) {
+                Some(i) => {
+                    *hits += 1;
+                    layer.remove(i);
+                }
+                None => {
+                    *misses += 1;
+                    if layer.len() == slots {
+                        layer.remove(0);
+                    }
+                }
+            }
+            layer.push(e);
+        }
     }
 }
 
@@ -202,15 +228,24 @@ fn replay(
         let (chosen, levels) = choose(header, step, policy, selector.as_deref_mut(), lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
-        let (hits, misses) = lru.access(&union);
-        let mut forward = config
-            .true_cost
-            .time_ms(chosen.len(), hits as u32, misses as u32);
-        if let (SimPolicy::Ar, Some(a)) = (policy, config.ar_intercept) {
-            forward += a - config.true_cost.intercepts()[0];
-        }
-        report.time_ms +=
-            forward + config.context_ms * (chosen.len() + 1) as f64 * step.position as f64;
+        let (hits, misses, miss_layers) = lru.access(&union);
+        let context = step.position as f64;
+        report.time_ms += match (policy, &config.plain) {
+            (SimPolicy::Ar, Some(p)) => {
+                p.intercept
+                    + p.beta_hit * hits as f64
+                    + p.beta_miss * misses as f64
+                    + p.miss_layer_ms * miss_layers as f64
+                    + p.context_ms * context
+            }
+            _ => {
+                config
+                    .true_cost
+                    .time_ms(chosen.len(), hits as u32, misses as u32)
+                    + config.miss_layer_ms * miss_layers as f64
+                    + config.context_ms * (chosen.len() + 1) as f64 * context
+            }
+        };
         report.hits += hits;
         report.misses += misses;
         // Accept along agreeing chosen children, then the bonus token.
@@ -225,9 +260,10 @@ fn replay(
         }
         if !matches!(policy, SimPolicy::Ar) {
             let d = &config.drafting;
-            report.time_ms += d.ms_per_level * levels.saturating_sub(1) as f64
+            report.time_ms += (d.ms_per_level + d.level_context_ms * context)
+                * levels.saturating_sub(1) as f64
                 + d.feed_ms
-                + d.feed_ms_per_token * (accepted + 1) as f64;
+                + (d.feed_ms_per_token + d.feed_context_ms * context) * (accepted + 1) as f64;
         }
         report.cycles += 1;
         report.verified_nodes += chosen.len();
@@ -366,7 +402,8 @@ pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f
     let config = SimConfig {
         drafting: Drafting::default(),
         context_ms: 0.0,
-        ar_intercept: None,
+        miss_layer_ms: 0.0,
+        plain: None,
         slots: 0,
         true_cost: CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"),
     };
@@ -432,7 +469,7 @@ pub fn calibrate_on(
         }
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
-        let (hits, misses) = lru.access(&union);
+        let (hits, misses, _) = lru.access(&union);
         let ms = config
             .true_cost
             .time_ms(chosen.len(), hits as u32, misses as u32);

@@ -47,7 +47,8 @@ fn config(slots: usize) -> SimConfig {
     SimConfig {
         drafting: Default::default(),
         context_ms: 0.0,
-        ar_intercept: None,
+        miss_layer_ms: 0.0,
+        plain: None,
         slots,
         true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
     }
@@ -112,6 +113,7 @@ fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_d
         ms_per_level: 1.0,
         feed_ms: 2.0,
         feed_ms_per_token: 0.5,
+        ..Default::default()
     };
     // Plain decoding drafts nothing: the same 41 ms as without drafting costs.
     assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 41.0);

@@ -7,7 +7,7 @@
 mod chart;
 mod plan;
 mod report;
-mod validate;
+pub(crate) mod validate;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -76,6 +76,10 @@ pub struct Args {
     /// the measured tok/s (0 = skip).
     #[arg(long, default_value_t = 8)]
     validate: usize,
+    /// Run only these rows (labels as in the table, e.g. `ar,specfit`; `ar` at the default
+    /// slots always runs: it is the reference every output is checked against).
+    #[arg(long, value_delimiter = ',')]
+    only: Option<Vec<String>>,
     /// Directory for report.json, report.md and chart.svg (written atomically).
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
@@ -109,11 +113,6 @@ struct Runner {
 pub fn run(args: &Args) -> Result<()> {
     let started = Instant::now();
     let mut s = setup(args)?;
-    let mut runners = s
-        .configs
-        .iter()
-        .map(|c| runner(&s, c))
-        .collect::<Result<Vec<_>>>()?;
     let total: usize = s.sets.iter().map(|set| set.prompts.len()).sum::<usize>() * s.configs.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
@@ -129,6 +128,12 @@ pub fn run(args: &Args) -> Result<()> {
     let configs = std::mem::take(&mut s.configs);
     let mut validation = Vec::new();
     for set in &sets {
+        // Each set is a fresh session: every configuration starts from empty slots (so a set's
+        // figures do not depend on which set ran before, and the simulator starts cold too).
+        let mut runners = configs
+            .iter()
+            .map(|c| runner(&s, c))
+            .collect::<Result<Vec<_>>>()?;
         let mut row = vec![Tally::default(); configs.len()];
         // The same tallies over the prompts the simulator is checked on.
         let mut checked = vec![Tally::default(); configs.len()];
@@ -141,12 +146,16 @@ pub fn run(args: &Args) -> Result<()> {
                 &mut prefill_cache,
                 &prompt.tokens,
             )?;
-            // Configurations run in an order rotated by one per prompt, so that none always runs
-            // first after the prefill; every output is then checked against `ar`'s (config 0).
+            // Configurations run in a fresh seeded random order per prompt, so that none always
+            // runs first after the prefill or always after the same other configuration (what one
+            // leaves behind — the disk's queue and rate limiter, processor caches — would
+            // otherwise bias the next: with a fixed cyclic order `ar` always followed the
+            // no-cache run and measured up to 15% slow). Every output is then checked against
+            // `ar`'s (config 0).
             let n = configs.len();
+            let order = run_order(n, index as u64);
             let mut outcomes: Vec<Option<(Outcome, Vec<f64>)>> = (0..n).map(|_| None).collect();
-            for k in 0..n {
-                let i = (k + index) % n;
+            for i in order {
                 let runner = &mut runners[i];
                 let before = runner.rule.select_us().len();
                 let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
@@ -238,6 +247,16 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The order in which prompt `seed`'s `n` configurations run: a seeded random permutation.
+fn run_order(n: usize, seed: u64) -> Vec<usize> {
+    let mut rng = specfit_selector::synth::Rng::new(0x5eed_0000 + seed);
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    order
+}
+
 /// Loads the model, drafter, routes, calibration (measuring it first when missing), prompt
 /// sets and configurations.
 fn setup(args: &Args) -> Result<Setup> {
@@ -311,12 +330,23 @@ fn setup(args: &Args) -> Result<Setup> {
         );
         None
     };
-    let configs = plan::configs(&plan::Sweep {
+    let mut configs = plan::configs(&plan::Sweep {
         experts: cfg.num_experts,
         default_slots,
         predictor: predictor.as_ref().map(|_| args.predictor.clone()),
         quick: args.quick,
     });
+    if let Some(only) = &args.only {
+        let known: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
+        if let Some(bad) = only.iter().find(|l| !known.contains(&l.as_str())) {
+            bail!("--only {bad:?}: not a row of this run (rows: {})", known.join(", "));
+        }
+        let reference = configs[0].clone();
+        configs.retain(|c| only.contains(&c.label));
+        if configs.first().map(|c| c.label != reference.label || c.slots != reference.slots) != Some(false) {
+            configs.insert(0, reference);
+        }
+    }
     let atlas = Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?);
     let corrupt = policy::atlas_for(
         Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?),
@@ -466,4 +496,33 @@ fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result
         &options,
     )?;
     Ok(Outcome::spec(&g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_order;
+
+    #[test]
+    fn every_prompt_runs_each_configuration_once_in_its_own_order() {
+        for seed in 0..50 {
+            let mut order = run_order(21, seed);
+            order.sort_unstable();
+            assert_eq!(order, (0..21).collect::<Vec<_>>());
+        }
+        assert_eq!(run_order(21, 3), run_order(21, 3));
+    }
+
+    #[test]
+    fn the_reference_configuration_follows_many_different_ones() {
+        // With a fixed cyclic order `ar` (config 0) always ran right after the same config.
+        let mut before_ar = std::collections::BTreeSet::new();
+        for seed in 0..40 {
+            let order = run_order(21, seed);
+            let at = order.iter().position(|&c| c == 0).unwrap();
+            if at > 0 {
+                before_ar.insert(order[at - 1]);
+            }
+        }
+        assert!(before_ar.len() >= 10, "{before_ar:?}");
+    }
 }

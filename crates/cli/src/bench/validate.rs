@@ -10,7 +10,7 @@ use specfit_engine::spec::{record, Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::Objective;
-use specfit_sim::{simulate_many, Drafting, SimConfig, SimPolicy};
+use specfit_sim::{simulate_many, Drafting, PlainCost, SimConfig, SimPolicy};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use super::plan::Config;
@@ -112,15 +112,7 @@ pub fn check(
     measured: &[Tally],
     m: &Machine<'_>,
 ) -> Result<SetValidation> {
-    let (true_cost, context_ms, ar_intercept) = machine_cost(m.calibration)?;
-    let drafting = m
-        .calibration
-        .drafting
-        .map_or(Drafting::default(), |d| Drafting {
-            ms_per_level: d.ms_per_level,
-            feed_ms: d.feed_ms,
-            feed_ms_per_token: d.feed_ms_per_token,
-        });
+    let machine = machine_cost(m.calibration)?;
     let mut checks = Vec::new();
     for (c, t) in configs.iter().zip(measured) {
         let Some(policy) = sim_policy(c, m)? else {
@@ -128,10 +120,7 @@ pub fn check(
         };
         let config = SimConfig {
             slots: c.slots.number(),
-            true_cost: true_cost.clone(),
-            drafting,
-            context_ms,
-            ar_intercept,
+            ..machine.clone()
         };
         // The bench's caches carry over from prompt to prompt; so do the simulator's.
         let r = simulate_many(&m.header, traces, &policy, &config)?;
@@ -161,17 +150,47 @@ pub fn check(
     })
 }
 
-/// The simulated machine of a calibration: its replay fit (context term, plain-step intercept)
-/// when it has one, else its residency-aware fit.
-pub fn machine_cost(
-    cal: &CalibrationJson,
-) -> Result<(specfit_selector::CostModel, f64, Option<f64>)> {
-    Ok(match &cal.replay {
-        Some(r) => (
-            specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?,
-            r.context_ms,
-            Some(r.ar_intercept),
-        ),
-        None => (cal.cost_model(true)?, 0.0, None),
-    })
+/// The simulated machine of a calibration (slots still to set): its replay fit (per-layer read
+/// latency, attention term, plain steps' own cost) and drafting costs when it has them, else its
+/// residency-aware fit alone.
+pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
+    let drafting = cal.drafting.map_or(Drafting::default(), |d| Drafting {
+        ms_per_level: d.ms_per_level,
+        feed_ms: d.feed_ms,
+        feed_ms_per_token: d.feed_ms_per_token,
+        level_context_ms: d.level_context_ms,
+        feed_context_ms: d.feed_context_ms,
+    });
+    let mut config = SimConfig {
+        slots: 0,
+        true_cost: cal.cost_model(true)?,
+        drafting,
+        context_ms: 0.0,
+        miss_layer_ms: 0.0,
+        plain: None,
+    };
+    if let Some(r) = &cal.replay {
+        config.true_cost =
+            specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
+        config.context_ms = r.context_ms;
+        config.miss_layer_ms = r.miss_layer_ms;
+        config.plain = Some(match &r.plain {
+            Some(p) => PlainCost {
+                intercept: p.intercept,
+                beta_hit: p.beta_hit,
+                beta_miss: p.beta_miss,
+                miss_layer_ms: p.miss_layer_ms,
+                context_ms: p.context_ms,
+            },
+            // Older files: the plain-step intercept with the verify coefficients.
+            None => PlainCost {
+                intercept: r.ar_intercept,
+                beta_hit: r.beta_hit,
+                beta_miss: r.beta_miss,
+                miss_layer_ms: r.miss_layer_ms,
+                context_ms: r.context_ms,
+            },
+        });
+    }
+    Ok(config)
 }

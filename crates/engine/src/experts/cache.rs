@@ -56,6 +56,12 @@ pub struct CopyStats {
 }
 
 impl CopyStats {
+    /// Layers that copied at least one expert: each waits for at least one read, however many
+    /// are in flight together (the per-layer latency term of the replay cost model).
+    pub fn miss_layers(&self) -> usize {
+        self.per_layer.iter().filter(|l| l.misses > 0).count()
+    }
+
     /// `self − earlier`, for the counters of one forward.
     pub fn since(&self, earlier: &CopyStats) -> CopyStats {
         let sub = |a: &LayerStats, b: &LayerStats| LayerStats {

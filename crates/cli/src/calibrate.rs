@@ -306,7 +306,12 @@ pub fn nnls_fit(rows: &[(Vec<f64>, f64)]) -> Result<(Vec<f64>, (f64, f64))> {
         rows.len()
     );
     let solve = |keep: &[bool]| -> Result<Vec<f64>> {
-        let kept: Vec<&(Vec<f64>, f64)> = rows.iter().zip(keep).filter(|(_, &k)| k).map(|(r, _)| r).collect();
+        let kept: Vec<&(Vec<f64>, f64)> = rows
+            .iter()
+            .zip(keep)
+            .filter(|(_, &k)| k)
+            .map(|(r, _)| r)
+            .collect();
         let scales: Vec<f64> = (0..cols)
             .map(|c| kept.iter().map(|r| r.0[c].abs()).fold(0.0, f64::max))
             .map(|m| if m > 0.0 { m } else { 1.0 })
@@ -457,4 +462,123 @@ pub fn replay_fit(
             median_abs_err_ms: plain_median,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specfit_engine::spec::ProbeRow;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-6 * (1.0 + b.abs())
+    }
+
+    /// Probe rows and plain steps generated exactly by known coefficients, over a spread of node
+    /// counts, hits, misses, layers with a miss, contexts and drafting work.
+    fn synthetic() -> (Vec<ProbeRow>, Vec<PlainStep>) {
+        let mut probes = Vec::new();
+        let mut steps = Vec::new();
+        for i in 0..240usize {
+            let nodes = i % 8;
+            let (hits, misses) = ((i * 7 % 23) as u64, (i * 5 % 17) as u64);
+            let miss_layers = (misses as usize).min(8).max(usize::from(misses > 0))
+                - (i % 2).min(misses as usize / 9);
+            let context = 20 + (i * 37 % 900);
+            let ms = 0.5
+                + 0.2 * nodes as f64
+                + 0.01 * hits as f64
+                + 0.06 * misses as f64
+                + 0.08 * miss_layers as f64
+                + 0.001 * ((nodes + 1) * context) as f64;
+            let (forwards, fed) = (i % 5, 1 + i % 4);
+            probes.push(ProbeRow {
+                nodes,
+                demand: hits + misses,
+                hits,
+                misses,
+                miss_layers,
+                ms,
+                draft_forwards: forwards,
+                draft_ms: forwards as f64 * (0.4 + 2e-4 * context as f64),
+                fed,
+                feed_ms: 0.13 + fed as f64 * (0.04 + 1e-4 * context as f64),
+                context,
+            });
+            steps.push(PlainStep {
+                hits,
+                misses,
+                miss_layers,
+                context,
+                ms: 0.3
+                    + 0.005 * hits as f64
+                    + 0.05 * misses as f64
+                    + 0.07 * miss_layers as f64
+                    + 0.0012 * context as f64,
+            });
+        }
+        (probes, steps)
+    }
+
+    #[test]
+    fn the_replay_fit_recovers_the_coefficients_that_generated_the_rows() {
+        let (probes, steps) = synthetic();
+        let r = replay_fit(&probes, &steps, 7).unwrap();
+        for (n, a) in r.intercepts.iter().enumerate() {
+            assert!(close(*a, 0.5 + 0.2 * n as f64), "a[{n}] = {a}");
+        }
+        assert!(close(r.beta_hit, 0.01) && close(r.beta_miss, 0.06), "{r:?}");
+        assert!(
+            close(r.miss_layer_ms, 0.08) && close(r.context_ms, 0.001),
+            "{r:?}"
+        );
+        let p = r.plain.unwrap();
+        assert!(close(p.intercept, 0.3) && close(p.beta_hit, 0.005), "{p:?}");
+        assert!(
+            close(p.beta_miss, 0.05) && close(p.miss_layer_ms, 0.07),
+            "{p:?}"
+        );
+        assert!(
+            close(p.context_ms, 0.0012) && close(r.ar_intercept, 0.3),
+            "{p:?}"
+        );
+        assert!(r.r2 > 0.999999 && p.r2 > 0.999999);
+    }
+
+    #[test]
+    fn the_drafting_fit_recovers_level_and_feed_costs_with_their_context_terms() {
+        let (probes, _) = synthetic();
+        let d = drafting_fit(&probes).unwrap();
+        assert!(
+            close(d.ms_per_level, 0.4) && close(d.level_context_ms, 2e-4),
+            "{d:?}"
+        );
+        assert!(
+            close(d.feed_ms, 0.13) && close(d.feed_ms_per_token, 0.04),
+            "{d:?}"
+        );
+        assert!(close(d.feed_context_ms, 1e-4), "{d:?}");
+    }
+
+    #[test]
+    fn a_preempted_measurement_does_not_move_the_fit() {
+        let rows: Vec<(Vec<f64>, f64)> = (0..60)
+            .map(|i| {
+                let x = (i % 13) as f64;
+                (vec![1.0, x], 0.5 + 0.1 * x)
+            })
+            .collect();
+        let mut noisy = rows.clone();
+        noisy[17].1 += 40.0; // the thread was descheduled for 40 ms
+        let (x, (r2, _)) = nnls_fit(&noisy).unwrap();
+        assert!(close(x[0], 0.5) && close(x[1], 0.1), "{x:?}");
+        // The quality is still reported over every row, the outlier included.
+        assert!(r2 < 0.5, "{r2}");
+    }
+
+    #[test]
+    fn too_few_measurements_are_refused() {
+        let rows = vec![(vec![1.0, 2.0], 1.0), (vec![1.0, 3.0], 2.0)];
+        assert!(nnls_fit(&rows).is_err());
+        assert!(nnls_fit(&[]).is_err());
+    }
 }

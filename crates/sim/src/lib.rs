@@ -133,7 +133,13 @@ impl Lru {
     }
 
     /// One layer's share of [`Lru::access`].
-    fn access_layer(slots: usize, layer: &mut Vec<u32>, experts: &[u32], hits: &mut u64, misses: &mut u64) {
+    fn access_layer(
+        slots: usize,
+        layer: &mut Vec<u32>,
+        experts: &[u32],
+        hits: &mut u64,
+        misses: &mut u64,
+    ) {
         if slots == 0 {
             *misses += experts.len() as u64;
             return;

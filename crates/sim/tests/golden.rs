@@ -136,3 +136,47 @@ fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_d
     let per_cycle: f64 = (charged.time_ms - plain.time_ms) / charged.cycles as f64;
     assert_eq!(per_cycle, 1.0 + 2.0 + 2.0 * 0.5);
 }
+
+#[test]
+fn a_layer_that_copies_pays_its_read_latency_once_and_plain_steps_use_their_own_cost() {
+    let (h, s) = trace();
+    let mut c = config(4);
+    c.miss_layer_ms = 2.0;
+    // Plain decoding copies expert 0 once, in its one layer: 41 + 2.
+    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 43.0);
+    c.plain = Some(specfit_sim::PlainCost {
+        intercept: 3.0,
+        beta_hit: 0.25,
+        beta_miss: 0.5,
+        miss_layer_ms: 1.0,
+        context_ms: 0.125,
+    });
+    // 4 steps of 3 ms, 3 hits, 1 miss in 1 layer, positions 10..=13 cached: 12 + 0.75 + 0.5 + 1
+    // + 0.125 · 46.
+    let r = simulate(&h, &s, &SimPolicy::Ar, &c).unwrap();
+    assert_eq!(r.time_ms, 12.0 + 0.75 + 0.5 + 1.0 + 0.125 * 46.0);
+    // Speculative cycles still pay the verify cost (with its per-layer latency), not the plain one.
+    let topk = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    let without = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    // The first cycle copies experts 0, 1 and 2 in the one layer; the second hits all three.
+    assert_eq!(topk.time_ms, without.time_ms + 2.0);
+}
+
+#[test]
+fn drafting_costs_grow_with_the_tokens_already_cached() {
+    let (h, s) = trace();
+    let base = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    let mut c = config(4);
+    c.drafting = specfit_sim::Drafting {
+        level_context_ms: 0.5,
+        feed_context_ms: 0.25,
+        ..Default::default()
+    };
+    // Cycles at positions 10 and 13, one level past the first each, feeding 3 then 1 tokens.
+    let r = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    assert_eq!(
+        r.time_ms,
+        base.time_ms + 0.5 * 10.0 + 0.5 * 13.0 + 0.25 * 30.0 + 0.25 * 13.0
+    );
+    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 41.0);
+}

@@ -339,11 +339,18 @@ fn setup(args: &Args) -> Result<Setup> {
     if let Some(only) = &args.only {
         let known: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
         if let Some(bad) = only.iter().find(|l| !known.contains(&l.as_str())) {
-            bail!("--only {bad:?}: not a row of this run (rows: {})", known.join(", "));
+            bail!(
+                "--only {bad:?}: not a row of this run (rows: {})",
+                known.join(", ")
+            );
         }
         let reference = configs[0].clone();
         configs.retain(|c| only.contains(&c.label));
-        if configs.first().map(|c| c.label != reference.label || c.slots != reference.slots) != Some(false) {
+        if configs
+            .first()
+            .map(|c| c.label != reference.label || c.slots != reference.slots)
+            != Some(false)
+        {
             configs.insert(0, reference);
         }
     }
@@ -413,7 +420,9 @@ fn calibration(
     if args.reuse_calibration && path.exists() {
         return Ok((policy::load_calibration(&path, model)?, path));
     }
-    eprintln!("measuring this machine's costs first (probe forwards; --reuse-calibration skips this)");
+    eprintln!(
+        "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"
+    );
     let prompts = crate::calibrate::default_prompts(tokenizer)?;
     let mut cache = base.sibling(base.slots_per_layer(), CacheMode::Lru)?;
     let plan = crate::calibrate::Plan {

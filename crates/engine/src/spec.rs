@@ -111,18 +111,20 @@ impl Atlas {
         self
     }
 
-    /// One forward of the root and the whole pool on a copy of `kv` with every expert resident:
-    /// the routes of every token, and the output (for `logits`).
+    /// One forward of the root and the whole pool after `kv` with every expert resident: the
+    /// routes of every token, and the output (for `logits`). The forward appends to `kv`, which
+    /// is then truncated back, so `kv` leaves as it came (no copy of a long cache per call: an
+    /// 8 MB copy per drafted level at a 1,000-token context also flushed the processor caches
+    /// the timed verify then ran in).
     fn route_pool(
         &mut self,
         target: &Qwen3Moe,
-        kv: &KvCache,
+        kv: &mut KvCache,
         root: u32,
         pool: &[DraftNode],
         logits: Logits<'_>,
     ) -> Result<(PoolRoutes, crate::batch::ForwardOutput), EngineError> {
         let n = kv.len();
-        let mut kv = kv.clone();
         let mut tokens = vec![root];
         let mut parents = vec![None];
         let mut positions = vec![n];
@@ -138,7 +140,10 @@ impl Atlas {
             taps: &[],
             logits,
         };
-        let out = target.forward(&batch, &mut kv, &mut self.cache)?;
+        let out = target.forward(&batch, kv, &mut self.cache);
+        // Also after a failed forward, which may have appended to some layers only.
+        kv.truncate(n)?;
+        let out = out?;
         let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
         let routes = PoolRoutes {
             root: layers.iter().map(|l| l[0].clone()).collect(),
@@ -177,7 +182,8 @@ impl Atlas {
 struct AtlasView<'a> {
     target: &'a Qwen3Moe,
     atlas: &'a mut Atlas,
-    kv: &'a KvCache,
+    /// Left as it came by every call.
+    kv: &'a mut KvCache,
     root: u32,
     resident: Vec<Vec<u32>>,
 }
@@ -187,7 +193,7 @@ impl RouteSource for AtlasView<'_> {
         let start = Instant::now();
         let (mut routes, _) =
             self.atlas
-                .route_pool(self.target, self.kv, self.root, pool, Logits::None)?;
+                .route_pool(self.target, &mut *self.kv, self.root, pool, Logits::None)?;
         self.atlas
             .corrupt(&mut routes, self.target.config().num_experts);
         self.atlas.seconds += start.elapsed().as_secs_f64();
@@ -514,7 +520,7 @@ fn decode(
                 Some(a) => Box::new(AtlasView {
                     target,
                     atlas: a,
-                    kv: &kv,
+                    kv: &mut kv,
                     root,
                     resident,
                 }),
@@ -1133,7 +1139,7 @@ fn walk_pools(
     for _ in 0..positions {
         let n = kv.len();
         let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |_| Ok(true))?;
-        let (routes, out) = atlas.route_pool(target, &kv, root, &pool, logits)?;
+        let (routes, out) = atlas.route_pool(target, &mut kv, root, &pool, logits)?;
         visit(PoolAt {
             n,
             root,

@@ -227,26 +227,26 @@ pub fn measure(
     file.replay = Some(replay_fit(&replay_rows, &steps, plan.max_nodes)?);
     let r = file.replay.as_ref().expect("just set");
     eprintln!(
-        "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per layer with a miss, attention {:.2e} ms per token per cached token",
+        "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per token per cached token",
         replay_rows.len(),
         r.r2,
         r.median_abs_err_ms,
         r.intercepts[0],
         r.beta_hit,
         r.beta_miss,
-        r.miss_layer_ms,
+        r.read_round_ms,
         r.context_ms
     );
     if let Some(p) = &r.plain {
         eprintln!(
-            "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per layer with a miss, attention {:.2e} ms per cached token",
+            "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per cached token",
             steps.len(),
             p.r2,
             p.median_abs_err_ms,
             p.intercept,
             p.beta_hit,
             p.beta_miss,
-            p.miss_layer_ms,
+            p.read_round_ms,
             p.context_ms
         );
     }
@@ -369,8 +369,8 @@ fn print_fit(cal: &Calibration) {
 pub struct PlainStep {
     pub hits: u64,
     pub misses: u64,
-    /// MoE layers that copied at least one expert.
-    pub miss_layers: usize,
+    /// Read rounds ([`specfit_engine::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
     pub context: usize,
     pub ms: f64,
 }
@@ -399,7 +399,9 @@ fn plain_steps(
         steps.push(PlainStep {
             hits: out.copies.total.hits,
             misses: out.copies.total.misses,
-            miss_layers: out.copies.miss_layers(),
+            read_rounds: out
+                .copies
+                .read_rounds(specfit_engine::experts::reads_in_flight()),
             context,
             ms,
         });
@@ -408,8 +410,8 @@ fn plain_steps(
 }
 
 /// The replay model (see `ReplayJson`): verify probes fitted by NNLS on one-hot node counts,
-/// hits, misses, layers with a miss and (verified tokens × cached tokens); plain steps fitted
-/// apart on 1, hits, misses, layers with a miss and cached tokens.
+/// hits, misses, read rounds (per layer ⌈misses / reads in flight⌉, summed) and (verified tokens ×
+/// cached tokens); plain steps fitted apart on 1, hits, misses, read rounds and cached tokens.
 pub fn replay_fit(
     probes: &[specfit_engine::spec::ProbeRow],
     steps: &[PlainStep],
@@ -423,7 +425,7 @@ pub fn replay_fit(
             row[p.nodes] = 1.0;
             row[k + 1] = p.hits as f64;
             row[k + 2] = p.misses as f64;
-            row[k + 3] = p.miss_layers as f64;
+            row[k + 3] = p.read_rounds as f64;
             row[k + 4] = ((p.nodes + 1) * p.context) as f64;
             (row, p.ms)
         })
@@ -435,7 +437,7 @@ pub fn replay_fit(
                 1.0,
                 s.hits as f64,
                 s.misses as f64,
-                s.miss_layers as f64,
+                s.read_rounds as f64,
                 s.context as f64,
             ];
             (row, s.ms)
@@ -448,7 +450,8 @@ pub fn replay_fit(
         ar_intercept: y[0],
         beta_hit: x[k + 1],
         beta_miss: x[k + 2],
-        miss_layer_ms: x[k + 3],
+        read_round_ms: x[k + 3],
+        read_width: specfit_engine::experts::reads_in_flight(),
         context_ms: x[k + 4],
         r2,
         median_abs_err_ms,
@@ -456,7 +459,7 @@ pub fn replay_fit(
             intercept: y[0],
             beta_hit: y[1],
             beta_miss: y[2],
-            miss_layer_ms: y[3],
+            read_round_ms: y[3],
             context_ms: y[4],
             r2: plain_r2,
             median_abs_err_ms: plain_median,
@@ -474,21 +477,21 @@ mod tests {
     }
 
     /// Probe rows and plain steps generated exactly by known coefficients, over a spread of node
-    /// counts, hits, misses, layers with a miss, contexts and drafting work.
+    /// counts, hits, misses, read rounds, contexts and drafting work.
     fn synthetic() -> (Vec<ProbeRow>, Vec<PlainStep>) {
         let mut probes = Vec::new();
         let mut steps = Vec::new();
         for i in 0..240usize {
             let nodes = i % 8;
             let (hits, misses) = ((i * 7 % 23) as u64, (i * 5 % 17) as u64);
-            let miss_layers = (misses as usize).min(8).max(usize::from(misses > 0))
+            let read_rounds = (misses as usize).min(8).max(usize::from(misses > 0))
                 - (i % 2).min(misses as usize / 9);
             let context = 20 + (i * 37 % 900);
             let ms = 0.5
                 + 0.2 * nodes as f64
                 + 0.01 * hits as f64
                 + 0.06 * misses as f64
-                + 0.08 * miss_layers as f64
+                + 0.08 * read_rounds as f64
                 + 0.001 * ((nodes + 1) * context) as f64;
             let (forwards, fed) = (i % 5, 1 + i % 4);
             probes.push(ProbeRow {
@@ -496,7 +499,7 @@ mod tests {
                 demand: hits + misses,
                 hits,
                 misses,
-                miss_layers,
+                read_rounds,
                 ms,
                 draft_forwards: forwards,
                 draft_ms: forwards as f64 * (0.4 + 2e-4 * context as f64),
@@ -507,12 +510,12 @@ mod tests {
             steps.push(PlainStep {
                 hits,
                 misses,
-                miss_layers,
+                read_rounds,
                 context,
                 ms: 0.3
                     + 0.005 * hits as f64
                     + 0.05 * misses as f64
-                    + 0.07 * miss_layers as f64
+                    + 0.07 * read_rounds as f64
                     + 0.0012 * context as f64,
             });
         }
@@ -528,13 +531,13 @@ mod tests {
         }
         assert!(close(r.beta_hit, 0.01) && close(r.beta_miss, 0.06), "{r:?}");
         assert!(
-            close(r.miss_layer_ms, 0.08) && close(r.context_ms, 0.001),
+            close(r.read_round_ms, 0.08) && close(r.context_ms, 0.001),
             "{r:?}"
         );
         let p = r.plain.unwrap();
         assert!(close(p.intercept, 0.3) && close(p.beta_hit, 0.005), "{p:?}");
         assert!(
-            close(p.beta_miss, 0.05) && close(p.miss_layer_ms, 0.07),
+            close(p.beta_miss, 0.05) && close(p.read_round_ms, 0.07),
             "{p:?}"
         );
         assert!(

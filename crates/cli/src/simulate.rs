@@ -88,7 +88,8 @@ pub fn run(args: &Args) -> Result<()> {
                 true_cost: p.true_cost,
                 drafting: specfit_sim::Drafting::default(),
                 context_ms: 0.0,
-                miss_layer_ms: 0.0,
+                read_round_ms: 0.0,
+                read_width: 1,
                 plain: None,
             };
             (machine, p.believed, args.budget)

@@ -606,8 +606,8 @@ pub struct Verified {
     pub demand: u64,
     /// Expert copies of the verify forward.
     pub copies: LayerStats,
-    /// MoE layers of the verify forward that copied at least one expert.
-    pub miss_layers: usize,
+    /// Read rounds of the verify forward ([`crate::experts::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
     /// Wall time of the verify forward.
     pub seconds: f64,
 }
@@ -676,7 +676,7 @@ pub fn verify(
         committed,
         features,
         demand,
-        miss_layers: out.copies.miss_layers(),
+        read_rounds: out.copies.read_rounds(crate::experts::reads_in_flight()),
         copies: out.copies.total,
         seconds,
     })
@@ -969,8 +969,8 @@ pub struct ProbeRow {
     pub demand: u64,
     pub hits: u64,
     pub misses: u64,
-    /// MoE layers that copied at least one expert.
-    pub miss_layers: usize,
+    /// Read rounds ([`crate::experts::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
     pub ms: f64,
     /// Drafter forwards that drafted this cycle's levels past the first, and their time.
     pub draft_forwards: usize,
@@ -1025,7 +1025,7 @@ pub fn probe(
             demand: v.demand,
             hits: v.copies.hits,
             misses: v.copies.misses,
-            miss_layers: v.miss_layers,
+            read_rounds: v.read_rounds,
             ms: v.seconds * 1e3,
             draft_forwards: levels.saturating_sub(1),
             draft_ms,

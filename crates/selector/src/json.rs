@@ -329,9 +329,10 @@ pub struct CalibrationJson {
 }
 
 /// What a forward costs on the measured machine, for trace replay: a verify forward of `n` draft
-/// nodes costs `intercepts[n] + beta_hit · hits + beta_miss · misses + miss_layer_ms · L +
-/// context_ms · (n + 1) · c`, where `L` is the number of MoE layers that copied at least one
-/// expert and `c` the number of tokens already cached (attention reads them all). A plain
+/// nodes costs `intercepts[n] + beta_hit · hits + beta_miss · misses + read_round_ms · R +
+/// context_ms · (n + 1) · c`, where `R` is the number of read rounds (per MoE layer
+/// `⌈misses / read_width⌉`: a layer waits about one read latency per `read_width` reads in
+/// flight together) and `c` the number of tokens already cached (attention reads them all). A plain
 /// decoding step costs what [`PlainJson`] says when present (its own fit on back-to-back plain
 /// steps), else `ar_intercept` with the verify coefficients. Fitted by NNLS on verify probes
 /// and plain steps over short and long prompts. The selector does not use it (its cost has no
@@ -346,7 +347,10 @@ pub struct ReplayJson {
     pub context_ms: f64,
     /// 0 in files written before it was measured.
     #[serde(default)]
-    pub miss_layer_ms: f64,
+    pub read_round_ms: f64,
+    /// Reads in flight at once on the measured engine (its I/O threads).
+    #[serde(default = "one")]
+    pub read_width: usize,
     pub r2: f64,
     pub median_abs_err_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -355,17 +359,22 @@ pub struct ReplayJson {
 
 /// A plain decoding step's cost on the measured machine, fitted on plain steps alone (they run
 /// back to back, with warmer processor caches than a verify after drafting):
-/// `intercept + beta_hit · hits + beta_miss · misses + miss_layer_ms · L + context_ms · c`.
+/// `intercept + beta_hit · hits + beta_miss · misses + read_round_ms · R + context_ms · c`
+/// (read rounds `R` as in [`ReplayJson`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PlainJson {
     pub intercept: f64,
     pub beta_hit: f64,
     pub beta_miss: f64,
-    pub miss_layer_ms: f64,
+    pub read_round_ms: f64,
     pub context_ms: f64,
     pub r2: f64,
     pub median_abs_err_ms: f64,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// The `format` tag of calibration files.

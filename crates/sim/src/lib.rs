@@ -45,21 +45,23 @@ pub struct SimConfig {
     pub drafting: Drafting,
     /// Attention's share: ms per verified token per token already cached (the trace position).
     pub context_ms: f64,
-    /// ms per MoE layer that copies at least one expert (the read latency a layer waits for,
-    /// however many reads are in flight together), on top of the true cost's per-miss β.
-    pub miss_layer_ms: f64,
+    /// ms per read round: a layer that copies `m` experts waits `⌈m / read_width⌉` read
+    /// latencies, on top of the true cost's per-miss β.
+    pub read_round_ms: f64,
+    /// Reads in flight at once (the engine's I/O threads; at least 1).
+    pub read_width: usize,
     /// A plain decoding step's own cost, when it differs from a root-only verify's.
     pub plain: Option<PlainCost>,
 }
 
 /// What a plain decoding step costs: `intercept + beta_hit · hits + beta_miss · misses +
-/// miss_layer_ms · L + context_ms · c` (`L` layers with a copy, `c` tokens cached).
+/// read_round_ms · R + context_ms · c` (`R` read rounds, `c` tokens cached).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PlainCost {
     pub intercept: f64,
     pub beta_hit: f64,
     pub beta_miss: f64,
-    pub miss_layer_ms: f64,
+    pub read_round_ms: f64,
     pub context_ms: f64,
 }
 
@@ -119,17 +121,16 @@ struct Lru {
 }
 
 impl Lru {
-    /// Charges one forward's union; returns (hits, misses, layers with a miss).
-    fn access(&mut self, union: &[Vec<u32>]) -> (u64, u64, usize) {
-        let (mut hits, mut misses, mut miss_layers) = (0, 0, 0);
+    /// Charges one forward's union; returns (hits, misses, read rounds with `width` reads in
+    /// flight at once).
+    fn access(&mut self, union: &[Vec<u32>], width: usize) -> (u64, u64, usize) {
+        let (mut hits, mut misses, mut read_rounds) = (0, 0, 0);
         for (layer, experts) in self.layers.iter_mut().zip(union) {
             let before = misses;
             Self::access_layer(self.slots, layer, experts, &mut hits, &mut misses);
-            if misses > before {
-                miss_layers += 1;
-            }
+            read_rounds += (misses - before).div_ceil(width.max(1) as u64) as usize;
         }
-        (hits, misses, miss_layers)
+        (hits, misses, read_rounds)
     }
 
     /// One layer's share of [`Lru::access`].
@@ -234,21 +235,21 @@ fn replay(
         let (chosen, levels) = choose(header, step, policy, selector.as_deref_mut(), lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
-        let (hits, misses, miss_layers) = lru.access(&union);
+        let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
         let context = step.position as f64;
         report.time_ms += match (policy, &config.plain) {
             (SimPolicy::Ar, Some(p)) => {
                 p.intercept
                     + p.beta_hit * hits as f64
                     + p.beta_miss * misses as f64
-                    + p.miss_layer_ms * miss_layers as f64
+                    + p.read_round_ms * read_rounds as f64
                     + p.context_ms * context
             }
             _ => {
                 config
                     .true_cost
                     .time_ms(chosen.len(), hits as u32, misses as u32)
-                    + config.miss_layer_ms * miss_layers as f64
+                    + config.read_round_ms * read_rounds as f64
                     + config.context_ms * (chosen.len() + 1) as f64 * context
             }
         };
@@ -408,7 +409,8 @@ pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f
     let config = SimConfig {
         drafting: Drafting::default(),
         context_ms: 0.0,
-        miss_layer_ms: 0.0,
+        read_round_ms: 0.0,
+        read_width: 1,
         plain: None,
         slots: 0,
         true_cost: CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"),
@@ -475,7 +477,7 @@ pub fn calibrate_on(
         }
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
-        let (hits, misses, _) = lru.access(&union);
+        let (hits, misses, _) = lru.access(&union, config.read_width);
         let ms = config
             .true_cost
             .time_ms(chosen.len(), hits as u32, misses as u32);

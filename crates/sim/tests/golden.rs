@@ -47,7 +47,8 @@ fn config(slots: usize) -> SimConfig {
     SimConfig {
         drafting: Default::default(),
         context_ms: 0.0,
-        miss_layer_ms: 0.0,
+        read_round_ms: 0.0,
+        read_width: 1,
         plain: None,
         slots,
         true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
@@ -138,17 +139,17 @@ fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_d
 }
 
 #[test]
-fn a_layer_that_copies_pays_its_read_latency_once_and_plain_steps_use_their_own_cost() {
+fn each_read_round_pays_one_read_latency_and_plain_steps_use_their_own_cost() {
     let (h, s) = trace();
     let mut c = config(4);
-    c.miss_layer_ms = 2.0;
+    c.read_round_ms = 2.0;
     // Plain decoding copies expert 0 once, in its one layer: 41 + 2.
     assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 43.0);
     c.plain = Some(specfit_sim::PlainCost {
         intercept: 3.0,
         beta_hit: 0.25,
         beta_miss: 0.5,
-        miss_layer_ms: 1.0,
+        read_round_ms: 1.0,
         context_ms: 0.125,
     });
     // 4 steps of 3 ms, 3 hits, 1 miss in 1 layer, positions 10..=13 cached: 12 + 0.75 + 0.5 + 1
@@ -158,8 +159,16 @@ fn a_layer_that_copies_pays_its_read_latency_once_and_plain_steps_use_their_own_
     // Speculative cycles still pay the verify cost (with its per-layer latency), not the plain one.
     let topk = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
     let without = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
-    // The first cycle copies experts 0, 1 and 2 in the one layer; the second hits all three.
-    assert_eq!(topk.time_ms, without.time_ms + 2.0);
+    // The first cycle copies experts 0, 1 and 2 in the one layer, one read at a time: 3 rounds;
+    // the second hits all three.
+    assert_eq!(topk.time_ms, without.time_ms + 3.0 * 2.0);
+    // With 2 reads in flight the three copies take 2 rounds, with 8 one.
+    c.read_width = 2;
+    let two = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    assert_eq!(two.time_ms, without.time_ms + 2.0 * 2.0);
+    c.read_width = 8;
+    let eight = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    assert_eq!(eight.time_ms, without.time_ms + 2.0);
 }
 
 #[test]

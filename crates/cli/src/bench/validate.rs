@@ -150,7 +150,7 @@ pub fn check(
     })
 }
 
-/// The simulated machine of a calibration (slots still to set): its replay fit (per-layer read
+/// The simulated machine of a calibration (slots still to set): its replay fit (read
 /// latency, attention term, plain steps' own cost) and drafting costs when it has them, else its
 /// residency-aware fit alone.
 pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
@@ -166,20 +166,22 @@ pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
         true_cost: cal.cost_model(true)?,
         drafting,
         context_ms: 0.0,
-        miss_layer_ms: 0.0,
+        read_round_ms: 0.0,
+        read_width: 1,
         plain: None,
     };
     if let Some(r) = &cal.replay {
         config.true_cost =
             specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
         config.context_ms = r.context_ms;
-        config.miss_layer_ms = r.miss_layer_ms;
+        config.read_round_ms = r.read_round_ms;
+        config.read_width = r.read_width.max(1);
         config.plain = Some(match &r.plain {
             Some(p) => PlainCost {
                 intercept: p.intercept,
                 beta_hit: p.beta_hit,
                 beta_miss: p.beta_miss,
-                miss_layer_ms: p.miss_layer_ms,
+                read_round_ms: p.read_round_ms,
                 context_ms: p.context_ms,
             },
             // Older files: the plain-step intercept with the verify coefficients.
@@ -187,7 +189,7 @@ pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
                 intercept: r.ar_intercept,
                 beta_hit: r.beta_hit,
                 beta_miss: r.beta_miss,
-                miss_layer_ms: r.miss_layer_ms,
+                read_round_ms: r.read_round_ms,
                 context_ms: r.context_ms,
             },
         });

@@ -56,10 +56,15 @@ pub struct CopyStats {
 }
 
 impl CopyStats {
-    /// Layers that copied at least one expert: each waits for at least one read, however many
-    /// are in flight together (the per-layer latency term of the replay cost model).
-    pub fn miss_layers(&self) -> usize {
-        self.per_layer.iter().filter(|l| l.misses > 0).count()
+    /// Read rounds: per layer `⌈misses / width⌉` with `width` reads in flight at once
+    /// ([`crate::experts::reads_in_flight`]), summed over layers. A layer waits about one read
+    /// latency per round, however many reads share it (the replay cost model's latency term).
+    pub fn read_rounds(&self, width: usize) -> usize {
+        let width = width.max(1) as u64;
+        self.per_layer
+            .iter()
+            .map(|l| l.misses.div_ceil(width) as usize)
+            .sum()
     }
 
     /// `self − earlier`, for the counters of one forward.

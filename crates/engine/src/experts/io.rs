@@ -27,6 +27,14 @@ type Job = Box<dyn FnOnce() + Send>;
 struct IoPool {
     /// `None` when `SPECFIT_IO_THREADS=0`: reads run on the calling thread.
     tx: Option<Mutex<Sender<Job>>>,
+    /// Reads in flight at once (1 when synchronous).
+    width: usize,
+}
+
+/// How many expert reads can be in flight at once: the I/O threads, or 1 when reads run
+/// synchronously. A layer that copies `m` experts waits about `⌈m / width⌉` read latencies.
+pub fn reads_in_flight() -> usize {
+    pool().width
 }
 
 /// Default I/O threads. Measured on the shipped model's disk tier (64 KiB expert blocks, 8 math
@@ -42,7 +50,7 @@ fn pool() -> &'static IoPool {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(IO_THREADS);
         if threads == 0 {
-            return IoPool { tx: None };
+            return IoPool { tx: None, width: 1 };
         }
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
@@ -61,6 +69,7 @@ fn pool() -> &'static IoPool {
         }
         IoPool {
             tx: Some(Mutex::new(tx)),
+            width: threads,
         }
     })
 }

@@ -11,4 +11,5 @@ mod store;
 
 pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
 pub use disk::{convert, ConvertReport, DiskStore, Fingerprint};
+pub use io::reads_in_flight;
 pub use store::{ExpertLayout, ExpertStore, RamStore};

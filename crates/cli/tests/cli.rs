@@ -1052,13 +1052,14 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
 }
 
 #[test]
-fn bench_rejects_unknown_prompt_sets_and_bad_slot_counts_with_one_line() {
+fn bench_rejects_unknown_prompt_sets_rows_and_bad_slot_counts_with_one_line() {
     for args in [
         &["bench", "--prompts", "no_such_set", "--quick"][..],
         &["bench", "--slots", "0", "--quick"][..],
         &["bench", "--slots", "65", "--quick"][..],
         &["bench", "--max-tokens", "0", "--quick"][..],
         &["bench", "--calibration", "/nonexistent/cal.json", "--quick"][..],
+        &["bench", "--only", "ar,no-such-policy", "--quick"][..],
     ] {
         let out = specfit(args, None);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

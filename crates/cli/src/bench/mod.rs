@@ -301,39 +301,11 @@ fn setup(args: &Args) -> Result<Setup> {
             plan::read_set(&label, &path, limit(name), &tokenizer)
         })
         .collect::<Result<Vec<_>>>()?;
-    if args.store == StoreArg::Disk {
-        ensure_expert_file(&args.model)?;
-    }
-    let target = TargetArgs {
-        model: args.model.clone(),
-        store: args.store,
-        experts: None,
-        slots: Some(default_slots),
-        clear_cache: false,
-        weights: None,
-    };
-    let (model, base) = target.load()?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let mut stop = GenerationConfig::load(&args.model)?
-        .eos_token_id
-        .or(model.config().eos_token_id.clone())
-        .map(|t| t.to_vec())
-        .unwrap_or_default();
-    stop.extend(tokenizer.token_id("<|im_end|>"));
-    let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
-    let predictor = if args.predictor.exists() {
-        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
-    } else {
-        eprintln!(
-            "no route predictor at {}: the specfit[predictor] row is skipped",
-            args.predictor.display()
-        );
-        None
-    };
+    // The rows, checked before anything slow (converting the experts, calibrating).
     let mut configs = plan::configs(&plan::Sweep {
         experts: cfg.num_experts,
         default_slots,
-        predictor: predictor.as_ref().map(|_| args.predictor.clone()),
+        predictor: args.predictor.exists().then(|| args.predictor.clone()),
         quick: args.quick,
     });
     if let Some(only) = &args.only {
@@ -354,6 +326,36 @@ fn setup(args: &Args) -> Result<Setup> {
             configs.insert(0, reference);
         }
     }
+    if args.store == StoreArg::Disk {
+        ensure_expert_file(&args.model)?;
+    }
+    let target = TargetArgs {
+        model: args.model.clone(),
+        store: args.store,
+        experts: None,
+        slots: Some(default_slots),
+        clear_cache: false,
+        weights: None,
+    };
+    let (model, base) = target.load()?;
+    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let mut stop = GenerationConfig::load(&args.model)?
+        .eos_token_id
+        .or(model.config().eos_token_id.clone())
+        .map(|t| t.to_vec())
+        .unwrap_or_default();
+    stop.extend(tokenizer.token_id("<|im_end|>"));
+    let predictor = if args.predictor.exists() {
+        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
+    } else {
+        eprintln!(
+            "no route predictor at {}: the specfit[predictor] row is skipped",
+            args.predictor.display()
+        );
+        None
+    };
+    // Measured last: every argument is checked before the 25 s of probe forwards.
+    let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
     let atlas = Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?);
     let corrupt = policy::atlas_for(
         Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?),

@@ -1045,6 +1045,16 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
         assert_eq!(ar["speedup_vs_ar"], 1.0);
         assert_eq!(ar["nodes_per_cycle"], 0.0);
     }
+    // The simulator check ran on both sets (2 prompts each).
+    assert_eq!(report["validation"].as_array().unwrap().len(), 2);
+    for v in report["validation"].as_array().unwrap() {
+        let checks = v["checks"].as_array().unwrap();
+        let within = checks
+            .iter()
+            .filter(|c| c["error"].as_f64().unwrap().abs() <= 0.10)
+            .count();
+        assert_eq!(v["within_10_percent"].as_u64().unwrap() as usize, within);
+    }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("| policy | slots | tok/s |"));
     let svg = std::fs::read_to_string(dir.join("chart.svg")).unwrap();

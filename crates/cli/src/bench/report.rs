@@ -319,6 +319,12 @@ impl Report {
                     100.0 * c.error
                 );
             }
+            let _ = writeln!(
+                out,
+                "  within 10%: {} of {}",
+                v.within_10_percent,
+                v.checks.len()
+            );
         }
         let _ = writeln!(
             out,
@@ -405,7 +411,12 @@ impl Report {
                     100.0 * c.error
                 );
             }
-            let _ = writeln!(out);
+            let _ = writeln!(
+                out,
+                "\nWithin 10%: {} of {} configurations.\n",
+                v.within_10_percent,
+                v.checks.len()
+            );
         }
         let _ = writeln!(
             out,

@@ -34,6 +34,8 @@ pub struct SetValidation {
     pub name: String,
     pub prompts: usize,
     pub checks: Vec<Check>,
+    /// Checks whose |error| ≤ 10% (the bar).
+    pub within_10_percent: usize,
 }
 
 /// Records one trace per prompt: `positions[i]` greedy positions of `prompts[i]`.
@@ -146,6 +148,7 @@ pub fn check(
     Ok(SetValidation {
         name: name.to_string(),
         prompts: traces.len(),
+        within_10_percent: checks.iter().filter(|c| c.error.abs() <= 0.10).count(),
         checks,
     })
 }

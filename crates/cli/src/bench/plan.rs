@@ -128,7 +128,9 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         out.push(Config::new(Policy::SpecfitAdaptive, atlas.clone(), d, 1.0));
         if let Some(p) = &s.predictor {
             let r = RouteChoice::Predictor(p.clone());
-            out.push(Config::new(Policy::Specfit, r, d, 1.0));
+            out.push(Config::new(Policy::Specfit, r.clone(), d, 1.0));
+            // With no routing kept out of the clock: the adaptive row's realistic twin.
+            out.push(Config::new(Policy::SpecfitAdaptive, r, d, 1.0));
         }
         let r = RouteChoice::Corrupt(0.4);
         out.push(Config::new(Policy::Specfit, r, d, 1.0));
@@ -186,6 +188,7 @@ mod tests {
             "specfit-resident@8",
             "specfit-adaptive@8",
             "specfit[predictor]@8",
+            "specfit-adaptive[predictor]@8",
             "specfit[corrupt:0.4]@8",
             "specfit β×2@8",
             "ar@0",
@@ -204,7 +207,7 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 10 + 2 + 3 * 3);
+        assert_eq!(c.len(), 11 + 2 + 3 * 3);
     }
 
     #[test]

@@ -1038,6 +1038,8 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             assert_eq!(r["lossless_prompts"], r["prompts"]);
             assert!(r["decoded_tokens"].as_u64().unwrap() > 0);
             assert!(r["tok_s"].as_f64().unwrap() > 0.0);
+            let wait = r["copy_wait_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&wait), "{r}");
             // Every drafting policy commits at least one token per cycle.
             assert!(r["tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{r}");
         }

@@ -25,6 +25,8 @@ pub struct Outcome {
     pub misses: u64,
     pub hits: u64,
     pub bytes: u64,
+    /// Time the decode stood still waiting for expert reads.
+    pub wait_seconds: f64,
 }
 
 impl Outcome {
@@ -41,6 +43,7 @@ impl Outcome {
             misses: g.decode_copies.misses,
             hits: g.decode_copies.hits,
             bytes: g.decode_copies.bytes_copied,
+            wait_seconds: g.decode_copies.wait_seconds,
         }
     }
 
@@ -55,6 +58,7 @@ impl Outcome {
             misses: g.copies.misses,
             hits: g.copies.hits,
             bytes: g.copies.bytes_copied,
+            wait_seconds: g.copies.wait_seconds,
         }
     }
 }
@@ -72,6 +76,7 @@ pub struct Tally {
     pub misses: u64,
     pub hits: u64,
     pub bytes: u64,
+    pub wait_seconds: f64,
     pub select_us: Vec<f64>,
     pub lossless: usize,
     /// Question ids whose output differed from plain decoding.
@@ -90,6 +95,7 @@ impl Tally {
         self.misses += o.misses;
         self.hits += o.hits;
         self.bytes += o.bytes;
+        self.wait_seconds += o.wait_seconds;
         self.select_us.extend_from_slice(select_us);
         if same {
             self.lossless += 1;
@@ -129,6 +135,8 @@ pub struct Row {
     pub cycle_ms: f64,
     pub copies_per_token: f64,
     pub mb_per_token: f64,
+    /// Share of the decode time spent waiting for expert reads.
+    pub copy_wait_share: f64,
     pub select_us_median: Option<f64>,
     pub atlas_ms_per_cycle: f64,
     pub decoded_tokens: usize,
@@ -420,7 +428,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; selection is the median time of one subtree search. Atlas routes are computed outside the timer."
+            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads; selection is the median time of one subtree search. Atlas routes are computed outside the timer."
         );
         out
     }
@@ -439,6 +447,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
         "cycle ms",
         "copies/tok",
         "MB/tok",
+        "wait %",
         "select µs",
         "lossless",
     ]
@@ -457,6 +466,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
             format!("{:.2}", r.cycle_ms),
             format!("{:.1}", r.copies_per_token),
             format!("{:.3}", r.mb_per_token),
+            format!("{:.0}", 100.0 * r.copy_wait_share),
             r.select_us_median.map_or("–".into(), |u| format!("{u:.1}")),
             format!("{}/{}", r.lossless_prompts, r.prompts),
         ]);
@@ -503,6 +513,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 cycle_ms: 1e3 * ratio(t.decode_seconds, cycles),
                 copies_per_token: ratio(t.misses as f64, t.decoded as f64),
                 mb_per_token: ratio(t.bytes as f64, t.decoded as f64) / 1e6,
+                copy_wait_share: ratio(t.wait_seconds, t.decode_seconds),
                 select_us_median: us.get(us.len() / 2).copied(),
                 atlas_ms_per_cycle: 1e3 * ratio(t.atlas_seconds, cycles),
                 decoded_tokens: t.decoded,

@@ -172,16 +172,17 @@ pub fn measure(
     plan: &Plan,
 ) -> Result<CalibrationJson> {
     ensure!(plan.cycles > 0, "--cycles must be positive");
+    // Prompt `i` probes with seed `i`, in every cache state.
+    let probe_plan = |i: usize| ProbePlan {
+        shape: TreeShape::default(),
+        max_nodes: plan.max_nodes,
+        cycles: plan.cycles,
+        seed: i as u64,
+    };
     let mut rows = Vec::new();
     let mut engine_rows = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
-        let probe_plan = ProbePlan {
-            shape: TreeShape::default(),
-            max_nodes: plan.max_nodes,
-            cycles: plan.cycles,
-            seed: i as u64,
-        };
-        for r in probe(model, drafter, cache, prompt, &probe_plan)? {
+        for r in probe(model, drafter, cache, prompt, &probe_plan(i))? {
             engine_rows.push(r);
             rows.push(Probe {
                 nodes: r.nodes,
@@ -208,13 +209,7 @@ pub fn measure(
     let mut resident = cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru)?;
     let mut replay_rows = engine_rows.clone();
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
-        let probe_plan = ProbePlan {
-            shape: TreeShape::default(),
-            max_nodes: plan.max_nodes,
-            cycles: plan.cycles,
-            seed: i as u64,
-        };
-        let warm = probe(model, drafter, &mut resident, prompt, &probe_plan)?;
+        let warm = probe(model, drafter, &mut resident, prompt, &probe_plan(i))?;
         // Odd cycles start from an emptied cache; keep the resident ones.
         replay_rows.extend(warm.into_iter().filter(|r| r.misses == 0));
         steps.extend(
@@ -294,7 +289,7 @@ pub fn drafting_fit(rows: &[specfit_engine::spec::ProbeRow]) -> Result<DraftingJ
 }
 
 /// A least-squares fit with non-negative coefficients of `ms ≈ row · x` and its quality (R²,
-/// median absolute error). Columns are scaled to unit maximum for the solver. Timing noise on a
+/// median absolute error), by [`specfit_selector::nnls::nnls_scaled`]. Timing noise on a
 /// shared machine is one-sided (a preempted forward is only ever slower), so rows measured more
 /// than 5 median absolute errors above their prediction are dropped once and the fit repeated;
 /// the quality is reported on every row.
@@ -312,24 +307,16 @@ pub fn nnls_fit(rows: &[(Vec<f64>, f64)]) -> Result<(Vec<f64>, (f64, f64))> {
             .filter(|(_, &k)| k)
             .map(|(r, _)| r)
             .collect();
-        let scales: Vec<f64> = (0..cols)
-            .map(|c| kept.iter().map(|r| r.0[c].abs()).fold(0.0, f64::max))
-            .map(|m| if m > 0.0 { m } else { 1.0 })
-            .collect();
-        let a: Vec<f64> = kept
-            .iter()
-            .flat_map(|r| r.0.iter().zip(&scales).map(|(v, s)| v / s))
-            .collect();
+        let a: Vec<f64> = kept.iter().flat_map(|r| r.0.iter().copied()).collect();
         let b: Vec<f64> = kept.iter().map(|r| r.1).collect();
-        let x = specfit_selector::nnls::nnls(
+        Ok(specfit_selector::nnls::nnls_scaled(
             specfit_selector::nnls::Matrix {
                 data: &a,
                 rows: b.len(),
                 cols,
             },
             &b,
-        )?;
-        Ok(x.iter().zip(&scales).map(|(v, s)| v / s).collect())
+        )?)
     };
     let predict = |x: &[f64]| -> Vec<f64> {
         rows.iter()

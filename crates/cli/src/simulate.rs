@@ -83,16 +83,11 @@ pub fn run(args: &Args) -> Result<()> {
                 "preset {} (assumed intercepts and hit cost: see specfit_sim::preset)",
                 p.name
             );
-            let machine = SimConfig {
-                slots: 0,
-                true_cost: p.true_cost,
-                drafting: specfit_sim::Drafting::default(),
-                context_ms: 0.0,
-                read_round_ms: 0.0,
-                read_width: 1,
-                plain: None,
-            };
-            (machine, p.believed, args.budget)
+            (
+                SimConfig::verify_only(0, p.true_cost),
+                p.believed,
+                args.budget,
+            )
         }
         (None, None) => bail!("give --calibration FILE or --preset NAME"),
     };

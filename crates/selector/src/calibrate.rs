@@ -10,7 +10,7 @@
 
 use crate::cost::{CostModel, ExpertCost};
 use crate::error::Error;
-use crate::nnls::{nnls, Matrix};
+use crate::nnls::{nnls_scaled, Matrix};
 
 /// One measured verify forward.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,23 +117,8 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
             _ => row[max_nodes + 1] = p.demand as f64,
         }
     }
-    // Scale columns to unit max so the count columns (hundreds) and one-hots (1) are balanced;
-    // positive scaling keeps the non-negativity constraint intact.
-    let scales: Vec<f64> = (0..cols)
-        .map(|c| {
-            (0..probes.len())
-                .map(|r| data[r * cols + c].abs())
-                .fold(0.0, f64::max)
-        })
-        .map(|m| if m > 0.0 { m } else { 1.0 })
-        .collect();
-    for r in 0..probes.len() {
-        for c in 0..cols {
-            data[r * cols + c] /= scales[c];
-        }
-    }
     let b: Vec<f64> = probes.iter().map(|p| p.ms).collect();
-    let mut x = nnls(
+    let x = nnls_scaled(
         Matrix {
             data: &data,
             rows: probes.len(),
@@ -141,9 +126,6 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
         },
         &b,
     )?;
-    for (v, s) in x.iter_mut().zip(&scales) {
-        *v /= s;
-    }
     let intercepts = x[..=max_nodes].to_vec();
     let expert = if residency {
         ExpertCost::Residency {

@@ -19,6 +19,32 @@ impl Matrix<'_> {
     }
 }
 
+/// [`nnls`] with every column first scaled to unit maximum |value| (columns of counts in the
+/// hundreds beside one-hot columns are then balanced for the solver) and the solution scaled
+/// back. A positive scaling keeps the non-negativity constraint intact.
+pub fn nnls_scaled(a: Matrix<'_>, b: &[f64]) -> Result<Vec<f64>, Error> {
+    assert_eq!(a.data.len(), a.rows * a.cols, "matrix shape");
+    let scales: Vec<f64> = (0..a.cols)
+        .map(|c| (0..a.rows).map(|r| a.at(r, c).abs()).fold(0.0, f64::max))
+        .map(|m| if m > 0.0 { m } else { 1.0 })
+        .collect();
+    let data: Vec<f64> = a
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| v / scales[i % a.cols])
+        .collect();
+    let x = nnls(
+        Matrix {
+            data: &data,
+            rows: a.rows,
+            cols: a.cols,
+        },
+        b,
+    )?;
+    Ok(x.iter().zip(&scales).map(|(v, s)| v / s).collect())
+}
+
 /// Solves `min ‖Ax − b‖ s.t. x ≥ 0`. Columns that are entirely zero get 0.
 pub fn nnls(a: Matrix<'_>, b: &[f64]) -> Result<Vec<f64>, Error> {
     assert_eq!(a.data.len(), a.rows * a.cols, "matrix shape");

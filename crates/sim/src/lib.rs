@@ -54,6 +54,22 @@ pub struct SimConfig {
     pub plain: Option<PlainCost>,
 }
 
+impl SimConfig {
+    /// A machine whose every forward costs what `true_cost` says and nothing else: no drafting
+    /// time, attention term, read rounds or separate plain-step cost (the paper's cost model).
+    pub fn verify_only(slots: usize, true_cost: CostModel) -> SimConfig {
+        SimConfig {
+            slots,
+            true_cost,
+            drafting: Drafting::default(),
+            context_ms: 0.0,
+            read_round_ms: 0.0,
+            read_width: 1,
+            plain: None,
+        }
+    }
+}
+
 /// What a plain decoding step costs: `intercept + beta_hit · hits + beta_miss · misses +
 /// read_round_ms · R + context_ms · c` (`R` read rounds, `c` tokens cached).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -170,7 +186,7 @@ pub fn simulate(
     policy: &SimPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    simulate_many(header, &[steps.to_vec()], policy, config)
+    replay_all(header, [steps], policy, config)
 }
 
 /// Replays several traces one after the other, the expert caches carrying over from one to the
@@ -178,6 +194,16 @@ pub fn simulate(
 pub fn simulate_many(
     header: &TraceHeader,
     traces: &[Vec<TraceStep>],
+    policy: &SimPolicy,
+    config: &SimConfig,
+) -> Result<SimReport, SimError> {
+    replay_all(header, traces.iter().map(Vec::as_slice), policy, config)
+}
+
+/// [`simulate_many`] over borrowed traces (one caches' state and selector for all of them).
+fn replay_all<'a>(
+    header: &TraceHeader,
+    traces: impl IntoIterator<Item = &'a [TraceStep]>,
     policy: &SimPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
@@ -406,15 +432,7 @@ pub fn preset(name: &str, max_nodes: usize) -> Option<Preset> {
 
 /// Mean accepted draft tokens per cycle of the `k` most probable nodes on `steps`.
 pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f64 {
-    let config = SimConfig {
-        drafting: Drafting::default(),
-        context_ms: 0.0,
-        read_round_ms: 0.0,
-        read_width: 1,
-        plain: None,
-        slots: 0,
-        true_cost: CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"),
-    };
+    let config = SimConfig::verify_only(0, CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"));
     match simulate(header, steps, &SimPolicy::TopK(k), &config) {
         Ok(r) => (r.committed - r.cycles) as f64 / r.cycles.max(1) as f64,
         Err(_) => 0.0,

@@ -42,17 +42,23 @@ fn trace() -> (TraceHeader, Vec<TraceStep>) {
     (header, steps)
 }
 
+/// SpecFit believing `a = 10 ms`, `β = 5 ms` per expert of the union, with the stop rule.
+fn paper_specfit() -> SimPolicy {
+    SimPolicy::SpecFit {
+        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
+        objective: Objective::Ratio,
+        max_nodes: 7,
+        stop_rule: true,
+        residency: false,
+    }
+}
+
 fn config(slots: usize) -> SimConfig {
     // time = 10 + 0·hits + 1·misses, whatever the node count.
-    SimConfig {
-        drafting: Default::default(),
-        context_ms: 0.0,
-        read_round_ms: 0.0,
-        read_width: 1,
-        plain: None,
+    SimConfig::verify_only(
         slots,
-        true_cost: CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
-    }
+        CostModel::residency(vec![10.0; 8], 0.0, 1.0).unwrap(),
+    )
 }
 
 #[test]
@@ -86,13 +92,7 @@ fn specfit_replay_skips_nodes_its_costs_make_unprofitable() {
     let (h, s) = trace();
     // Believed costs: a = 10 ms, β = 5 ms per expert of the union (root included). None:
     // 1/15 = .0667; first node: 1.9/20 = .095; both: 2.35/25 = .094 → SpecFit verifies one node.
-    let policy = SimPolicy::SpecFit {
-        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
-        objective: Objective::Ratio,
-        max_nodes: 7,
-        stop_rule: true,
-        residency: false,
-    };
+    let policy = paper_specfit();
     let r = simulate(&h, &s, &policy, &config(4)).unwrap();
     // Positions 0 (accept 1 → 2 tokens), 2 (accept 1 → 2 tokens): 2 cycles, 4 tokens.
     assert_eq!((r.cycles, r.committed, r.verified_nodes), (2, 4, 2));
@@ -124,13 +124,7 @@ fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_d
     assert_eq!(r.time_ms, 23.0 + 4.5 + 3.5);
     // SpecFit's winner on the level-1 pool takes the level-1 node, so the stop rule drafts level
     // 2 as well: each of its 2 cycles pays one level, the fixed feed and 2 fed tokens.
-    let policy = SimPolicy::SpecFit {
-        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
-        objective: Objective::Ratio,
-        max_nodes: 7,
-        stop_rule: true,
-        residency: false,
-    };
+    let policy = paper_specfit();
     let plain = simulate(&h, &s, &policy, &config(4)).unwrap();
     let charged = simulate(&h, &s, &policy, &c).unwrap();
     assert_eq!(charged.committed, plain.committed);

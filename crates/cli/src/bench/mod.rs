@@ -318,11 +318,7 @@ fn setup(args: &Args) -> Result<Setup> {
         }
         let reference = configs[0].clone();
         configs.retain(|c| only.contains(&c.label));
-        if configs
-            .first()
-            .map(|c| c.label != reference.label || c.slots != reference.slots)
-            != Some(false)
-        {
+        if configs.first() != Some(&reference) {
             configs.insert(0, reference);
         }
     }

@@ -164,38 +164,39 @@ pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
         level_context_ms: d.level_context_ms,
         feed_context_ms: d.feed_context_ms,
     });
-    let mut config = SimConfig {
-        slots: 0,
-        true_cost: cal.cost_model(true)?,
-        drafting,
-        context_ms: 0.0,
-        read_round_ms: 0.0,
-        read_width: 1,
-        plain: None,
-    };
-    if let Some(r) = &cal.replay {
-        config.true_cost =
-            specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
-        config.context_ms = r.context_ms;
-        config.read_round_ms = r.read_round_ms;
-        config.read_width = r.read_width.max(1);
-        config.plain = Some(match &r.plain {
-            Some(p) => PlainCost {
-                intercept: p.intercept,
-                beta_hit: p.beta_hit,
-                beta_miss: p.beta_miss,
-                read_round_ms: p.read_round_ms,
-                context_ms: p.context_ms,
-            },
-            // Older files: the plain-step intercept with the verify coefficients.
-            None => PlainCost {
-                intercept: r.ar_intercept,
-                beta_hit: r.beta_hit,
-                beta_miss: r.beta_miss,
-                read_round_ms: r.read_round_ms,
-                context_ms: r.context_ms,
-            },
+    // Required either way (a calibration without it is refused).
+    let residency_fit = cal.cost_model(true)?;
+    let Some(r) = &cal.replay else {
+        return Ok(SimConfig {
+            drafting,
+            ..SimConfig::verify_only(0, residency_fit)
         });
-    }
-    Ok(config)
+    };
+    let plain = match &r.plain {
+        Some(p) => PlainCost {
+            intercept: p.intercept,
+            beta_hit: p.beta_hit,
+            beta_miss: p.beta_miss,
+            read_round_ms: p.read_round_ms,
+            context_ms: p.context_ms,
+        },
+        // Older files: the plain-step intercept with the verify coefficients.
+        None => PlainCost {
+            intercept: r.ar_intercept,
+            beta_hit: r.beta_hit,
+            beta_miss: r.beta_miss,
+            read_round_ms: r.read_round_ms,
+            context_ms: r.context_ms,
+        },
+    };
+    let true_cost =
+        specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
+    Ok(SimConfig {
+        drafting,
+        context_ms: r.context_ms,
+        read_round_ms: r.read_round_ms,
+        read_width: r.read_width.max(1),
+        plain: Some(plain),
+        ..SimConfig::verify_only(0, true_cost)
+    })
 }

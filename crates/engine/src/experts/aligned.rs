@@ -1,11 +1,14 @@
 //! A zeroed byte buffer whose start is 4 KiB-aligned, so that O_DIRECT reads can land in it
 //! directly (the kernel requires buffer, offset and length to be block-aligned) and `f32`/bf16
-//! views of it are always aligned.
+//! views of it are always aligned; and its huge-page variant for expert slots.
 
-use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::alloc::{alloc, alloc_zeroed, dealloc, Layout};
 
 /// Alignment of slot memory and of every block in the disk expert file.
 pub const ALIGN: usize = 4096;
+
+/// A transparent huge page on x86-64 and most arm64 kernels.
+pub const HUGE_PAGE: usize = 2 << 20;
 
 /// `len` bytes, 4 KiB-aligned.
 pub struct AlignedBuf {
@@ -26,6 +29,34 @@ impl AlignedBuf {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
+        AlignedBuf { ptr, len, layout }
+    }
+
+    /// A zeroed buffer of `len` bytes on whole 2 MiB pages, advised to the kernel as
+    /// transparent huge pages (`MADV_HUGEPAGE`, Linux; elsewhere, with THP off, or with
+    /// `SPECFIT_HUGE_PAGES=0` it is a plain 2 MiB-aligned buffer). Expert slots live here: on the
+    /// measured VM, O_DIRECT reads into 4 KiB pages took ~175 µs per 64 KiB block against
+    /// ~100 µs into huge pages, and which of two equal 4 KiB-paged caches was slower changed
+    /// from process to process (BENCHMARKS.md, `examples/cache_twins.rs`).
+    pub fn huge_zeroed(len: usize) -> AlignedBuf {
+        let size = len.max(1).div_ceil(HUGE_PAGE) * HUGE_PAGE;
+        let layout = Layout::from_size_align(size, HUGE_PAGE).expect("valid layout");
+        // SAFETY: `layout` has non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        #[cfg(target_os = "linux")]
+        if huge_pages_wanted() {
+            // SAFETY: `ptr..ptr + size` is this allocation, page-aligned. The advice is only a
+            // hint: its failure (THP compiled out, say) leaves ordinary pages, so it is ignored.
+            unsafe {
+                libc::madvise(ptr.cast(), size, libc::MADV_HUGEPAGE);
+            }
+        }
+        // Zeroing after the advice makes the first touch fault in huge pages.
+        // SAFETY: `ptr` is valid for `size` bytes.
+        unsafe { std::ptr::write_bytes(ptr, 0, size) };
         AlignedBuf { ptr, len, layout }
     }
 
@@ -62,6 +93,12 @@ impl Drop for AlignedBuf {
     }
 }
 
+/// Whether [`AlignedBuf::huge_zeroed`] advises huge pages: unless `SPECFIT_HUGE_PAGES=0`.
+fn huge_pages_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| std::env::var("SPECFIT_HUGE_PAGES").map_or(true, |v| v != "0"))
+}
+
 /// `bytes` rounded up to a multiple of 4 KiB.
 pub fn padded(bytes: usize) -> usize {
     bytes.div_ceil(ALIGN) * ALIGN
@@ -83,5 +120,17 @@ mod tests {
         assert_eq!(padded(1), 4096);
         assert_eq!(padded(4096), 4096);
         assert_eq!(padded(4097), 8192);
+    }
+
+    #[test]
+    fn huge_page_buffers_are_aligned_zeroed_and_writable_to_the_end() {
+        for len in [1usize, HUGE_PAGE - 1, HUGE_PAGE, HUGE_PAGE + 4096] {
+            let mut b = AlignedBuf::huge_zeroed(len);
+            assert_eq!(b.as_slice().len(), len);
+            assert_eq!(b.as_slice().as_ptr() as usize % HUGE_PAGE, 0);
+            assert!(b.as_slice().iter().all(|&v| v == 0));
+            b.as_mut_slice()[len - 1] = 7;
+            assert_eq!(b.as_slice()[len - 1], 7);
+        }
     }
 }

@@ -94,10 +94,8 @@ impl CopyStats {
     }
 }
 
-/// One layer's slots.
+/// One layer's slots (their bytes are the layer's range of [`ExpertCache::data`]).
 struct Slots {
-    /// `S` slots of `stride` bytes, each 4 KiB-aligned.
-    data: AlignedBuf,
     /// Expert held by each slot.
     holds: Vec<Option<u32>>,
     /// Slot holding each expert.
@@ -112,6 +110,9 @@ pub struct ExpertCache {
     layout: ExpertLayout,
     /// Bytes per slot (the block padded to 4 KiB).
     stride: usize,
+    /// Every layer's `S` slots of `stride` bytes, layer after layer, on transparent huge pages:
+    /// slot `s` of layer `l` starts at `(l · S + s) · stride`, 4 KiB-aligned.
+    data: AlignedBuf,
     slots: Vec<Slots>,
     mode: CacheMode,
     clock: u64,
@@ -172,9 +173,9 @@ impl ExpertCache {
         let s = slots_per_layer.min(experts);
         let layout = store.layout();
         let stride = padded(layout.bytes());
+        let data = AlignedBuf::huge_zeroed(layers * s * stride);
         let slots = (0..layers)
             .map(|_| Slots {
-                data: AlignedBuf::zeroed(s * stride),
                 holds: vec![None; s],
                 slot_of: vec![None; experts],
                 last_use: vec![0; s],
@@ -184,6 +185,7 @@ impl ExpertCache {
             store,
             layout,
             stride,
+            data,
             slots,
             mode,
             clock: 0,
@@ -270,7 +272,8 @@ impl ExpertCache {
         // The resident experts run together (the caller may spread them over threads) while the
         // first misses are read.
         if !hit.is_empty() {
-            let (len, stride) = (self.layout.bytes(), self.stride);
+            let (len, base) = (self.layout.bytes(), self.slot_offset(layer, 0));
+            let stride = self.stride;
             let slots = &mut self.slots[layer];
             let mut at = Vec::with_capacity(hit.len());
             for &e in &hit {
@@ -281,7 +284,7 @@ impl ExpertCache {
             }
             let views: Vec<(u32, &[u8])> = at
                 .iter()
-                .map(|&(e, s)| (e, slots.data.range(s * stride, len)))
+                .map(|&(e, s)| (e, self.data.range(base + s * stride, len)))
                 .collect();
             f(&views);
             for &(_, s) in &at {
@@ -303,10 +306,9 @@ impl ExpertCache {
                     stats.misses += 1;
                     stats.bytes_copied += self.layout.bytes() as u64;
                     self.clock += 1;
-                    let (len, stride) = (self.layout.bytes(), self.stride);
-                    let slots = &mut self.slots[layer];
-                    slots.last_use[s] = self.clock;
-                    f(&[(e, slots.data.range(s * stride, len))]);
+                    self.slots[layer].last_use[s] = self.clock;
+                    let at = self.slot_offset(layer, s);
+                    f(&[(e, self.data.range(at, self.layout.bytes()))]);
                 }
                 Ok(()) => {}
                 Err(err) => {
@@ -338,6 +340,7 @@ impl ExpertCache {
         done: &std::sync::mpsc::Sender<Completion>,
     ) {
         while let Some(&e) = pending.front() {
+            let base = self.slot_offset(layer, 0);
             let slots = &mut self.slots[layer];
             let Some(victim) = (0..busy.len())
                 .filter(|&s| !busy[s])
@@ -354,12 +357,17 @@ impl ExpertCache {
             busy[victim] = true;
             let stride = self.stride;
             let ptr = SlotPtr {
-                ptr: slots.data.range_ptr(victim * stride, stride),
+                ptr: self.data.range_ptr(base + victim * stride, stride),
                 len: stride,
             };
             start_read(&self.store, layer, e as usize, ptr, victim, done);
             in_flight.push_back((e, victim));
         }
+    }
+
+    /// Where slot `s` of `layer` starts in [`ExpertCache::data`].
+    fn slot_offset(&self, layer: usize, s: usize) -> usize {
+        (layer * self.slots_per_layer() + s) * self.stride
     }
 
     /// Empties slot `s` of `layer` (after a failed read).
@@ -384,8 +392,7 @@ impl ExpertCache {
                     .read_into(layer, e as usize, fresh.as_mut_slice())?;
                 let slots = &self.slots[layer];
                 if slots.slot_of[e as usize] != Some(s as u32)
-                    || slots.data.as_slice()[s * stride..s * stride + len]
-                        != fresh.as_slice()[..len]
+                    || self.data.range(self.slot_offset(layer, s), len) != &fresh.as_slice()[..len]
                 {
                     return Err(EngineError::ExpertStore {
                         reason: format!(

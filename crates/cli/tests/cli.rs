@@ -973,6 +973,81 @@ fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
 }
 
 #[test]
+fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_replays() {
+    let cal = temp("h200-cal.json");
+    let out = specfit(
+        &[
+            "calibrate",
+            "--probes",
+            "docs/gpu/h200-probes.jsonl",
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let committed = read(&root.join("docs/gpu/specfit-calibration.h200.json"));
+    let refit = read(&cal);
+    // Equal up to the last bits another processor's floating point may change.
+    fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+        use serde_json::Value::*;
+        match (a, b) {
+            (Number(x), Number(y)) => {
+                let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
+            }
+            (Array(x), Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q)),
+            (Object(x), Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+    for key in [
+        "cost",
+        "cost_residency",
+        "fit",
+        "fit_residency",
+        "max_nodes",
+    ] {
+        assert!(
+            close(&committed[key], &refit[key]),
+            "{key}: {} vs {}",
+            committed[key],
+            refit[key]
+        );
+    }
+    let out = specfit(
+        &[
+            "simulate",
+            "--synthetic",
+            "summarization",
+            "--calibration",
+            "docs/gpu/specfit-calibration.h200.json",
+            "--slots",
+            "48",
+            "--positions",
+            "120",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 4);
+}
+
+#[test]
 fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
     let cal = temp("bench-cal.json");
     let out = specfit(

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::spec::{probe, ProbePlan, TreeShape};
+use specfit_engine::spec::{probe, ProbeCache, ProbePlan, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{read_probes, CalibrationJson, DraftingJson};
 use specfit_selector::{calibrate, Calibration, Probe};
@@ -173,16 +173,23 @@ pub fn measure(
 ) -> Result<CalibrationJson> {
     ensure!(plan.cycles > 0, "--cycles must be positive");
     // Prompt `i` probes with seed `i`, in every cache state.
-    let probe_plan = |i: usize| ProbePlan {
+    let probe_plan = |i: usize, cache: ProbeCache| ProbePlan {
         shape: TreeShape::default(),
         max_nodes: plan.max_nodes,
         cycles: plan.cycles,
         seed: i as u64,
+        cache,
     };
     let mut rows = Vec::new();
     let mut engine_rows = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
-        for r in probe(model, drafter, cache, prompt, &probe_plan(i))? {
+        for r in probe(
+            model,
+            drafter,
+            cache,
+            prompt,
+            &probe_plan(i, ProbeCache::LruAndCleared),
+        )? {
             engine_rows.push(r);
             rows.push(Probe {
                 nodes: r.nodes,
@@ -209,8 +216,22 @@ pub fn measure(
     let mut resident = cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru)?;
     let mut replay_rows = engine_rows.clone();
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
-        let warm = probe(model, drafter, &mut resident, prompt, &probe_plan(i))?;
-        // Odd cycles start from an emptied cache; keep the resident ones.
+        // A first pass reads the prompt's experts in; the second's forwards are then (almost
+        // all) all-resident, and only those are kept.
+        probe(
+            model,
+            drafter,
+            &mut resident,
+            prompt,
+            &probe_plan(i, ProbeCache::Lru),
+        )?;
+        let warm = probe(
+            model,
+            drafter,
+            &mut resident,
+            prompt,
+            &probe_plan(i, ProbeCache::Lru),
+        )?;
         replay_rows.extend(warm.into_iter().filter(|r| r.misses == 0));
         steps.extend(
             plain_steps(model, &mut resident, prompt, 16)?
@@ -386,9 +407,7 @@ fn plain_steps(
         steps.push(PlainStep {
             hits: out.copies.total.hits,
             misses: out.copies.total.misses,
-            read_rounds: out
-                .copies
-                .read_rounds(specfit_engine::experts::reads_in_flight()),
+            read_rounds: out.copies.read_rounds(cache.read_width()),
             context,
             ms,
         });

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
 use serde_json::json;
-use specfit_engine::spec::{probe, ProbePlan, TreeShape};
+use specfit_engine::spec::{probe, ProbeCache, ProbePlan, TreeShape};
 use specfit_engine::{Eagle3, Tokenizer};
 
 use crate::files::{read_text, write_atomic};
@@ -70,6 +70,7 @@ pub fn run(args: &Args) -> Result<()> {
             },
             max_nodes: args.max_nodes,
             cycles: args.cycles,
+            cache: ProbeCache::LruAndCleared,
             seed: args.seed + i as u64,
         };
         for r in probe(&model, &drafter, &mut cache, prompt, &plan)? {

@@ -676,7 +676,7 @@ pub fn verify(
         committed,
         features,
         demand,
-        read_rounds: out.copies.read_rounds(crate::experts::reads_in_flight()),
+        read_rounds: out.copies.read_rounds(experts.read_width()),
         copies: out.copies.total,
         seconds,
     })
@@ -952,6 +952,17 @@ fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
         .collect()
 }
 
+/// The expert cache's state before each probed verify forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeCache {
+    /// Every other cycle starts from an emptied cache, the others from the LRU state decoding
+    /// left: both ends a calibration needs.
+    LruAndCleared,
+    /// The cache as decoding left it, never emptied (with every expert fitting in the slots,
+    /// the forwards become all-resident once the prompt's experts have been read).
+    Lru,
+}
+
 /// What [`probe`] measures.
 #[derive(Debug, Clone, Copy)]
 pub struct ProbePlan {
@@ -960,6 +971,7 @@ pub struct ProbePlan {
     pub max_nodes: usize,
     pub cycles: usize,
     pub seed: u64,
+    pub cache: ProbeCache,
 }
 
 /// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
@@ -984,9 +996,8 @@ pub struct ProbeRow {
 
 /// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
 /// subtree of the drafted pool whose size cycles through `0..=max_nodes` (a random subset of
-/// each size), and measures each verify forward. Every other cycle starts from an emptied
-/// cache, so both the LRU state and the cleared state are sampled. Committed tokens follow the
-/// target's greedy choices, as in real decoding.
+/// each size), and measures each verify forward, from the cache states `plan.cache` names.
+/// Committed tokens follow the target's greedy choices, as in real decoding.
 pub fn probe(
     target: &Qwen3Moe,
     drafter: &Eagle3,
@@ -1011,7 +1022,7 @@ pub fn probe(
         // still cover every size.
         let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
-        if cycle % 2 == 1 {
+        if plan.cache == ProbeCache::LruAndCleared && cycle % 2 == 1 {
             experts.clear();
         }
         let tree = Tree {

@@ -138,8 +138,13 @@ struct Lru {
 
 impl Lru {
     /// Charges one forward's union; returns (hits, misses, read rounds with `width` reads in
-    /// flight at once).
+    /// flight at once, or as many as there are slots when fewer: each read holds a slot until its
+    /// expert is computed, as in the engine's `ExpertCache::read_width`).
     fn access(&mut self, union: &[Vec<u32>], width: usize) -> (u64, u64, usize) {
+        let width = match self.slots {
+            0 => width,
+            s => width.min(s),
+        };
         let (mut hits, mut misses, mut read_rounds) = (0, 0, 0);
         for (layer, experts) in self.layers.iter_mut().zip(union) {
             let before = misses;

@@ -166,6 +166,24 @@ fn each_read_round_pays_one_read_latency_and_plain_steps_use_their_own_cost() {
 }
 
 #[test]
+fn reads_in_flight_are_capped_by_the_slots_they_land_in() {
+    let (h, s) = trace();
+    let with = |slots: usize, width: usize| {
+        let mut c = config(slots);
+        c.read_round_ms = 2.0;
+        c.read_width = width;
+        simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap().time_ms
+    };
+    // Two slots hold two reads at once, however many I/O threads there are: the first cycle's three
+    // copies take two rounds (as with two threads), not one; with one thread, three.
+    assert_eq!(with(2, 8), with(2, 2));
+    assert!(with(2, 2) < with(2, 1));
+    // A cleared cache (no slots kept) still has every thread's read in flight.
+    assert_eq!(with(0, 8), with(0, 3));
+    assert!(with(0, 8) < with(0, 2));
+}
+
+#[test]
 fn drafting_costs_grow_with_the_tokens_already_cached() {
     let (h, s) = trace();
     let base = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();

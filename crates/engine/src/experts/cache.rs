@@ -206,6 +206,13 @@ impl ExpertCache {
         self.slots.first().map_or(0, |s| s.holds.len())
     }
 
+    /// Reads this cache can have in flight at once: the I/O threads
+    /// ([`crate::experts::reads_in_flight`]), but no more than a layer's slots, since each read
+    /// needs a free slot until its expert has been computed.
+    pub fn read_width(&self) -> usize {
+        crate::experts::reads_in_flight().min(self.slots_per_layer().max(1))
+    }
+
     /// Counters since construction.
     pub fn stats(&self) -> &CopyStats {
         &self.stats

@@ -20,6 +20,11 @@ pub struct Args {
     /// stdin) instead of measuring; the calibration goes to stdout unless --out is given.
     #[arg(long)]
     probes: Option<PathBuf>,
+    /// With --probes: drafting costs measured elsewhere, a JSON object {"ms_per_level",
+    /// "feed_ms", "feed_ms_per_token"} (optionally "level_context_ms", "feed_context_ms"), stored
+    /// as the calibration's `drafting` so that trace replay charges them.
+    #[arg(long, requires = "probes")]
+    drafting: Option<PathBuf>,
     /// Write the calibration here (atomically). Default when measuring:
     /// MODEL/specfit-calibration.TIER.json.
     #[arg(long)]
@@ -71,7 +76,13 @@ pub fn default_slots(cfg: &specfit_engine::Qwen3MoeConfig) -> usize {
 
 pub fn run(args: &Args) -> Result<()> {
     let (file, path) = match &args.probes {
-        Some(probes) => (from_rows(probes, args.model.as_deref())?, args.out.clone()),
+        Some(probes) => {
+            // Bad drafting costs are refused before any fitting is printed.
+            let drafting = args.drafting.as_deref().map(read_drafting).transpose()?;
+            let mut file = from_rows(probes, args.model.as_deref())?;
+            file.drafting = drafting;
+            (file, args.out.clone())
+        }
         None => {
             let (file, default_path) = measure_from_args(args)?;
             (file, Some(args.out.clone().unwrap_or(default_path)))
@@ -90,6 +101,26 @@ pub fn run(args: &Args) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Reads drafting costs (`--drafting`): every field finite and non-negative.
+fn read_drafting(path: &Path) -> Result<DraftingJson> {
+    let d: DraftingJson = serde_json::from_str(&read_text(path)?)
+        .with_context(|| format!("{}: not a drafting-cost object", path.display()))?;
+    for (name, v) in [
+        ("ms_per_level", d.ms_per_level),
+        ("feed_ms", d.feed_ms),
+        ("feed_ms_per_token", d.feed_ms_per_token),
+        ("level_context_ms", d.level_context_ms),
+        ("feed_context_ms", d.feed_context_ms),
+    ] {
+        ensure!(
+            v.is_finite() && v >= 0.0,
+            "{}: {name} = {v} (a cost must be a finite number ≥ 0)",
+            path.display()
+        );
+    }
+    Ok(d)
 }
 
 /// Fits probe rows read from a file.

@@ -1048,6 +1048,61 @@ fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_re
 }
 
 #[test]
+fn calibrate_stores_drafting_costs_measured_elsewhere_and_refuses_bad_ones() {
+    let drafting = temp("drafting.json");
+    std::fs::write(
+        &drafting,
+        r#"{"ms_per_level": 1.5, "feed_ms": 0.25, "feed_ms_per_token": 0.125}"#,
+    )
+    .unwrap();
+    let cal = temp("h200-drafting-cal.json");
+    let args = |d: &std::path::Path| {
+        vec![
+            "calibrate".to_string(),
+            "--probes".into(),
+            "docs/gpu/h200-probes.jsonl".into(),
+            "--drafting".into(),
+            d.to_str().unwrap().into(),
+            "--out".into(),
+            cal.to_str().unwrap().into(),
+        ]
+    };
+    let run = |d: &std::path::Path| {
+        let a = args(d);
+        specfit(&a.iter().map(String::as_str).collect::<Vec<_>>(), None)
+    };
+    let out = run(&drafting);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert_eq!(file["drafting"]["ms_per_level"], 1.5);
+    assert_eq!(file["drafting"]["feed_ms_per_token"], 0.125);
+    assert_eq!(file["drafting"]["level_context_ms"], 0.0);
+    for bad in [
+        r#"{"ms_per_level": -1.0, "feed_ms": 0.25, "feed_ms_per_token": 0.125}"#,
+        r#"{"ms_per_level": 1.0, "feed_ms": 0.25}"#,
+        r#"{"ms_per_level": 1.0, "feed_ms": 0.25, "feed_ms_per_token": 0.1, "extra": 1}"#,
+        "not json",
+    ] {
+        std::fs::write(&drafting, bad).unwrap();
+        let out = run(&drafting);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+            1,
+            "{bad}"
+        );
+    }
+    // --drafting only goes with rows fitted from a file.
+    let out = specfit(&["calibrate", "--drafting", "x.json"], None);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
 fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
     let cal = temp("bench-cal.json");
     let out = specfit(

@@ -27,6 +27,8 @@ pub struct Outcome {
     pub bytes: u64,
     /// Time the decode stood still waiting for expert reads.
     pub wait_seconds: f64,
+    /// Sum of the reads' own durations (they overlap each other and compute).
+    pub read_seconds: f64,
 }
 
 impl Outcome {
@@ -44,6 +46,7 @@ impl Outcome {
             hits: g.decode_copies.hits,
             bytes: g.decode_copies.bytes_copied,
             wait_seconds: g.decode_copies.wait_seconds,
+            read_seconds: g.decode_copies.copy_seconds,
         }
     }
 
@@ -59,6 +62,7 @@ impl Outcome {
             hits: g.copies.hits,
             bytes: g.copies.bytes_copied,
             wait_seconds: g.copies.wait_seconds,
+            read_seconds: g.copies.copy_seconds,
         }
     }
 }
@@ -77,6 +81,7 @@ pub struct Tally {
     pub hits: u64,
     pub bytes: u64,
     pub wait_seconds: f64,
+    pub read_seconds: f64,
     pub select_us: Vec<f64>,
     pub lossless: usize,
     /// Question ids whose output differed from plain decoding.
@@ -96,6 +101,7 @@ impl Tally {
         self.hits += o.hits;
         self.bytes += o.bytes;
         self.wait_seconds += o.wait_seconds;
+        self.read_seconds += o.read_seconds;
         self.select_us.extend_from_slice(select_us);
         if same {
             self.lossless += 1;
@@ -137,6 +143,10 @@ pub struct Row {
     pub mb_per_token: f64,
     /// Share of the decode time spent waiting for expert reads.
     pub copy_wait_share: f64,
+    /// Mean duration of one expert read in µs (0 when nothing was read). It grows with the reads
+    /// in flight at once, so only configurations that read alike compare (`ar` and
+    /// `specfit-adaptive`, say).
+    pub read_us: f64,
     pub select_us_median: Option<f64>,
     pub atlas_ms_per_cycle: f64,
     pub decoded_tokens: usize,
@@ -428,7 +438,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads; selection is the median time of one subtree search. Atlas routes are computed outside the timer."
+            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads and read µs the mean time of one read (longer when more reads are in flight at once); selection is the median time of one subtree search. Atlas routes are computed outside the timer."
         );
         out
     }
@@ -448,6 +458,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
         "copies/tok",
         "MB/tok",
         "wait %",
+        "read µs",
         "select µs",
         "lossless",
     ]
@@ -467,6 +478,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
             format!("{:.1}", r.copies_per_token),
             format!("{:.3}", r.mb_per_token),
             format!("{:.0}", 100.0 * r.copy_wait_share),
+            format!("{:.0}", r.read_us),
             r.select_us_median.map_or("–".into(), |u| format!("{u:.1}")),
             format!("{}/{}", r.lossless_prompts, r.prompts),
         ]);
@@ -514,6 +526,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 copies_per_token: ratio(t.misses as f64, t.decoded as f64),
                 mb_per_token: ratio(t.bytes as f64, t.decoded as f64) / 1e6,
                 copy_wait_share: ratio(t.wait_seconds, t.decode_seconds),
+                read_us: 1e6 * ratio(t.read_seconds, t.misses as f64),
                 select_us_median: us.get(us.len() / 2).copied(),
                 atlas_ms_per_cycle: 1e3 * ratio(t.atlas_seconds, cycles),
                 decoded_tokens: t.decoded,

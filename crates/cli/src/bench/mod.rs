@@ -157,6 +157,11 @@ pub fn run(args: &Args) -> Result<()> {
             let mut outcomes: Vec<Option<(Outcome, Vec<f64>)>> = (0..n).map(|_| None).collect();
             for i in order {
                 let runner = &mut runners[i];
+                // Each run reads and computes from freshly placed slot memory: on this VM the
+                // speed of an arena depends on where it landed (up to 30% per read), and an arena
+                // kept for the whole run would bias its configuration throughout. Outside the
+                // timer; equal-sized arenas rotate among the configurations.
+                runner.cache.relocate();
                 let before = runner.rule.select_us().len();
                 let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
                 let select_us = runner.rule.select_us()[before..].to_vec();

@@ -230,6 +230,18 @@ impl ExpertCache {
         r
     }
 
+    /// Moves the slots to a newly allocated arena, bytes and bookkeeping unchanged, then frees
+    /// the old one. On a virtual machine the speed of reads into (and compute from) an arena can
+    /// depend on where its memory landed, for as long as it lives; `specfit bench` relocates
+    /// every configuration's cache before each prompt so that no configuration keeps a slow or
+    /// fast arena for a whole run (BENCHMARKS.md, "Expert slots on huge pages").
+    pub fn relocate(&mut self) {
+        let len = self.data.as_slice().len();
+        let mut fresh = AlignedBuf::huge_zeroed(len);
+        fresh.as_mut_slice().copy_from_slice(self.data.as_slice());
+        self.data = fresh;
+    }
+
     /// Called at the start of every forward.
     pub fn begin_forward(&mut self) {
         if self.mode == CacheMode::ClearEveryForward {
@@ -410,5 +422,65 @@ impl ExpertCache {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::store::RamStore;
+    use crate::kernels::WeightDtype;
+
+    /// A cache of `slots` slots over 2 layers × 6 experts whose every byte names its block.
+    fn cache(slots: usize) -> ExpertCache {
+        let layout = ExpertLayout {
+            hidden: 8,
+            intermediate: 4,
+            dtype: WeightDtype::F32,
+        };
+        let mut store = RamStore::new(layout, 2, 6);
+        for layer in 0..2 {
+            for e in 0..6 {
+                store.block_mut(layer, e).fill((10 * layer + e) as u8);
+            }
+        }
+        ExpertCache::new(Box::new(store), 2, 6, slots, CacheMode::Lru).unwrap()
+    }
+
+    /// The experts `needed` of `layer`, as the cache hands them over: (expert, first byte).
+    fn run(c: &mut ExpertCache, layer: usize, needed: &[u32]) -> Vec<(u32, u8)> {
+        let mut seen = Vec::new();
+        c.with_experts(layer, needed, |views| {
+            seen.extend(views.iter().map(|&(e, b)| (e, b[0])));
+        })
+        .unwrap();
+        seen.sort_unstable();
+        seen
+    }
+
+    #[test]
+    fn a_relocated_cache_keeps_its_experts_bytes_and_lru_order() {
+        let (mut moved, mut kept) = (cache(3), cache(3));
+        for c in [&mut moved, &mut kept] {
+            run(c, 0, &[1, 2, 3]);
+            run(c, 1, &[4, 5]);
+            run(c, 0, &[2]);
+        }
+        let before = moved.data.as_slice().as_ptr();
+        moved.relocate();
+        assert_ne!(moved.data.as_slice().as_ptr(), before);
+        moved.verify_slots().unwrap();
+        assert_eq!(moved.resident(0), vec![1, 2, 3]);
+        // Expert 1 is the least recently used of layer 0 in both: the next miss evicts it.
+        for c in [&mut moved, &mut kept] {
+            assert_eq!(run(c, 0, &[0, 3]), vec![(0, 0), (3, 3)]);
+            assert_eq!(c.resident(0), vec![0, 2, 3]);
+            assert_eq!(run(c, 1, &[5]), vec![(5, 15)]);
+        }
+        let count = |c: &ExpertCache| {
+            let t = c.stats().total;
+            (t.hits, t.misses, t.bytes_copied)
+        };
+        assert_eq!(count(&moved), count(&kept));
     }
 }

@@ -234,7 +234,8 @@ impl ExpertCache {
     /// the old one. On a virtual machine the speed of reads into (and compute from) an arena can
     /// depend on where its memory landed, for as long as it lives; `specfit bench` relocates
     /// every configuration's cache before each prompt so that no configuration keeps a slow or
-    /// fast arena for a whole run (BENCHMARKS.md, "Expert slots on huge pages").
+    /// fast arena for a whole run (BENCHMARKS.md, "Expert slots on huge pages"). It needs a
+    /// second arena's memory for a moment: meant for benchmarking, not for serving a big model.
     pub fn relocate(&mut self) {
         let len = self.data.as_slice().len();
         let mut fresh = AlignedBuf::huge_zeroed(len);

@@ -249,20 +249,9 @@ pub fn measure(
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
         // A first pass reads the prompt's experts in; the second's forwards are then (almost
         // all) all-resident, and only those are kept.
-        probe(
-            model,
-            drafter,
-            &mut resident,
-            prompt,
-            &probe_plan(i, ProbeCache::Lru),
-        )?;
-        let warm = probe(
-            model,
-            drafter,
-            &mut resident,
-            prompt,
-            &probe_plan(i, ProbeCache::Lru),
-        )?;
+        let lru = probe_plan(i, ProbeCache::Lru);
+        probe(model, drafter, &mut resident, prompt, &lru)?;
+        let warm = probe(model, drafter, &mut resident, prompt, &lru)?;
         replay_rows.extend(warm.into_iter().filter(|r| r.misses == 0));
         steps.extend(
             plain_steps(model, &mut resident, prompt, 16)?

@@ -4,23 +4,36 @@
 
 use crate::error::EngineError;
 
-/// Keys and values of all layers. Row `t` of a layer is `kv_heads × head_dim` floats.
+/// Tokens per key tile.
+pub(crate) const TILE: usize = crate::kernels::packed::PANEL;
+
+/// Keys and values of all layers.
+///
+/// Keys are stored in tiles of 16 tokens, K-major per KV head (`[tile][kv_head][head_dim][16]`),
+/// so attention reads them as panels ([`crate::kernels::packed`]): one tile row feeds the
+/// scores of 16 keys at once. Values are stored per token (`[token][kv_head][head_dim padded
+/// to 16]`), which is already the panel layout for `probabilities · V`.
 #[derive(Debug, Clone)]
 pub struct KvCache {
-    row: usize,
+    kv_heads: usize,
+    head_dim: usize,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     len: usize,
+    /// Tokens pushed to each layer in the forward now running, not yet committed.
+    pending: Vec<usize>,
 }
 
 impl KvCache {
-    /// An empty cache for `layers` layers of `row` floats per token.
-    pub fn new(layers: usize, row: usize) -> KvCache {
+    /// An empty cache for `layers` layers of `kv_heads` heads of `head_dim`.
+    pub fn new(layers: usize, kv_heads: usize, head_dim: usize) -> KvCache {
         KvCache {
-            row,
+            kv_heads,
+            head_dim,
             keys: vec![Vec::new(); layers],
             values: vec![Vec::new(); layers],
             len: 0,
+            pending: vec![0; layers],
         }
     }
 
@@ -34,32 +47,86 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Floats per token per layer.
+    /// Floats per token per layer (`kv_heads × head_dim`).
     pub fn row(&self) -> usize {
-        self.row
+        self.kv_heads * self.head_dim
     }
 
-    /// Keys of `layer` (`len × row`).
-    pub fn keys(&self, layer: usize) -> &[f32] {
+    /// `head_dim` rounded up to whole panels: the stride of one head in a value row.
+    pub(crate) fn head_stride(&self) -> usize {
+        self.head_dim.div_ceil(TILE) * TILE
+    }
+
+    /// Floats per value row.
+    pub(crate) fn value_row(&self) -> usize {
+        self.kv_heads * self.head_stride()
+    }
+
+    /// Floats per key tile (all heads).
+    pub(crate) fn tile_floats(&self) -> usize {
+        self.kv_heads * self.head_dim * TILE
+    }
+
+    /// Key tiles of `layer` (see the type docs); covers every pushed token.
+    pub(crate) fn key_tiles(&self, layer: usize) -> &[f32] {
         &self.keys[layer]
     }
 
-    /// Values of `layer` (`len × row`).
-    pub fn values(&self, layer: usize) -> &[f32] {
+    /// Value rows of `layer` (see the type docs); covers every pushed token.
+    pub(crate) fn value_rows(&self, layer: usize) -> &[f32] {
         &self.values[layer]
     }
 
-    /// Appends the keys and values of new tokens to `layer` (the forward does this layer by
-    /// layer, then calls [`KvCache::commit`]).
+    /// Key `d` of head `h` of token `t` in `layer`.
+    pub fn key(&self, layer: usize, t: usize, h: usize, d: usize) -> f32 {
+        self.keys[layer][self.key_index(t, h, d)]
+    }
+
+    /// Value `d` of head `h` of token `t` in `layer`.
+    pub fn value(&self, layer: usize, t: usize, h: usize, d: usize) -> f32 {
+        self.values[layer][t * self.value_row() + h * self.head_stride() + d]
+    }
+
+    fn key_index(&self, t: usize, h: usize, d: usize) -> usize {
+        (t / TILE) * self.tile_floats() + (h * self.head_dim + d) * TILE + t % TILE
+    }
+
+    /// Appends the keys and values of new tokens (`t × kv_heads·head_dim` each) to `layer`
+    /// (the forward does this layer by layer, then calls [`KvCache::commit`]).
     pub(crate) fn push(&mut self, layer: usize, k: &[f32], v: &[f32]) {
-        self.keys[layer].extend_from_slice(k);
-        self.values[layer].extend_from_slice(v);
+        let row = self.row();
+        let t = k.len() / row;
+        let first = self.len + self.pending[layer];
+        let tiles = (first + t).div_ceil(TILE);
+        let tile_floats = self.tile_floats();
+        if self.keys[layer].len() < tiles * tile_floats {
+            self.keys[layer].resize(tiles * tile_floats, 0.0);
+        }
+        let (hs, d) = (self.head_stride(), self.head_dim);
+        for i in 0..t {
+            for h in 0..self.kv_heads {
+                for c in 0..d {
+                    let at = self.key_index(first + i, h, c);
+                    self.keys[layer][at] = k[i * row + h * d + c];
+                }
+            }
+        }
+        let values = &mut self.values[layer];
+        values.truncate(first * self.kv_heads * hs);
+        for i in 0..t {
+            for h in 0..self.kv_heads {
+                values.extend_from_slice(&v[i * row + h * d..i * row + (h + 1) * d]);
+                values.resize(values.len() + hs - d, 0.0);
+            }
+        }
+        self.pending[layer] += t;
     }
 
     /// Records that every layer now holds `added` more tokens.
     pub(crate) fn commit(&mut self, added: usize) {
+        debug_assert!(self.pending.iter().all(|&p| p == added));
         self.len += added;
-        debug_assert!(self.keys.iter().all(|k| k.len() == self.len * self.row));
+        self.pending.iter_mut().for_each(|p| *p = 0);
     }
 
     /// Drops every token from `len` on.
@@ -69,10 +136,12 @@ impl KvCache {
                 reason: format!("cannot truncate {} tokens to {len}", self.len),
             });
         }
+        let (tile_floats, vrow) = (self.tile_floats(), self.value_row());
         for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-            k.truncate(len * self.row);
-            v.truncate(len * self.row);
+            k.truncate(len.div_ceil(TILE) * tile_floats);
+            v.truncate(len * vrow);
         }
+        self.pending.iter_mut().for_each(|p| *p = 0);
         self.len = len;
         Ok(())
     }
@@ -93,15 +162,27 @@ impl KvCache {
                 ),
             });
         }
-        let row = self.row;
-        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
+        let (vrow, heads, d) = (self.value_row(), self.kv_heads, self.head_dim);
+        for layer in 0..self.keys.len() {
             for (slot, &src) in keep.iter().enumerate() {
                 let dst = from + slot;
-                if dst != src {
-                    buf.copy_within(src * row..(src + 1) * row, dst * row);
+                if dst == src {
+                    continue;
                 }
+                for h in 0..heads {
+                    for c in 0..d {
+                        let (a, b) = (self.key_index(src, h, c), self.key_index(dst, h, c));
+                        self.keys[layer][b] = self.keys[layer][a];
+                    }
+                }
+                self.values[layer].copy_within(src * vrow..(src + 1) * vrow, dst * vrow);
             }
-            buf.truncate((from + keep.len()) * row);
+        }
+        let kept = from + keep.len();
+        let tile_floats = self.tile_floats();
+        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
+            k.truncate(kept.div_ceil(TILE) * tile_floats);
+            v.truncate(kept * vrow);
         }
         self.len = from + keep.len();
         Ok(())

@@ -760,7 +760,7 @@ fn plain_burst(
         if done {
             let features = concat_taps(&out.taps, 1, h);
             draft.kv.truncate(draft.committed)?;
-            let cache = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+            let cache = std::mem::replace(&mut draft.kv, KvCache::new(0, 0, 0));
             *draft = feed_drafter(target, drafter, cache, &[next], &features, at)?;
         }
         root = next;
@@ -806,7 +806,7 @@ fn advance_drafter(
     v: &Verified,
 ) -> Result<(), EngineError> {
     draft.kv.truncate(draft.committed)?;
-    let kv = std::mem::replace(&mut draft.kv, KvCache::new(0, 0));
+    let kv = std::mem::replace(&mut draft.kv, KvCache::new(0, 0, 0));
     *draft = feed_drafter(target, drafter, kv, &v.committed, &v.features, n)?;
     Ok(())
 }
@@ -941,7 +941,7 @@ fn draft_tree(
 }
 
 /// The `b` most probable draft tokens of a logits row, as (target id, probability).
-fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
+pub fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
     let mut p = logits.to_vec();
     softmax_in_place(&mut p);
     let mut ids: Vec<usize> = (0..p.len()).collect();

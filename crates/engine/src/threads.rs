@@ -173,6 +173,13 @@ pub(crate) struct SharedOut(pub *mut f32);
 unsafe impl Sync for SharedOut {}
 unsafe impl Send for SharedOut {}
 
+impl SharedOut {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper).
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,6 +32,12 @@ impl ExpertLayout {
         self.len() * self.dtype.size()
     }
 
+    /// `gate` and `up` stacked (`2I × H`, row-major) as one view of a block's bytes.
+    pub fn gate_up<'a>(&self, block: &'a [u8]) -> WeightView<'a> {
+        let m = self.hidden * self.intermediate;
+        view(&block[..self.bytes()], self.dtype).slice(0..2 * m)
+    }
+
     /// `(gate, up, down)` views of a block's bytes. `block` must be aligned to the dtype (slots
     /// are 4 KiB-aligned).
     pub fn split<'a>(&self, block: &'a [u8]) -> (WeightView<'a>, WeightView<'a>, WeightView<'a>) {

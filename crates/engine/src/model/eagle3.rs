@@ -227,7 +227,7 @@ impl Eagle3 {
             .cfg
             .head_dim
             .unwrap_or(self.cfg.hidden_size / self.cfg.num_attention_heads);
-        KvCache::new(1, self.cfg.num_key_value_heads * d)
+        KvCache::new(1, self.cfg.num_key_value_heads, d)
     }
 
     /// One forward over `tokens` (target ids) with their hidden inputs, appending to `kv`.
@@ -319,9 +319,8 @@ impl Eagle3 {
                     .copied()
             })
             .collect();
-        let attn = self
-            .self_attn
-            .forward(&x, &positions, &visible, &self.rope, kv, 0);
+        let rope = self.rope.table(&positions);
+        let attn = self.self_attn.forward(&x, &rope, &visible, kv, 0);
         kv.commit(t);
         // h2 = hidden + attn; h3 = h2 + mlp(post_attention_layernorm(h2)).
         let mut out: Vec<f32> = residual.iter().zip(&attn).map(|(a, b)| a + b).collect();

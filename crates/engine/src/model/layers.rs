@@ -3,8 +3,9 @@
 //! batch-invariant kernels. Architecture-specific wiring stays in each model file.
 
 use crate::error::EngineError;
-use crate::kernels::{matmul, rms_norm_in_place, silu, softmax_in_place, WeightBuf};
-use crate::kv::KvCache;
+use crate::kernels::packed::{self, PanelSrc};
+use crate::kernels::{math, rms_norm_in_place, silu, Isa, PackedMatrix, WeightBuf, WeightView};
+use crate::kv::{KvCache, TILE};
 use crate::weights::Checkpoint;
 
 /// Rotary position embedding (rotate-half over the full head_dim).
@@ -25,47 +26,76 @@ impl Rope {
         Rope { inv_freq }
     }
 
-    /// Rotates one head vector `x` (D) for `position`: `x·cos + rotate_half(x)·sin`.
-    pub(crate) fn apply(&self, x: &mut [f32], position: usize) {
+    /// The rotation of each token of a forward (computed once, shared by every head and layer).
+    pub(crate) fn table(&self, positions: &[usize]) -> RopeTable {
         let half = self.inv_freq.len();
-        for (i, &f) in self.inv_freq.iter().enumerate() {
-            let angle = position as f32 * f;
-            let (sin, cos) = (angle.sin(), angle.cos());
-            let (a, b) = (x[i], x[i + half]);
-            x[i] = a * cos + (-b) * sin;
-            x[i + half] = b * cos + a * sin;
+        let mut cos = Vec::with_capacity(positions.len() * half);
+        let mut sin = Vec::with_capacity(positions.len() * half);
+        for &position in positions {
+            for &f in &self.inv_freq {
+                let angle = position as f32 * f;
+                cos.push(angle.cos());
+                sin.push(angle.sin());
+            }
+        }
+        RopeTable { cos, sin, half }
+    }
+}
+
+/// `cos` and `sin` of every (token, frequency) of one forward.
+#[derive(Debug, Clone)]
+pub(crate) struct RopeTable {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl RopeTable {
+    /// Tokens covered.
+    pub(crate) fn tokens(&self) -> usize {
+        self.cos.len() / self.half.max(1)
+    }
+
+    /// Rotates one head vector `x` (D) of token `i`: `x·cos + rotate_half(x)·sin`.
+    pub(crate) fn apply(&self, x: &mut [f32], i: usize) {
+        let h = self.half;
+        let (cos, sin) = (&self.cos[i * h..(i + 1) * h], &self.sin[i * h..(i + 1) * h]);
+        for j in 0..h {
+            let (a, b) = (x[j], x[j + h]);
+            x[j] = a * cos[j] + (-b) * sin[j];
+            x[j + h] = b * cos[j] + a * sin[j];
         }
     }
 }
 
-/// `y = x Wᵀ (+ b)` with W in the `nn.Linear` layout `[out, in]`.
+/// A linear layer's weights as read from a checkpoint (row-major `[out, in]`), before packing.
 #[derive(Debug, Clone)]
-pub(crate) struct Linear {
-    pub(crate) w: WeightBuf,
-    pub(crate) bias: Option<Vec<f32>>,
-    pub(crate) out: usize,
-    pub(crate) inp: usize,
+pub(crate) struct RawLinear {
+    w: WeightBuf,
+    bias: Option<Vec<f32>>,
+    out: usize,
+    inp: usize,
 }
 
-impl Linear {
+impl RawLinear {
     pub(crate) fn load(
         ck: &mut Checkpoint,
         name: &str,
         out: usize,
         inp: usize,
         bias: bool,
-    ) -> Result<Linear, EngineError> {
+    ) -> Result<RawLinear, EngineError> {
         let w = ck.take_weight(&format!("{name}.weight"), &[out, inp])?;
         let bias = if bias {
             Some(ck.take(&format!("{name}.bias"), &[out])?)
         } else {
             None
         };
-        Ok(Linear { w, bias, out, inp })
+        Ok(RawLinear { w, bias, out, inp })
     }
 
     /// Stacks linears over the same input into one (their outputs concatenated per row).
-    pub(crate) fn stack(parts: &[Linear]) -> Linear {
+    pub(crate) fn stack(parts: &[RawLinear]) -> RawLinear {
         let w = match &parts[0].w {
             WeightBuf::F32(_) => WeightBuf::F32(
                 parts
@@ -92,18 +122,59 @@ impl Linear {
                 .flat_map(|p| p.bias.as_ref().expect("checked").iter().copied())
                 .collect()
         });
-        Linear {
+        RawLinear {
             w,
             bias,
             out: parts.iter().map(|p| p.out).sum(),
             inp: parts[0].inp,
         }
     }
+}
+
+/// `y = x Wᵀ (+ b)` with W repacked into panels ([`PackedMatrix`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Linear {
+    pub(crate) w: PackedMatrix,
+    pub(crate) bias: Option<Vec<f32>>,
+    pub(crate) out: usize,
+    pub(crate) inp: usize,
+}
+
+impl Linear {
+    pub(crate) fn load(
+        ck: &mut Checkpoint,
+        name: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear, EngineError> {
+        Ok(Linear::pack(RawLinear::load(ck, name, out, inp, bias)?))
+    }
+
+    /// Packs a loaded layer.
+    pub(crate) fn pack(raw: RawLinear) -> Linear {
+        Linear {
+            w: PackedMatrix::pack(raw.w.view(), raw.out, raw.inp),
+            bias: raw.bias,
+            out: raw.out,
+            inp: raw.inp,
+        }
+    }
+
+    /// A bias-free layer over a row-major `[out, in]` matrix (a tied LM head).
+    pub(crate) fn from_weights(w: WeightView<'_>, out: usize, inp: usize) -> Linear {
+        Linear {
+            w: PackedMatrix::pack(w, out, inp),
+            bias: None,
+            out,
+            inp,
+        }
+    }
 
     /// `rows × in` → `rows × out`.
     pub(crate) fn forward(&self, x: &[f32], rows: usize) -> Vec<f32> {
         let mut y = vec![0.0; rows * self.out];
-        matmul(x, rows, self.w.view(), self.out, self.inp, &mut y);
+        self.w.gemm(x, rows, &mut y);
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out) {
                 for (v, bv) in row.iter_mut().zip(b) {
@@ -161,11 +232,11 @@ impl Attention {
             }
         };
         Ok(Attention {
-            qkv: Linear::stack(&[
-                Linear::load(ck, &format!("{p}.q_proj"), s.heads * d, s.input, s.bias)?,
-                Linear::load(ck, &format!("{p}.k_proj"), s.kv_heads * d, s.input, s.bias)?,
-                Linear::load(ck, &format!("{p}.v_proj"), s.kv_heads * d, s.input, s.bias)?,
-            ]),
+            qkv: Linear::pack(RawLinear::stack(&[
+                RawLinear::load(ck, &format!("{p}.q_proj"), s.heads * d, s.input, s.bias)?,
+                RawLinear::load(ck, &format!("{p}.k_proj"), s.kv_heads * d, s.input, s.bias)?,
+                RawLinear::load(ck, &format!("{p}.v_proj"), s.kv_heads * d, s.input, s.bias)?,
+            ])),
             o_proj: Linear::load(ck, &format!("{p}.o_proj"), s.output, s.heads * d, false)?,
             q_norm: norm(ck, "q_norm")?,
             k_norm: norm(ck, "k_norm")?,
@@ -177,76 +248,223 @@ impl Attention {
     }
 
     /// `x`: T × H (already normed) → T × H. Appends this forward's keys/values to `kv[layer]`;
-    /// token `i` attends to the cache indices `visible[i]`.
+    /// token `i` (rotated by `rope`'s row `i`) attends to the cache indices `visible[i]`.
     pub(crate) fn forward(
         &self,
         x: &[f32],
-        positions: &[usize],
+        rope: &RopeTable,
         visible: &[Vec<usize>],
-        rope: &Rope,
         kv: &mut KvCache,
         layer: usize,
     ) -> Vec<f32> {
-        let (t, d) = (positions.len(), self.head_dim);
-        // One job for q, k and v (each output is still its own dot product): T × (Q + K + V).
+        let (t, d) = (rope.tokens(), self.head_dim);
+        // One job for q, k and v (each output is still its own chain): T × (Q + K + V).
         let (qn, kn) = (self.heads * d, self.kv_heads * d);
         let qkv = self.qkv.forward(x, t);
         let width = qn + 2 * kn;
-        let mut q: Vec<f32> = qkv
-            .chunks_exact(width)
-            .flat_map(|r| r[..qn].iter().copied())
-            .collect(); // T × Hq·D
-        let mut k: Vec<f32> = qkv
-            .chunks_exact(width)
-            .flat_map(|r| r[qn..qn + kn].iter().copied())
-            .collect(); // T × Hkv·D
-        let v: Vec<f32> = qkv
-            .chunks_exact(width)
-            .flat_map(|r| r[qn + kn..].iter().copied())
-            .collect(); // T × Hkv·D
-                        // QK-norm per head, then RoPE at each token's own position.
-        for (i, &pos) in positions.iter().enumerate() {
-            for head in q[i * self.heads * d..(i + 1) * self.heads * d].chunks_exact_mut(d) {
+        let mut q = vec![0.0f32; t * qn]; // T × Hq·D
+        let mut k = vec![0.0f32; t * kn]; // T × Hkv·D
+        let mut v = vec![0.0f32; t * kn]; // T × Hkv·D
+        for (i, r) in qkv.chunks_exact(width).enumerate() {
+            q[i * qn..(i + 1) * qn].copy_from_slice(&r[..qn]);
+            k[i * kn..(i + 1) * kn].copy_from_slice(&r[qn..qn + kn]);
+            v[i * kn..(i + 1) * kn].copy_from_slice(&r[qn + kn..]);
+        }
+        // QK-norm per head, then RoPE at each token's own position.
+        for i in 0..t {
+            for head in q[i * qn..(i + 1) * qn].chunks_exact_mut(d) {
                 if let Some(w) = &self.q_norm {
                     rms_norm_in_place(head, w, self.eps);
                 }
-                rope.apply(head, pos);
+                rope.apply(head, i);
             }
-            for head in k[i * self.kv_heads * d..(i + 1) * self.kv_heads * d].chunks_exact_mut(d) {
+            for head in k[i * kn..(i + 1) * kn].chunks_exact_mut(d) {
                 if let Some(w) = &self.k_norm {
                     rms_norm_in_place(head, w, self.eps);
                 }
-                rope.apply(head, pos);
+                rope.apply(head, i);
             }
         }
         kv.push(layer, &k, &v);
-        let (keys, values, row) = (kv.keys(layer), kv.values(layer), kv.row());
-        let scale = 1.0 / (d as f32).sqrt();
-        let group = self.heads / self.kv_heads;
-        let mut attn = vec![0.0f32; t * self.heads * d]; // T × Hq·D
-        let mut scores = Vec::new();
-        for i in 0..t {
-            for h in 0..self.heads {
-                let qh = &q[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
-                let kvh = h / group;
-                // softmax(q·kᵀ · D^-1/2) over the visible keys, in cache order.
-                scores.clear();
-                scores.extend(visible[i].iter().map(|&j| {
-                    crate::kernels::dot(qh, &keys[j * row + kvh * d..j * row + (kvh + 1) * d])
-                        * scale
-                }));
-                softmax_in_place(&mut scores);
-                let out = &mut attn[(i * self.heads + h) * d..(i * self.heads + h + 1) * d];
-                for (&j, &p) in visible[i].iter().zip(&scores) {
-                    let vj = &values[j * row + kvh * d..j * row + (kvh + 1) * d];
-                    for (o, &vv) in out.iter_mut().zip(vj) {
-                        *o += p * vv;
-                    }
-                }
-            }
-        }
+        let attn = attend(&q, visible, kv, layer, self.heads, d); // T × Hq·D
         self.o_proj.forward(&attn, t)
     }
+}
+
+/// Tokens per attention work item (one item = one KV head × a block of tokens).
+const ATTEND_TOKENS: usize = 16;
+
+/// `softmax(q·kᵀ / √D) · v` for every token and query head of a forward, over the keys each
+/// token sees (GQA: query head `h` reads KV head `h / (Hq/Hkv)`).
+///
+/// Per KV head and block of tokens, the block's query rows are multiplied with every key tile
+/// once (panel order: each score is one fused multiply-add chain over `D`), each row's visible
+/// scores are gathered in cache order and turned into probabilities
+/// ([`math::softmax_scaled`]), the hidden keys get probability 0, and the probabilities are
+/// multiplied with the value rows (panel order: each output one chain over the keys in cache
+/// order). A hidden key adds an exact `+0` to a chain, so a token's bits are those of the same
+/// token decoded alone, whatever else shares the forward.
+fn attend(
+    q: &[f32],
+    visible: &[Vec<usize>],
+    kv: &KvCache,
+    layer: usize,
+    heads: usize,
+    d: usize,
+) -> Vec<f32> {
+    let t = visible.len();
+    let kv_heads = kv.row() / d;
+    let group = heads / kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut out = vec![0.0f32; t * heads * d];
+    let blocks = t.div_ceil(ATTEND_TOKENS);
+    let items = kv_heads * blocks;
+    let target = crate::threads::SharedOut(out.as_mut_ptr());
+    let one = |item: usize| {
+        let (g, b) = (item / blocks, item % blocks);
+        let tokens = b * ATTEND_TOKENS..((b + 1) * ATTEND_TOKENS).min(t);
+        let shape = BlockShape {
+            heads,
+            d,
+            group,
+            scale,
+        };
+        let o = attend_block(q, visible, kv, layer, shape, g, tokens.clone());
+        let hs = kv.head_stride();
+        for (r, (i, hh)) in query_rows(tokens, group).enumerate() {
+            let h = g * group + hh;
+            // SAFETY: `out` has `t × heads × d` floats, and items write disjoint (token, head)
+            // rows.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    o.as_ptr().add(r * hs),
+                    target.get().add((i * heads + h) * d),
+                    d,
+                )
+            };
+        }
+    };
+    let pool = crate::threads::pool();
+    let parts = pool.threads();
+    if items < 2 || parts == 1 {
+        (0..items).for_each(one);
+    } else {
+        pool.run(&|part| (part..items).step_by(parts).for_each(one));
+    }
+    out
+}
+/// The query rows of a block of tokens for one KV head: (token, head within the group).
+fn query_rows(
+    tokens: std::ops::Range<usize>,
+    group: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    tokens.flat_map(move |i| (0..group).map(move |hh| (i, hh)))
+}
+
+/// The shape facts one attention block needs.
+#[derive(Debug, Clone, Copy)]
+struct BlockShape {
+    heads: usize,
+    d: usize,
+    group: usize,
+    scale: f32,
+}
+
+/// One KV head `g` × a block of tokens: the block's `tokens × group` output rows, each
+/// `head_stride` wide (the first `D` values are the output).
+fn attend_block(
+    q: &[f32],
+    visible: &[Vec<usize>],
+    kv: &KvCache,
+    layer: usize,
+    s: BlockShape,
+    g: usize,
+    tokens: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let (d, isa) = (s.d, Isa::detected());
+    let nq = tokens.len() * s.group;
+    // Keys the block reads: up to the last one any of its tokens sees.
+    let keys = tokens
+        .clone()
+        .map(|i| visible[i].last().map_or(0, |&j| j + 1))
+        .max()
+        .unwrap_or(0);
+    let keys16 = keys.div_ceil(TILE) * TILE;
+    let mut qg = vec![0.0f32; nq * d]; // nq × D
+    for (r, (i, hh)) in query_rows(tokens.clone(), s.group).enumerate() {
+        let h = g * s.group + hh;
+        qg[r * d..(r + 1) * d]
+            .copy_from_slice(&q[(i * s.heads + h) * d..(i * s.heads + h + 1) * d]);
+    }
+    // Scores: nq × keys16, one chain over D per score.
+    let mut scores = vec![0.0f32; nq * keys16];
+    let tiles = kv.key_tiles(layer);
+    debug_assert!(tiles.len() >= keys16 / TILE * kv.tile_floats());
+    // SAFETY: `qg` is nq × D; key tile `p` of head `g` is D rows of 16 at
+    // `g·D·16 + p·tile_floats` inside `tiles`, which covers every pushed token; `scores` has
+    // keys16 columns per row.
+    unsafe {
+        packed::gemm_raw(
+            isa,
+            qg.as_ptr(),
+            d,
+            nq,
+            d,
+            PanelSrc::F32 {
+                base: tiles.as_ptr().add(g * d * TILE),
+                ldb: TILE,
+                pstride: kv.tile_floats(),
+            },
+            0..keys16 / TILE,
+            scores.as_mut_ptr(),
+            keys16,
+        )
+    };
+    // Probabilities over each row's visible keys, in cache order; 0 for the others.
+    let mut seen = Vec::new();
+    for (r, (i, _)) in query_rows(tokens, s.group).enumerate() {
+        let vis = &visible[i];
+        let row = &mut scores[r * keys16..(r + 1) * keys16];
+        let n = vis.len();
+        if n > 0 && vis[n - 1] + 1 == n {
+            math::softmax_scaled(&mut row[..n], s.scale);
+            row[n..].fill(0.0);
+        } else {
+            seen.clear();
+            seen.extend(vis.iter().map(|&j| row[j]));
+            math::softmax_scaled(&mut seen, s.scale);
+            row.fill(0.0);
+            for (&j, &p) in vis.iter().zip(&seen) {
+                row[j] = p;
+            }
+        }
+    }
+    // Outputs: nq × head_stride, one chain over the keys per value.
+    let hs = kv.head_stride();
+    let mut o = vec![0.0f32; nq * hs];
+    let values = kv.value_rows(layer);
+    debug_assert!(values.len() >= keys * kv.value_row());
+    // SAFETY: `scores` is nq × keys16 (keys ≤ keys16); value row `j` of head `g` holds
+    // head_stride floats at `j·value_row + g·head_stride` for every `j < keys`; `o` is
+    // nq × head_stride.
+    unsafe {
+        packed::gemm_raw(
+            isa,
+            scores.as_ptr(),
+            keys16,
+            nq,
+            keys,
+            PanelSrc::F32 {
+                base: values.as_ptr().add(g * hs),
+                ldb: kv.value_row(),
+                pstride: TILE,
+            },
+            0..hs / TILE,
+            o.as_mut_ptr(),
+            hs,
+        )
+    };
+    o
 }
 
 /// A SwiGLU MLP: `down(silu(gate(x)) · up(x))` (`Qwen3MoeMLP`, `LlamaMLP`).

@@ -16,33 +16,27 @@ use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
 use crate::kernels::{
-    matmul, matmul_serial, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
+    matmul_serial, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
 };
 use crate::kv::KvCache;
 use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
-/// One expert's work in a forward: its (token, k-th choice) rows and their outputs (m × H).
-type ExpertRows = (Vec<(usize, usize)>, Vec<f32>);
-
-/// One SwiGLU expert applied to `m` rows, from a slot block `gate | up | down`.
-fn run_expert(
-    layout: ExpertLayout,
-    block: &[u8],
-    xs: &[f32],
-    m: usize,
-    parallel: bool,
-) -> Vec<f32> {
-    let matmul = if parallel { matmul } else { matmul_serial };
+/// One SwiGLU expert applied to `m` rows `xs` (m × H), from a slot block `gate | up | down`:
+/// `down(silu(gate(x)) · up(x))`, m × H. Row order throughout (the block stays as read).
+fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
-    let (gate, up, down) = layout.split(block);
-    let mut g = vec![0.0; m * i];
-    let mut u = vec![0.0; m * i];
-    matmul(xs, m, gate, i, h, &mut g); // m × I
-    matmul(xs, m, up, i, h, &mut u); // m × I
-    let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+    let (_, _, down) = layout.split(block);
+    // gate and up are adjacent in the block: one call over both, m × 2I.
+    let gate_up = layout.gate_up(block);
+    let mut gu = vec![0.0; m * 2 * i];
+    matmul_serial(xs, m, gate_up, 2 * i, h, &mut gu); // m × 2I
+    let a: Vec<f32> = gu
+        .chunks_exact(2 * i)
+        .flat_map(|r| r[..i].iter().zip(&r[i..]).map(|(&g, &u)| silu(g) * u))
+        .collect(); // m × I
     let mut y = vec![0.0; m * h];
-    matmul(&a, m, down, h, i, &mut y); // m × H
+    matmul_serial(&a, m, down, h, i, &mut y); // m × H
     y
 }
 
@@ -56,6 +50,22 @@ struct SparseMoe {
     ordinal: usize,
 }
 
+/// The `k` largest of `probs`, descending, ties to the lower index (what a stable sort by
+/// descending probability gives).
+fn top_k(probs: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (id, &p) in probs.iter().enumerate() {
+        if top.len() == k && top[k - 1].1.total_cmp(&p).is_ge() {
+            continue;
+        }
+        // Insert after every kept entry that is ≥ p (lower ids win ties).
+        let at = top.partition_point(|&(_, q)| q.total_cmp(&p).is_ge());
+        top.insert(at, (id as u32, p));
+        top.truncate(k);
+    }
+    top
+}
+
 impl SparseMoe {
     /// Routes every token: its top-k experts (descending probability, ties to the lower id) and
     /// their weights, renormalised when `norm_topk_prob`.
@@ -66,16 +76,7 @@ impl SparseMoe {
             .chunks_exact_mut(e)
             .map(|probs| {
                 softmax_in_place(probs);
-                let mut ids: Vec<u32> = (0..e as u32).collect();
-                ids.sort_by(|&a, &b| {
-                    probs[b as usize]
-                        .total_cmp(&probs[a as usize])
-                        .then(a.cmp(&b))
-                });
-                let mut top: Vec<(u32, f32)> = ids[..self.top_k]
-                    .iter()
-                    .map(|&id| (id, probs[id as usize]))
-                    .collect();
+                let mut top = top_k(probs, self.top_k);
                 if self.norm_topk_prob {
                     let sum: f32 = top.iter().map(|(_, w)| w).sum();
                     top.iter_mut().for_each(|(_, w)| *w /= sum);
@@ -86,8 +87,9 @@ impl SparseMoe {
     }
 
     /// `x`: T × H (normed) → T × H and each token's routes. Loads every needed expert at most
-    /// once and runs it once over all tokens routed to it; each token sums its experts'
-    /// outputs in ascending expert id, as `index_add_` does in transformers.
+    /// once and runs it once over all tokens routed to it (one small batched matmul per expert);
+    /// each token sums its experts' outputs in ascending expert id, as `index_add_` does in
+    /// transformers.
     fn forward(
         &self,
         x: &[f32],
@@ -97,70 +99,73 @@ impl SparseMoe {
         let routes = self.route(x, t);
         let layout = experts.layout();
         let h = layout.hidden;
-        let mut needed: Vec<u32> = routes.iter().flatten().map(|&(e, _)| e).collect();
-        needed.sort_unstable();
+        // (expert, token, k-th choice), grouped by expert in ascending id.
+        let mut uses: Vec<(u32, usize, usize)> = routes
+            .iter()
+            .enumerate()
+            .flat_map(|(tok, r)| r.iter().enumerate().map(move |(k, &(e, _))| (e, tok, k)))
+            .collect();
+        uses.sort_unstable();
+        let mut needed: Vec<u32> = uses.iter().map(|u| u.0).collect();
         needed.dedup();
-        // outputs[token][k] = expert output for the k-th routed expert of that token.
-        let mut outputs: Vec<Vec<Option<Vec<f32>>>> =
-            routes.iter().map(|r| vec![None; r.len()]).collect();
-        // Tokens routed to expert `e`, as (token, k-th choice).
-        let rows_of = |e: u32| -> Vec<(usize, usize)> {
-            routes
+        // Each needed expert's rows: a range of `uses`.
+        let mut rows_of: Vec<std::ops::Range<usize>> = Vec::with_capacity(needed.len());
+        let mut start = 0;
+        for (i, u) in uses.iter().enumerate() {
+            if i + 1 == uses.len() || uses[i + 1].0 != u.0 {
+                rows_of.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        // outputs[use] = that (token, k)'s expert output row, H wide.
+        let mut outputs = vec![0.0f32; uses.len() * h];
+        let out_ptr = crate::threads::SharedOut(outputs.as_mut_ptr());
+        let compute = |e: u32, block: &[u8]| {
+            let at = needed.binary_search(&e).expect("a needed expert");
+            let range = rows_of[at].clone();
+            let xs: Vec<f32> = uses[range.clone()]
                 .iter()
-                .enumerate()
-                .filter_map(|(tok, r)| r.iter().position(|&(id, _)| id == e).map(|k| (tok, k)))
-                .collect()
-        };
-        // One expert over its tokens: m × H rows in, m × H out.
-        let compute = |e: u32, block: &[u8], parallel: bool| -> ExpertRows {
-            let rows = rows_of(e);
-            let xs: Vec<f32> = rows
-                .iter()
-                .flat_map(|&(tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
+                .flat_map(|&(_, tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
                 .collect();
-            let y = run_expert(layout, block, &xs, rows.len(), parallel);
-            (rows, y)
+            let y = run_expert(layout, block, &xs, range.len());
+            // SAFETY: each expert writes only its own rows `range` of `outputs`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    y.as_ptr(),
+                    out_ptr.get().add(range.start * h),
+                    y.len(),
+                )
+            };
         };
         experts.with_experts(self.ordinal, &needed, |batch| {
-            // Several experts: one per thread at a time (one hand-off per batch instead of
-            // three per expert). One expert: its matmuls are split by output feature instead.
-            // Either way each output is computed by one thread in one fixed order.
-            let results: Vec<ExpertRows> = if batch.len() > 1 {
-                let pool = crate::threads::pool();
-                let parts = pool.threads();
-                let slots: Vec<std::sync::OnceLock<ExpertRows>> = (0..batch.len())
-                    .map(|_| std::sync::OnceLock::new())
-                    .collect();
+            // Several experts: spread over the threads (one hand-off per batch). Each output is
+            // computed by one thread in one fixed order either way.
+            let pool = crate::threads::pool();
+            let parts = pool.threads();
+            if batch.len() > 1 && parts > 1 {
                 pool.run(&|part| {
-                    for (i, &(e, block)) in
-                        batch.iter().enumerate().filter(|(i, _)| i % parts == part)
-                    {
-                        let _ = slots[i].set(compute(e, block, false));
+                    for &(e, block) in batch.iter().skip(part).step_by(parts) {
+                        compute(e, block);
                     }
                 });
-                slots
-                    .into_iter()
-                    .map(|s| s.into_inner().expect("every expert ran"))
-                    .collect()
             } else {
-                batch
-                    .iter()
-                    .map(|&(e, block)| compute(e, block, true))
-                    .collect()
-            };
-            for (rows, y) in results {
-                for (r, &(tok, k)) in rows.iter().enumerate() {
-                    outputs[tok][k] = Some(y[r * h..(r + 1) * h].to_vec());
+                for &(e, block) in batch {
+                    compute(e, block);
                 }
             }
         })?;
+        // Where each (token, k) output sits.
+        let mut at = vec![vec![0usize; self.top_k]; t];
+        for (u, &(_, tok, k)) in uses.iter().enumerate() {
+            at[tok][k] = u;
+        }
         let mut out = vec![0.0f32; t * h];
         for (tok, r) in routes.iter().enumerate() {
             let mut order: Vec<usize> = (0..r.len()).collect();
             order.sort_by_key(|&k| r[k].0);
             let o = &mut out[tok * h..(tok + 1) * h];
             for k in order {
-                let y = outputs[tok][k].as_ref().expect("every routed expert ran");
+                let y = &outputs[at[tok][k] * h..(at[tok][k] + 1) * h];
                 for (ov, &yv) in o.iter_mut().zip(y) {
                     *ov += yv * r[k].1;
                 }
@@ -196,8 +201,8 @@ pub struct Qwen3Moe {
     embed_tokens: WeightBuf, // [V, H]
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>, // [H]
-    /// `None` when tied to `embed_tokens`.
-    lm_head: Option<Linear>, // [V, H]
+    /// Packed from `embed_tokens` when tied.
+    lm_head: Linear, // [V, H]
     rope: Rope,
 }
 
@@ -282,9 +287,9 @@ impl Qwen3Moe {
         }
         let norm = ck.take("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") {
-            None
+            Linear::from_weights(embed_tokens.view(), v, h)
         } else {
-            Some(Linear::load(&mut ck, "lm_head", v, h, false)?)
+            Linear::load(&mut ck, "lm_head", v, h, false)?
         };
         ck.finish()?;
         let rope = Rope::new(cfg.rope_theta(), cfg.head_dim());
@@ -324,7 +329,8 @@ impl Qwen3Moe {
     pub fn new_kv_cache(&self) -> KvCache {
         KvCache::new(
             self.cfg.num_hidden_layers,
-            self.cfg.num_key_value_heads * self.cfg.head_dim(),
+            self.cfg.num_key_value_heads,
+            self.cfg.head_dim(),
         )
     }
 
@@ -372,6 +378,7 @@ impl Qwen3Moe {
         let mut taps = vec![Vec::new(); batch.taps.len()];
         let mut routes = Vec::with_capacity(self.layers.len());
         let mut normed = vec![0.0f32; t * h];
+        let rope = self.rope.table(&positions);
         for (l, layer) in self.layers.iter().enumerate() {
             for (slot, _) in batch.taps.iter().enumerate().filter(|(_, &tap)| tap == l) {
                 taps[slot] = x.clone();
@@ -383,9 +390,7 @@ impl Qwen3Moe {
                 self.cfg.rms_norm_eps as f32,
                 &mut normed,
             );
-            let attn = layer
-                .self_attn
-                .forward(&normed, &positions, &visible, &self.rope, kv, l);
+            let attn = layer.self_attn.forward(&normed, &rope, &visible, kv, l);
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
             // out = h + mlp(post_attention_layernorm(h))
             rms_norm(
@@ -444,15 +449,7 @@ impl Qwen3Moe {
             self.cfg.rms_norm_eps as f32,
             &mut normed,
         );
-        match &self.lm_head {
-            Some(head) => head.forward(&normed, rows.len()),
-            None => {
-                let v = self.cfg.vocab_size;
-                let mut y = vec![0.0; rows.len() * v];
-                matmul(&normed, rows.len(), self.embed_tokens.view(), v, h, &mut y);
-                y
-            }
-        }
+        self.lm_head.forward(&normed, rows.len())
     }
 }
 

@@ -1,0 +1,217 @@
+//! Forward time of the target for a chain of T new tokens after C cached tokens (all experts
+//! resident, every row's logits, as a verify forward needs), and of one drafted level (two
+//! nodes through the EAGLE-3 head, then the top-2 children of each). Prints one JSON object on
+//! stdout; `tools/bench/forward_time.py` runs it beside llama.cpp on a GGUF of the same target.
+//!
+//! ```text
+//! cargo build --release -p specfit-engine --example forward_time
+//! SPECFIT_THREADS=2 target/release/examples/forward_time --model models/target --dtype f32 \
+//!     --drafter models/drafter --cached 100,1000 --tokens 1,2,4,8,16 --reps 30
+//! ```
+//!
+//! Token ids: the cached prefix is `(7 + 131·i) mod V` for `i < C`, the new tokens continue the
+//! same formula; the drafted level's two nodes are the two most probable children of the last
+//! cached token.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use specfit_engine::experts::CacheMode;
+use specfit_engine::kv::KvCache;
+use specfit_engine::{load_target, Batch, DraftHidden, Eagle3, Logits, Mask, Tier, WeightDtype};
+
+struct Args {
+    model: PathBuf,
+    drafter: Option<PathBuf>,
+    dtype: WeightDtype,
+    cached: Vec<usize>,
+    tokens: Vec<usize>,
+    reps: usize,
+}
+
+fn list(v: &str) -> Vec<usize> {
+    v.split(',')
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("a comma-separated list of integers")
+        })
+        .collect()
+}
+
+fn parse() -> Args {
+    let mut a = Args {
+        model: PathBuf::from("models/target"),
+        drafter: Some(PathBuf::from("models/drafter")),
+        dtype: WeightDtype::F32,
+        cached: vec![100, 1000],
+        tokens: vec![1, 2, 4, 8, 16],
+        reps: 30,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--model" => a.model = PathBuf::from(value),
+            "--drafter" if value == "none" => a.drafter = None,
+            "--drafter" => a.drafter = Some(PathBuf::from(value)),
+            "--dtype" => {
+                a.dtype = match value.as_str() {
+                    "f32" => WeightDtype::F32,
+                    "bf16" => WeightDtype::Bf16,
+                    other => panic!("--dtype f32|bf16, not {other}"),
+                }
+            }
+            "--cached" => a.cached = list(&value),
+            "--tokens" => a.tokens = list(&value),
+            "--reps" => a.reps = value.parse().expect("--reps N"),
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    a
+}
+
+fn ids(range: std::ops::Range<usize>, vocab: usize) -> Vec<u32> {
+    range.map(|i| ((7 + 131 * i) % vocab) as u32).collect()
+}
+
+/// (min, median) in ms.
+fn stats(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    (ms[0], ms[ms.len() / 2])
+}
+
+fn main() {
+    let a = parse();
+    let tier = Tier::Ram;
+    let probe = specfit_engine::Qwen3MoeConfig::load(&a.model).expect("config");
+    let (target, mut experts) = load_target(
+        &a.model,
+        &tier,
+        probe.num_experts,
+        CacheMode::Lru,
+        Some(a.dtype),
+    )
+    .expect("load target");
+    let drafter = a
+        .drafter
+        .as_ref()
+        .map(|d| Eagle3::load(d, target.config()).expect("load drafter"));
+    let vocab = target.config().vocab_size;
+    let h = target.config().hidden_size;
+    let mut rows = Vec::new();
+    let mut levels = Vec::new();
+    for &c in &a.cached {
+        let prefix = ids(0..c, vocab);
+        let mut kv = target.new_kv_cache();
+        let taps = drafter.as_ref().map_or(&[][..], |d| d.taps());
+        let pre = target
+            .forward(
+                &Batch {
+                    taps,
+                    logits: Logits::Last,
+                    ..Batch::causal(&prefix)
+                },
+                &mut kv,
+                &mut experts,
+            )
+            .expect("prefill");
+        for &t in &a.tokens {
+            let new = ids(c..c + t, vocab);
+            let mut ms = Vec::with_capacity(a.reps);
+            for rep in 0..a.reps + 3 {
+                kv.truncate(c).expect("truncate");
+                let start = Instant::now();
+                let out = target
+                    .forward(&Batch::causal(&new), &mut kv, &mut experts)
+                    .expect("forward");
+                let took = start.elapsed().as_secs_f64() * 1e3;
+                std::hint::black_box(&out);
+                if rep >= 3 {
+                    ms.push(took);
+                }
+            }
+            let (min, median) = stats(ms);
+            rows.push(
+                serde_json::json!({"cached": c, "tokens": t, "min_ms": min, "median_ms": median}),
+            );
+        }
+        kv.truncate(c).expect("truncate");
+        if let Some(d) = &drafter {
+            // The drafter's cache over the prefix: entry i reads token i+1 with the target's
+            // features of token i.
+            let feats: Vec<f32> = (0..c)
+                .flat_map(|i| {
+                    pre.taps
+                        .iter()
+                        .flat_map(move |tap| tap[i * h..(i + 1) * h].iter().copied())
+                })
+                .collect();
+            let mut next = prefix[1..].to_vec();
+            next.push(ids(c..c + 1, vocab)[0]);
+            let mut dkv: KvCache = d.new_kv_cache();
+            let fed = d
+                .forward_last(
+                    target.embed(),
+                    &next,
+                    DraftHidden::Target(&feats),
+                    None,
+                    Mask::Causal,
+                    &mut dkv,
+                )
+                .expect("feed drafter");
+            let children = specfit_engine::spec::top_children(d, fed.row(0), 2);
+            let tokens: Vec<u32> = children.iter().map(|&(tok, _)| tok).collect();
+            // Both nodes are children of the last cached token: they read its drafter output.
+            let dh = d.config().hidden_size;
+            let last = &fed.hidden[fed.hidden.len() - dh..];
+            let hidden: Vec<f32> = [last, last].concat();
+            let committed = dkv.len();
+            let mask: Vec<Vec<bool>> = (0..2)
+                .map(|i| {
+                    let mut row = vec![true; committed + 2];
+                    row[committed + (1 - i)] = false;
+                    row
+                })
+                .collect();
+            let positions = vec![c + 1, c + 1];
+            let mut ms = Vec::with_capacity(a.reps);
+            for rep in 0..a.reps + 3 {
+                dkv.truncate(committed).expect("truncate");
+                let start = Instant::now();
+                let out = d
+                    .forward(
+                        target.embed(),
+                        &tokens,
+                        DraftHidden::Own(&hidden),
+                        Some(&positions),
+                        Mask::Explicit(&mask),
+                        &mut dkv,
+                    )
+                    .expect("draft level");
+                let kids: Vec<_> = (0..2)
+                    .map(|r| specfit_engine::spec::top_children(d, out.row(r), 2))
+                    .collect();
+                let took = start.elapsed().as_secs_f64() * 1e3;
+                std::hint::black_box(&kids);
+                if rep >= 3 {
+                    ms.push(took);
+                }
+            }
+            let (min, median) = stats(ms);
+            levels.push(
+                serde_json::json!({"cached": c, "nodes": 2, "min_ms": min, "median_ms": median}),
+            );
+        }
+    }
+    let report = serde_json::json!({
+        "engine": "specfit",
+        "dtype": a.dtype.name(),
+        "threads": specfit_engine::threads::pool().threads(),
+        "rows": rows,
+        "draft_level": levels,
+    });
+    println!("{report}");
+}

@@ -1,0 +1,188 @@
+//! Elementwise and reducing helpers with fixed bits on every instruction set: a vectorisable
+//! `exp` built only from correctly rounded operations (fused multiply-add, add, multiply,
+//! integer exponent arithmetic), a sum in row order (lane `i mod 16`, pairwise lanes), and the
+//! attention softmax built from them. Each result depends only on its own inputs and their
+//! order, never on how much else is computed alongside.
+
+// Index loops over fixed-size register blocks read (and vectorise) best as written.
+#![allow(clippy::needless_range_loop)]
+
+use super::Isa;
+
+/// Lanes of a row-order sum.
+const LANES: usize = 16;
+
+/// `e^x` with Cephes' `expf` reduction and polynomial, evaluated with fused multiply-adds
+/// (within 2 ulp of the exact value); 0 below −87.3 (where `e^x` leaves the normal range) and
+/// capped at `e^88`.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // 1.5 · 2^23: adding it rounds to the nearest integer, subtracting it is exact.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.min(88.0);
+    let n = xc.mul_add(LOG2E, ROUND) - ROUND;
+    let r = n.mul_add(-LN2_HI, xc);
+    let r = n.mul_add(-LN2_LO, r);
+    let z = r * r;
+    let mut p = 1.987_569_1e-4f32;
+    p = p.mul_add(r, 1.398_199_9e-3);
+    p = p.mul_add(r, 8.333_452e-3);
+    p = p.mul_add(r, 4.166_579_6e-2);
+    p = p.mul_add(r, 1.666_666_5e-1);
+    p = p.mul_add(r, 0.5);
+    let y = p.mul_add(z, r) + 1.0;
+    // 2^n for n in [−126, 127]; below −87.3 the result flushes to zero.
+    let ni = (n as i32).max(-126);
+    let scale = f32::from_bits(((ni + 127) as u32) << 23);
+    if x < -87.3 {
+        0.0
+    } else {
+        y * scale
+    }
+}
+
+/// The pairwise sum of 16 lanes.
+#[inline(always)]
+fn tree(a: &[f32; LANES]) -> f32 {
+    let mut s8 = [0.0f32; 8];
+    for l in 0..8 {
+        s8[l] = a[l] + a[l + 8];
+    }
+    let mut s4 = [0.0f32; 4];
+    for l in 0..4 {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
+/// Softmax of `scale · x` in place: `m = max`, `e_i = exp(scale·x_i − m)`, `Σ` in row order,
+/// `p_i = e_i / Σ`. The order of `x` is the only order that matters.
+#[inline(always)]
+fn softmax_body(x: &mut [f32], scale: f32) {
+    let mut m = f32::NEG_INFINITY;
+    for v in x.iter_mut() {
+        *v *= scale;
+        m = m.max(*v);
+    }
+    for v in x.iter_mut() {
+        *v = exp(*v - m);
+    }
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            acc[l] += c[l];
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v;
+    }
+    let sum = tree(&acc);
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+macro_rules! isa_variant {
+    ($m:ident, $($feat:literal)?) => {
+        mod $m {
+            $(#[target_feature(enable = $feat)])?
+            pub(super) unsafe fn softmax(x: &mut [f32], scale: f32) {
+                super::softmax_body(x, scale)
+            }
+            $(#[target_feature(enable = $feat)])?
+            pub(super) unsafe fn exp_slice(x: &mut [f32]) {
+                for v in x.iter_mut() {
+                    *v = super::exp(*v);
+                }
+            }
+        }
+    };
+}
+
+isa_variant!(portable,);
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx2, "avx2,fma");
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+
+/// The attention softmax of `scale · x`, in place (see `softmax_body`), compiled for `isa`.
+pub fn softmax_scaled_with(isa: Isa, x: &mut [f32], scale: f32) {
+    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    // SAFETY: the instruction set was checked above.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::softmax(x, scale),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::softmax(x, scale),
+            _ => portable::softmax(x, scale),
+        }
+    }
+}
+
+/// [`softmax_scaled_with`] on the detected instruction set.
+pub fn softmax_scaled(x: &mut [f32], scale: f32) {
+    softmax_scaled_with(Isa::detected(), x, scale);
+}
+
+/// `x_i ← exp(x_i)` ([`exp`]), compiled for `isa`.
+pub fn exp_in_place_with(isa: Isa, x: &mut [f32]) {
+    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    // SAFETY: the instruction set was checked above.
+    unsafe {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::exp_slice(x),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::exp_slice(x),
+            _ => portable::exp_slice(x),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::tests::{bits, lcg};
+
+    #[test]
+    fn exp_is_within_two_ulp_of_the_exact_value() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let got = exp(x) as f64;
+            let want = (x as f64).exp();
+            let ulp = f32::EPSILON as f64 * want;
+            assert!((got - want).abs() <= 2.0 * ulp, "x={x}: {got} vs {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp(-100.0), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(100.0).is_finite());
+    }
+
+    #[test]
+    fn exp_and_softmax_give_the_same_bits_on_every_instruction_set() {
+        let mut s = 31;
+        for n in [1usize, 15, 16, 17, 100, 1001] {
+            let x: Vec<f32> = (0..n).map(|_| 40.0 * lcg(&mut s)).collect();
+            let mut want = x.clone();
+            exp_in_place_with(Isa::Portable, &mut want);
+            let mut soft_want = x.clone();
+            softmax_scaled_with(Isa::Portable, &mut soft_want, 0.125);
+            for isa in Isa::available() {
+                let mut got = x.clone();
+                exp_in_place_with(isa, &mut got);
+                assert_eq!(bits(&got), bits(&want), "{isa:?} exp n={n}");
+                let mut soft = x.clone();
+                softmax_scaled_with(isa, &mut soft, 0.125);
+                assert_eq!(bits(&soft), bits(&soft_want), "{isa:?} softmax n={n}");
+            }
+            let total: f32 = soft_want.iter().sum();
+            assert!((total - 1.0).abs() < 1e-5, "n={n}: Σ = {total}");
+        }
+    }
+}

@@ -1,0 +1,480 @@
+//! Panel order: `out[r, c] = Σ_kk x[r, kk] · B[kk, c]` as one chain of fused multiply-adds over
+//! `kk = 0, 1, …, k−1` starting from `+0`, for `B` stored K-major in panels of 16 columns. The
+//! dense layers repack their `nn.Linear` weights into such panels at load ([`PackedMatrix`]);
+//! attention reads its key tiles and value rows as panels in place ([`PanelSrc`]).
+//!
+//! A register block holds `R` rows × `P` panels of accumulators (up to 8 × 2, 4 × 4 or 1 × 8):
+//! each panel row is loaded once for the block's rows and each `x` element broadcast once for
+//! its panels. The block shape only decides which chains run side by side; each output's chain
+//! is the same whatever the number of rows, so results never depend on the batch.
+
+// Index loops over fixed-size register blocks read (and vectorise) best as written.
+#![allow(clippy::needless_range_loop)]
+
+use super::{bf16_to_f32, Isa, WeightBuf, WeightView};
+
+/// Columns per panel.
+pub const PANEL: usize = 16;
+
+/// Where a call's panels are: panel `p` row `kk` starts at `base + p·pstride + kk·ldb` and holds
+/// 16 consecutive elements.
+#[derive(Debug, Clone, Copy)]
+pub enum PanelSrc {
+    F32 {
+        base: *const f32,
+        ldb: usize,
+        pstride: usize,
+    },
+    Bf16 {
+        base: *const u16,
+        ldb: usize,
+        pstride: usize,
+    },
+}
+
+/// `R` rows × `P` panels.
+///
+/// # Safety
+/// `x` holds `R` rows of `k` at stride `ldx`; `b` `P` panels of `k` rows of 16 at strides
+/// `pstride` and `ldb`; `out` `R` rows of `16·P` at stride `ldo`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const R: usize, const P: usize, T: Copy, L: Fn(T) -> f32 + Copy>(
+    x: *const f32,
+    ldx: usize,
+    k: usize,
+    b: *const T,
+    ldb: usize,
+    pstride: usize,
+    load: L,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut acc = [[[0.0f32; PANEL]; P]; R];
+    for kk in 0..k {
+        let mut bv = [[0.0f32; PANEL]; P];
+        for p in 0..P {
+            for c in 0..PANEL {
+                // SAFETY: inside panel `p`, row `kk` (caller's contract).
+                bv[p][c] = load(unsafe { *b.add(p * pstride + kk * ldb + c) });
+            }
+        }
+        for r in 0..R {
+            // SAFETY: row `r`, element `kk < k`.
+            let xv = unsafe { *x.add(r * ldx + kk) };
+            for p in 0..P {
+                for c in 0..PANEL {
+                    acc[r][p][c] = xv.mul_add(bv[p][c], acc[r][p][c]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for p in 0..P {
+            for c in 0..PANEL {
+                // SAFETY: inside the caller's output block.
+                unsafe { *out.add(r * ldo + p * PANEL + c) = acc[r][p][c] };
+            }
+        }
+    }
+}
+
+/// Panels `panels` of every row, block by block (panel blocks outer, so a block's panels stay in
+/// L1 while every row block uses them).
+///
+/// # Safety
+/// As [`gemm_raw`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
+    x: *const f32,
+    ldx: usize,
+    rows: usize,
+    k: usize,
+    b: *const T,
+    ldb: usize,
+    pstride: usize,
+    panels: std::ops::Range<usize>,
+    load: L,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut p = panels.start;
+    while p < panels.end {
+        let left = panels.end - p;
+        // The widest panel block the row count allows (≥ 8 independent chains when possible).
+        let most = match rows {
+            1 => 8,
+            2..=7 => 4,
+            _ => 2,
+        };
+        let pb = [8, 4, 2, 1]
+            .into_iter()
+            .find(|&w| w <= most && w <= left)
+            .unwrap_or(1);
+        let mut r = 0;
+        while r < rows {
+            let rb = match rows - r {
+                1 => 1,
+                2 | 3 => 2,
+                4..=7 => 4,
+                _ => 8,
+            };
+            // SAFETY: the block lies inside the caller's operands.
+            unsafe {
+                let (xp, bp, op) = (
+                    x.add(r * ldx),
+                    b.add(p * pstride),
+                    out.add(r * ldo + p * PANEL),
+                );
+                macro_rules! go {
+                    ($r:literal, $p:literal) => {
+                        block::<$r, $p, T, L>(xp, ldx, k, bp, ldb, pstride, load, op, ldo)
+                    };
+                }
+                match (rb, pb) {
+                    (1, 8) => go!(1, 8),
+                    (1, 4) => go!(1, 4),
+                    (1, 2) => go!(1, 2),
+                    (1, _) => go!(1, 1),
+                    (2, 4) => go!(2, 4),
+                    (2, 2) => go!(2, 2),
+                    (2, _) => go!(2, 1),
+                    (4, 4) => go!(4, 4),
+                    (4, 2) => go!(4, 2),
+                    (4, _) => go!(4, 1),
+                    (_, 1) => go!(8, 1),
+                    (_, _) => go!(8, 2),
+                }
+            }
+            r += rb;
+        }
+        p += pb;
+    }
+}
+
+/// The same generic code compiled for one instruction set.
+macro_rules! isa_variant {
+    ($m:ident, $($feat:literal)?) => {
+        mod $m {
+            use super::*;
+            $(#[target_feature(enable = $feat)])?
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn gemm_f32(
+                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const f32, ldb: usize,
+                pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
+            ) {
+                unsafe { drive(x, ldx, rows, k, b, ldb, pstride, panels, |v: f32| v, out, ldo) }
+            }
+            $(#[target_feature(enable = $feat)])?
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn gemm_bf16(
+                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u16, ldb: usize,
+                pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
+            ) {
+                unsafe { drive(x, ldx, rows, k, b, ldb, pstride, panels, bf16_to_f32, out, ldo) }
+            }
+        }
+    };
+}
+
+isa_variant!(portable,);
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx2, "avx2,fma");
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+
+/// `out[r·ldo + 16·p + c] = Σ_kk x[r·ldx + kk] · panel_p[kk, c]` for every row `r < rows` and
+/// panel `p` in `panels`, compiled for `isa`.
+///
+/// # Safety
+/// `x` holds `rows` rows of `k` at stride `ldx`; `b` holds the panels it names; `out` has room
+/// for 16 columns per panel at stride `ldo`, of which this call writes only its panels' (so
+/// calls over disjoint panels may run concurrently); `isa` is one of [`Isa::available`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_raw(
+    isa: Isa,
+    x: *const f32,
+    ldx: usize,
+    rows: usize,
+    k: usize,
+    b: PanelSrc,
+    panels: std::ops::Range<usize>,
+    out: *mut f32,
+    ldo: usize,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (isa, b) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, PanelSrc::F32 { base, ldb, pstride }) => {
+                avx512::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, PanelSrc::Bf16 { base, ldb, pstride }) => {
+                avx512::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, PanelSrc::F32 { base, ldb, pstride }) => {
+                avx2::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, PanelSrc::Bf16 { base, ldb, pstride }) => {
+                avx2::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+            (_, PanelSrc::F32 { base, ldb, pstride }) => {
+                portable::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+            (_, PanelSrc::Bf16 { base, ldb, pstride }) => {
+                portable::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            }
+        }
+    }
+}
+
+/// An `n × k` matrix (`nn.Linear` layout `[out, in]`) repacked into `⌈n/16⌉` K-major panels of
+/// 16 output features: element `(j, kk)` sits at `(j / 16)·16k + kk·16 + j mod 16`; the columns
+/// past `n` in the last panel are zeros. Keeps the dtype it was given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    data: WeightBuf,
+}
+
+impl PackedMatrix {
+    /// Repacks a row-major `n × k` matrix.
+    pub fn pack(w: WeightView<'_>, n: usize, k: usize) -> PackedMatrix {
+        assert_eq!(w.len(), n * k, "pack: w is not n × k");
+        let panels = n.div_ceil(PANEL);
+        let index = |j: usize, kk: usize| (j / PANEL) * PANEL * k + kk * PANEL + j % PANEL;
+        let data = match w {
+            WeightView::F32(v) => {
+                let mut out = vec![0.0f32; panels * PANEL * k];
+                for j in 0..n {
+                    for kk in 0..k {
+                        out[index(j, kk)] = v[j * k + kk];
+                    }
+                }
+                WeightBuf::F32(out)
+            }
+            WeightView::Bf16(v) => {
+                let mut out = vec![0u16; panels * PANEL * k];
+                for j in 0..n {
+                    for kk in 0..k {
+                        out[index(j, kk)] = v[j * k + kk];
+                    }
+                }
+                WeightBuf::Bf16(out)
+            }
+        };
+        PackedMatrix { n, k, data }
+    }
+
+    /// Output features.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes of the packed weights.
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            WeightBuf::F32(v) => v.len() * 4,
+            WeightBuf::Bf16(v) => v.len() * 2,
+        }
+    }
+
+    /// Element `(j, kk)` of the original matrix.
+    pub fn get(&self, j: usize, kk: usize) -> f32 {
+        let i = (j / PANEL) * PANEL * self.k + kk * PANEL + j % PANEL;
+        self.data.view().get(i)
+    }
+
+    fn src(&self) -> PanelSrc {
+        let pstride = PANEL * self.k;
+        match &self.data {
+            WeightBuf::F32(v) => PanelSrc::F32 {
+                base: v.as_ptr(),
+                ldb: PANEL,
+                pstride,
+            },
+            WeightBuf::Bf16(v) => PanelSrc::Bf16 {
+                base: v.as_ptr(),
+                ldb: PANEL,
+                pstride,
+            },
+        }
+    }
+
+    /// `out = x · Wᵀ` for `x` of `rows × k`, `out` of `rows × n`, in panel order; split by panel
+    /// across the worker pool when large enough (which never changes a bit).
+    pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.gemm_with(Isa::detected(), x, rows, out, true);
+    }
+
+    /// [`PackedMatrix::gemm`] on the calling thread only.
+    pub fn gemm_serial(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.gemm_with(Isa::detected(), x, rows, out, false);
+    }
+
+    /// [`PackedMatrix::gemm`] compiled for `isa`.
+    pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
+        assert!(Isa::available().contains(&isa), "{isa:?} not available");
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), rows * k, "gemm: x is not rows × k");
+        assert_eq!(out.len(), rows * n, "gemm: out is not rows × n");
+        if rows == 0 || n == 0 {
+            return;
+        }
+        let panels = n.div_ceil(PANEL);
+        // Outputs go straight to `out` when whole panels fit its rows, else through a padded
+        // buffer.
+        let mut padded = Vec::new();
+        let (dst, ldo) = if n % PANEL == 0 {
+            (out.as_mut_ptr(), n)
+        } else {
+            padded = vec![0.0f32; rows * panels * PANEL];
+            (padded.as_mut_ptr(), panels * PANEL)
+        };
+        let target = crate::threads::SharedOut(dst);
+        let src = SendSrc(self.src());
+        let pool = crate::threads::pool();
+        let parts = pool.threads();
+        let run = |range: std::ops::Range<usize>| {
+            // SAFETY: `x` is rows × k, the panels exist, `dst` has `ldo ≥ 16·panels` columns
+            // per row, and concurrent parts own disjoint panel ranges.
+            unsafe {
+                gemm_raw(
+                    isa,
+                    x.as_ptr(),
+                    k,
+                    rows,
+                    k,
+                    src.get(),
+                    range,
+                    target.get(),
+                    ldo,
+                )
+            }
+        };
+        if !parallel || parts == 1 || rows * n * k < super::PARALLEL_MIN_MACS || panels < 2 * parts
+        {
+            run(0..panels);
+        } else {
+            pool.run(&|part| run(panels * part / parts..panels * (part + 1) / parts));
+        }
+        if n % PANEL != 0 {
+            for (o, p) in out
+                .chunks_exact_mut(n)
+                .zip(padded.chunks_exact(panels * PANEL))
+            {
+                o.copy_from_slice(&p[..n]);
+            }
+        }
+    }
+}
+
+/// A panel source shared by the parts of one pool job (read only).
+#[derive(Clone, Copy)]
+struct SendSrc(PanelSrc);
+// SAFETY: the pointers are only read, and the matrix outlives the job.
+unsafe impl Sync for SendSrc {}
+unsafe impl Send for SendSrc {}
+
+impl SendSrc {
+    /// The source (a method, so closures capture the whole `Sync` wrapper).
+    fn get(self) -> PanelSrc {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::tests::{bits, lcg};
+
+    /// The definition, one output at a time.
+    fn oracle(x: &[f32], w: &[f32], n: usize, k: usize, rows: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let mut acc = 0.0f32;
+                for kk in 0..k {
+                    acc = x[r * k + kk].mul_add(w[j * k + kk], acc);
+                }
+                out[r * n + j] = acc;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_instruction_set_matches_the_one_chain_oracle_for_rows_up_to_32_and_odd_shapes() {
+        let mut s = 21;
+        for &(n, k) in &[
+            (1usize, 1usize),
+            (16, 7),
+            (17, 33),
+            (40, 256),
+            (100, 31),
+            (260, 40),
+        ] {
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            let packed = PackedMatrix::pack(WeightView::F32(&w), n, k);
+            for rows in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 31, 32] {
+                let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
+                let want = oracle(&x, &w, n, k, rows);
+                for isa in Isa::available() {
+                    for parallel in [false, true] {
+                        let mut got = vec![f32::NAN; rows * n];
+                        packed.gemm_with(isa, &x, rows, &mut got, parallel);
+                        assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} k={k} rows={rows}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_bits_alone_and_inside_any_batch() {
+        let mut s = 22;
+        let (n, k) = (512, 256);
+        let w16: Vec<u16> = (0..n * k)
+            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
+            .collect();
+        let packed = PackedMatrix::pack(WeightView::Bf16(&w16), n, k);
+        let x: Vec<f32> = (0..32 * k).map(|_| lcg(&mut s)).collect();
+        let mut alone = vec![0.0; n];
+        packed.gemm(&x[..k], 1, &mut alone);
+        for rows in 1..=32 {
+            let mut all = vec![0.0; rows * n];
+            packed.gemm(&x[..rows * k], rows, &mut all);
+            assert_eq!(bits(&all[..n]), bits(&alone), "rows={rows}");
+        }
+    }
+
+    #[test]
+    fn bf16_panels_give_the_bits_of_their_f32_widening() {
+        let mut s = 23;
+        let (n, k) = (48, 65);
+        let w16: Vec<u16> = (0..n * k)
+            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
+            .collect();
+        let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
+        let a = PackedMatrix::pack(WeightView::Bf16(&w16), n, k);
+        let b = PackedMatrix::pack(WeightView::F32(&w32), n, k);
+        let x: Vec<f32> = (0..6 * k).map(|_| lcg(&mut s)).collect();
+        for isa in Isa::available() {
+            let (mut ya, mut yb) = (vec![0.0; 6 * n], vec![0.0; 6 * n]);
+            a.gemm_with(isa, &x, 6, &mut ya, false);
+            b.gemm_with(Isa::Portable, &x, 6, &mut yb, false);
+            assert_eq!(bits(&ya), bits(&yb), "{isa:?}");
+        }
+        assert_eq!(a.get(47, 64), w32[47 * k + 64]);
+    }
+}

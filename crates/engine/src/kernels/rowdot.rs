@@ -1,0 +1,330 @@
+//! Row order: products of row-major operands (`x[r, :] · w[j, :]`), for weights that stay in
+//! the layout they were read in (the routed experts in their slots, the route predictor).
+//!
+//! Element `i` goes to lane `i mod 16`; each lane is a chain of fused multiply-adds in
+//! increasing `i`, the last partial block of 16 padded with zeros; the lanes are then added
+//! pairwise (`l + 8`, `l + 4`, `l + 2`, `l + 1`). A register block computes up to 4 rows × 8
+//! outputs at once (each weight row loaded once for the block's rows), but every output keeps
+//! that order, so results never depend on the block or on the other rows.
+
+// Index loops over fixed-size register blocks read (and vectorise) best as written.
+#![allow(clippy::needless_range_loop)]
+
+use super::{bf16_to_f32, Isa, WeightView};
+
+/// Lanes per accumulator.
+const LANES: usize = 16;
+
+/// The pairwise sum of 16 lanes.
+#[inline(always)]
+fn tree(a: &[f32; LANES]) -> f32 {
+    let mut s8 = [0.0f32; 8];
+    for l in 0..8 {
+        s8[l] = a[l] + a[l + 8];
+    }
+    let mut s4 = [0.0f32; 4];
+    for l in 0..4 {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
+    s2[0] + s2[1]
+}
+
+/// `R` rows × `J` outputs: `out[r·ldo + j] = x[r·ldx ..] · w[j·ldw ..]` over `k`.
+///
+/// # Safety
+/// `x` must hold `R` rows of `k` at stride `ldx`, `w` `J` rows of `k` at stride `ldw`, `out`
+/// `R` rows of `J` at stride `ldo`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<const R: usize, const J: usize, T: Copy, L: Fn(T) -> f32 + Copy>(
+    x: *const f32,
+    ldx: usize,
+    w: *const T,
+    ldw: usize,
+    k: usize,
+    load: L,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let mut acc = [[[0.0f32; LANES]; J]; R];
+    let full = k / LANES * LANES;
+    let mut i = 0;
+    // SAFETY (all reads): indices stay below `k` within the rows the caller vouches for.
+    while i < full {
+        let mut wv = [[0.0f32; LANES]; J];
+        for j in 0..J {
+            for l in 0..LANES {
+                wv[j][l] = load(unsafe { *w.add(j * ldw + i + l) });
+            }
+        }
+        for r in 0..R {
+            let mut xv = [0.0f32; LANES];
+            for l in 0..LANES {
+                xv[l] = unsafe { *x.add(r * ldx + i + l) };
+            }
+            for j in 0..J {
+                for l in 0..LANES {
+                    acc[r][j][l] = xv[l].mul_add(wv[j][l], acc[r][j][l]);
+                }
+            }
+        }
+        i += LANES;
+    }
+    if full < k {
+        let rem = k - full;
+        let mut wv = [[0.0f32; LANES]; J];
+        for j in 0..J {
+            for l in 0..rem {
+                wv[j][l] = load(unsafe { *w.add(j * ldw + full + l) });
+            }
+        }
+        for r in 0..R {
+            let mut xv = [0.0f32; LANES];
+            for l in 0..rem {
+                xv[l] = unsafe { *x.add(r * ldx + full + l) };
+            }
+            for j in 0..J {
+                for l in 0..LANES {
+                    acc[r][j][l] = xv[l].mul_add(wv[j][l], acc[r][j][l]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for j in 0..J {
+            // SAFETY: inside the caller's output block.
+            unsafe { *out.add(r * ldo + j) = tree(&acc[r][j]) };
+        }
+    }
+}
+
+/// Outputs `cols` of every row, block by block.
+///
+/// # Safety
+/// As [`matmul_raw`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
+    x: *const f32,
+    rows: usize,
+    w: *const T,
+    n: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+    load: L,
+    out: *mut f32,
+) {
+    let mut j = cols.start;
+    while j < cols.end {
+        let left = cols.end - j;
+        let wide = rows == 1 && left >= 8;
+        let jb = if wide {
+            8
+        } else if left >= 4 {
+            4
+        } else if left >= 2 {
+            2
+        } else {
+            1
+        };
+        let mut r = 0;
+        while r < rows {
+            let rb = match rows - r {
+                1 => 1,
+                2 | 3 => 2,
+                _ => 4,
+            };
+            // SAFETY: the block lies inside `rows × k` of x, `n × k` of w, `rows × n` of out.
+            unsafe {
+                let (xp, wp, op) = (x.add(r * k), w.add(j * k), out.add(r * n + j));
+                macro_rules! go {
+                    ($r:literal, $j:literal) => {
+                        block::<$r, $j, T, L>(xp, k, wp, k, k, load, op, n)
+                    };
+                }
+                match (rb, jb) {
+                    (1, 8) => go!(1, 8),
+                    (1, 4) => go!(1, 4),
+                    (1, 2) => go!(1, 2),
+                    (1, _) => go!(1, 1),
+                    (2, 4) => go!(2, 4),
+                    (2, 2) => go!(2, 2),
+                    (2, _) => go!(2, 1),
+                    (_, 4) => go!(4, 4),
+                    (_, 2) => go!(4, 2),
+                    (_, _) => go!(4, 1),
+                }
+            }
+            r += rb;
+        }
+        j += jb;
+    }
+}
+
+/// The same generic code compiled for one instruction set.
+macro_rules! isa_variant {
+    ($m:ident, $($feat:literal)?) => {
+        mod $m {
+            use super::*;
+            $(#[target_feature(enable = $feat)])?
+            pub(super) unsafe fn matmul_f32(
+                x: *const f32, rows: usize, w: *const f32, n: usize, k: usize,
+                cols: std::ops::Range<usize>, out: *mut f32,
+            ) {
+                unsafe { drive(x, rows, w, n, k, cols, |v: f32| v, out) }
+            }
+            $(#[target_feature(enable = $feat)])?
+            pub(super) unsafe fn matmul_bf16(
+                x: *const f32, rows: usize, w: *const u16, n: usize, k: usize,
+                cols: std::ops::Range<usize>, out: *mut f32,
+            ) {
+                unsafe { drive(x, rows, w, n, k, cols, bf16_to_f32, out) }
+            }
+        }
+    };
+}
+
+isa_variant!(portable,);
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx2, "avx2,fma");
+#[cfg(target_arch = "x86_64")]
+isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+
+/// `out[r·n + j] = x[r, :] · w[j, :]` for `j` in `cols`, compiled for `isa`.
+///
+/// # Safety
+/// `x` holds `rows × k` floats, `w` `n × k` elements, `out` `rows × n` floats of which this call
+/// writes only columns `cols` (so calls with disjoint `cols` may run concurrently); `isa` must
+/// be one of [`Isa::available`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn matmul_raw(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    w: WeightView<'_>,
+    n: usize,
+    k: usize,
+    cols: std::ops::Range<usize>,
+    out: *mut f32,
+) {
+    debug_assert!(x.len() >= rows * k && w.len() >= n * k && cols.end <= n);
+    let xp = x.as_ptr();
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (isa, w) {
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, WeightView::F32(w)) => {
+                avx512::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx512, WeightView::Bf16(w)) => {
+                avx512::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, WeightView::F32(w)) => {
+                avx2::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out)
+            }
+            #[cfg(target_arch = "x86_64")]
+            (Isa::Avx2, WeightView::Bf16(w)) => {
+                avx2::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
+            }
+            (_, WeightView::F32(w)) => portable::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out),
+            (_, WeightView::Bf16(w)) => {
+                portable::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
+            }
+        }
+    }
+}
+
+/// Safe form of [`matmul_raw`] over all outputs (`out` is `rows × n`).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_with(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    w: WeightView<'_>,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+) {
+    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    assert_eq!(x.len(), rows * k, "rowdot: x is not rows × k");
+    assert_eq!(w.len(), n * k, "rowdot: w is not n × k");
+    assert_eq!(out.len(), rows * n, "rowdot: out is not rows × n");
+    // SAFETY: shapes and the instruction set checked above.
+    unsafe { matmul_raw(isa, x, rows, w, n, k, 0..n, out.as_mut_ptr()) }
+}
+
+/// `Σ a[i]·b[i]` in row order, compiled for `isa`.
+pub fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let mut out = [0.0f32];
+    matmul_with(isa, &a[..n], 1, WeightView::F32(&b[..n]), 1, n, &mut out);
+    out[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::tests::{bits, lcg};
+
+    /// The definition, one output at a time, with `f32::mul_add`.
+    fn oracle(x: &[f32], w: &[f32]) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        for (i, (&a, &b)) in x.iter().zip(w).enumerate() {
+            lanes[i % LANES] = a.mul_add(b, lanes[i % LANES]);
+        }
+        // The zero padding of the last block: fma(0, 0, acc) = acc (acc is never −0 here).
+        tree(&lanes)
+    }
+
+    #[test]
+    fn every_instruction_set_matches_the_one_output_oracle_for_any_rows_and_tails() {
+        let mut s = 11;
+        for &(n, k) in &[
+            (1usize, 1usize),
+            (7, 15),
+            (9, 16),
+            (33, 17),
+            (40, 256),
+            (256, 40),
+        ] {
+            let w: Vec<f32> = (0..n * k).map(|_| lcg(&mut s)).collect();
+            for rows in [1usize, 2, 3, 4, 5, 8, 13, 32] {
+                let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
+                let want: Vec<f32> = (0..rows * n)
+                    .map(|o| {
+                        oracle(
+                            &x[o / n * k..(o / n + 1) * k],
+                            &w[o % n * k..(o % n + 1) * k],
+                        )
+                    })
+                    .collect();
+                for isa in Isa::available() {
+                    let mut got = vec![f32::NAN; rows * n];
+                    matmul_with(isa, &x, rows, WeightView::F32(&w), n, k, &mut got);
+                    assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} k={k} rows={rows}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_weights_give_the_bits_of_their_widening_on_every_instruction_set() {
+        let mut s = 12;
+        let (n, k) = (21, 67);
+        let w16: Vec<u16> = (0..n * k)
+            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
+            .collect();
+        let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
+        let x: Vec<f32> = (0..5 * k).map(|_| lcg(&mut s)).collect();
+        let mut want = vec![0.0; 5 * n];
+        matmul_with(Isa::Portable, &x, 5, WeightView::F32(&w32), n, k, &mut want);
+        for isa in Isa::available() {
+            let mut got = vec![0.0; 5 * n];
+            matmul_with(isa, &x, 5, WeightView::Bf16(&w16), n, k, &mut got);
+            assert_eq!(bits(&got), bits(&want), "{isa:?}");
+        }
+    }
+}

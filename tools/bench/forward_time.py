@@ -1,0 +1,452 @@
+"""Forward time of one verify forward, specfit beside llama.cpp (issue 12 item 6).
+
+One run measures, for specfit and for llama.cpp on a GGUF of the same target (models/target, same
+weight dtype, same threads), the time of ONE forward of T new tokens (a causal chain, every row's
+logits, as a verify forward needs) after C cached tokens, for T in --tokens and C in --cached:
+min and median over --reps repetitions after --warmup untimed ones, the cache brought back to C
+tokens between repetitions (outside the timing).
+
+Token ids: the cached prefix is ids[i] = (7 + 131*i) % 4096 for i < C; the T new tokens continue the
+same formula for i in C..C+T.
+
+  specfit    target/release/examples/forward_time (crates/engine/examples/forward_time.rs), one
+             process per dtype, SPECFIT_THREADS=threads; it does its own timing (3 warm-up reps per
+             cell) and also times one drafted level of the EAGLE-3 drafter.
+  llama.cpp  llama-cpp-python's low-level API in a subprocess of this script: the GGUF
+             (tools/bench/README.md, "Forward time"), n_ctx 2048, n_batch = n_ubatch = 512,
+             n_threads = n_threads_batch = threads, f32 KV cache for the f32 GGUF and f16 for the
+             bf16 GGUF; prefill C tokens once, then per rep: llama_decode of T tokens at positions
+             C..C+T-1 with logits for all T rows, timed with perf_counter around llama_decode +
+             llama_synchronize, then llama_memory_seq_rm(positions >= C).
+
+Checks (llama.cpp, recorded in the JSON): every rep's logits equal the first rep's (the removal
+really restores the cache), the memory's last position is C-1 after each removal, and the batched
+rows match T one-token forwards at the same positions (the chain is causal and reads the cache).
+
+Noise guard: tools/bench/peer_decode.py's (imported). llama.cpp: before the timed reps of one C (all
+T) the worker waits for a quiet second, and it repeats those reps if other processes used more than
+--max-others of a core meanwhile. specfit: the same around the whole process.
+
+    tools/.venv/bin/python tools/bench/forward_time.py          # writes bench-results/forward_time.json
+    tools/.venv/bin/python tools/bench/forward_time.py --engines llama --dtypes f32 --reps 10
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from peer_decode import (  # noqa: E402  (the shared noise guard and machine description)
+    GUARD,
+    ROOT,
+    binary_info,
+    cpu_model,
+    cpu_snapshot,
+    others_seconds,
+    wait_quiet,
+)
+
+DTYPES = ("f32", "bf16")
+ENGINES = ("specfit", "llama")
+KV_TYPE = {"f32": "f32", "bf16": "f16"}  # llama.cpp KV cache type per GGUF dtype
+VOCAB = 4096
+BUILD_HINT = "cargo build --release -p specfit-engine --example forward_time"
+
+
+def token_ids(lo: int, hi: int, vocab: int = VOCAB) -> list[int]:
+    return [(7 + 131 * i) % vocab for i in range(lo, hi)]
+
+
+def guarded(block) -> tuple[object, dict]:
+    """Run block() after a quiet second; run it again while others used > --max-others of a core."""
+    discarded, waited = 0, 0.0
+    while True:
+        waited += wait_quiet(GUARD["max_others"], GUARD["quiet_timeout"])
+        before, t0 = cpu_snapshot(), time.perf_counter()
+        out = block()
+        share = others_seconds(before, cpu_snapshot()) / (time.perf_counter() - t0)
+        if share <= GUARD["max_others"] or discarded >= GUARD["max_retries"]:
+            return out, {"others_cpu_share": round(share, 4), "discarded_noisy_runs": discarded,
+                         "waited_for_quiet_s": round(waited, 1)}
+        discarded += 1
+
+
+def min_median(ms: list[float]) -> dict:
+    return {"min_ms": min(ms), "median_ms": statistics.median(ms)}
+
+
+# ----------------------------------------------------------------------------------------------
+# llama.cpp (run in a subprocess: `forward_time.py --worker llama --dtype D ...`, prints one JSON line)
+
+
+def llama_worker(args: argparse.Namespace) -> dict:
+    import ctypes
+
+    import llama_cpp as L
+    import numpy as np
+
+    log: list[str] = []
+    capture = [True]
+
+    @L.llama_log_callback
+    def on_log(level, text, user_data):  # noqa: ARG001
+        line = text.decode(errors="replace")
+        if capture[0]:
+            log.append(line)
+        if args.verbose:
+            sys.stderr.write(line)
+
+    L.llama_log_set(on_log, ctypes.c_void_p(0))
+    L.llama_backend_init()
+    gguf = args.gguf
+    kv_name = KV_TYPE[args.dtype]
+    kv = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[kv_name]
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    model = L.llama_model_load_from_file(str(gguf).encode(), mp)
+    if not model:
+        raise SystemExit(f"llama.cpp could not load {gguf}")
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    if n_vocab != VOCAB:
+        raise SystemExit(f"{gguf} has {n_vocab} tokens, expected {VOCAB}")
+
+    cp = L.llama_context_default_params()
+    cp.n_ctx = 2048
+    cp.n_batch = 512
+    cp.n_ubatch = 512
+    cp.n_seq_max = 1
+    cp.n_threads = args.threads
+    cp.n_threads_batch = args.threads
+    cp.type_k = kv
+    cp.type_v = kv
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise SystemExit("llama.cpp could not create a context")
+    capture[0] = False
+    context_log = [ln.strip() for ln in log if ln.startswith(("llama_context", "llama_kv_cache"))]
+
+    # Removing positions >= C: llama_memory_seq_rm on the context's memory (libllama >= mid-2025),
+    # llama_kv_self_seq_rm before that.
+    if hasattr(L, "llama_get_memory") and hasattr(L, "llama_memory_seq_rm"):
+        mem = L.llama_get_memory(ctx)
+
+        def seq_rm(p0: int) -> bool:
+            return bool(L.llama_memory_seq_rm(mem, 0, p0, -1))
+
+        def pos_max() -> int:
+            return int(L.llama_memory_seq_pos_max(mem, 0))
+
+        def clear() -> None:
+            L.llama_memory_clear(mem, True)
+
+        rm_api = "llama_memory_seq_rm"
+    else:
+        def seq_rm(p0: int) -> bool:
+            return bool(L.llama_kv_self_seq_rm(ctx, 0, p0, -1))
+
+        def pos_max() -> int:
+            return int(L.llama_kv_self_seq_pos_max(ctx, 0))
+
+        def clear() -> None:
+            L.llama_kv_self_clear(ctx)
+
+        rm_api = "llama_kv_self_seq_rm"
+    sync = getattr(L, "llama_synchronize", lambda _ctx: None)
+
+    batch = L.llama_batch_init(cp.n_batch, 0, 1)
+
+    def fill(toks: list[int], pos0: int, logits: str) -> None:
+        for i, tok in enumerate(toks):
+            batch.token[i] = tok
+            batch.pos[i] = pos0 + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = 1 if logits == "all" or i == len(toks) - 1 else 0
+        batch.n_tokens = len(toks)
+
+    def decode(what: str) -> None:
+        rc = L.llama_decode(ctx, batch)
+        if rc != 0:
+            raise SystemExit(f"llama_decode failed ({rc}) on {what}")
+
+    def logits(rows: int) -> np.ndarray:
+        return np.ctypeslib.as_array(L.llama_get_logits(ctx), shape=(rows, n_vocab)).copy()
+
+    cells = []
+    for c in args.cached:
+        if c + max(args.tokens) > cp.n_ctx:
+            raise SystemExit(f"C={c} + T={max(args.tokens)} does not fit n_ctx {cp.n_ctx}")
+        clear()
+        prefix = token_ids(0, c)
+        for lo in range(0, c, cp.n_batch):  # prefill in n_batch chunks, logits of the last row only
+            fill(prefix[lo:lo + cp.n_batch], lo, "last")
+            decode(f"the prefill (C={c})")
+        if pos_max() != c - 1:
+            raise SystemExit(f"after the prefill the memory ends at {pos_max()}, expected {c - 1}")
+
+        def block(c: int = c) -> list[dict]:
+            out = []
+            for t in args.tokens:
+                fill(token_ids(c, c + t), c, "all")
+                ms, first, max_diff, ends = [], None, 0.0, set()
+                for rep in range(args.warmup + args.reps):
+                    t0 = time.perf_counter()
+                    decode(f"T={t} after C={c}")
+                    sync(ctx)
+                    took = (time.perf_counter() - t0) * 1e3
+                    got = logits(t)
+                    if not seq_rm(c):
+                        raise SystemExit(f"{rm_api} refused to remove positions >= {c}")
+                    ends.add(pos_max())
+                    if first is None:
+                        first = got
+                    else:
+                        max_diff = max(max_diff, float(np.abs(got - first).max()))
+                    if rep >= args.warmup:
+                        ms.append(took)
+                out.append({"cached": c, "tokens": t, "ms": [round(x, 4) for x in ms], **min_median(ms),
+                            "reps_logits_max_abs_diff": max_diff, "pos_max_after_rm": sorted(ends),
+                            "_first": first})
+            return out
+
+        rows, guard = guarded(block)
+        for row in rows:
+            # The chain is causal and reads the cache: row i of the batched forward equals a
+            # one-token forward of token i at position C+i (after rows 0..i-1 went in one by one).
+            t, first = row["tokens"], row.pop("_first")
+            seq = []
+            for i, tok in enumerate(token_ids(c, c + t)):
+                fill([tok], c + i, "all")
+                decode(f"the one-token check (C={c}, T={t})")
+                seq.append(logits(1)[0])
+            seq_rm(c)
+            seq = np.stack(seq)
+            row["vs_one_token_forwards"] = {
+                "max_abs_diff": float(np.abs(seq - first).max()),
+                "max_abs_logit": float(np.abs(first).max()),
+                "argmax_agree": int((seq.argmax(1) == first.argmax(1)).sum()),
+            }
+            row.update(guard)
+            cells.append(row)
+        print(f"[forward_time] llama.cpp {args.dtype} C={c}: "
+              + ", ".join(f"T={r['tokens']} {r['min_ms']:.3f}" for r in rows) + " ms (min)",
+              file=sys.stderr, flush=True)
+
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+    return {
+        "engine": "llama.cpp", "dtype": args.dtype, "threads": args.threads, "rows": cells,
+        "gguf": str(gguf.relative_to(ROOT) if gguf.is_relative_to(ROOT) else gguf),
+        "kv_cache": kv_name, "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
+        "flash_attn": "auto (library default); see context_log",
+        "memory_rm_api": rm_api, "context_log": context_log,
+        "system_info": L.llama_print_system_info().decode().strip(),
+        "versions": {"llama-cpp-python": L.__version__,
+                     "libllama": L.llama_version().decode() if hasattr(L, "llama_version") else None},
+    }
+
+
+def run_llama(args: argparse.Namespace, dtype: str) -> dict:
+    gguf = args.gguf_dir / f"target-{dtype}.gguf"
+    ensure_gguf(args, gguf, dtype)
+    cmd = [sys.executable, __file__, "--worker", "llama", "--dtypes", dtype, "--gguf-dir", str(args.gguf_dir),
+           "--cached", ",".join(map(str, args.cached)), "--tokens", ",".join(map(str, args.tokens)),
+           "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup),
+           "--max-others", str(args.max_others), "--quiet-timeout", str(args.quiet_timeout),
+           "--max-retries", str(args.max_retries)]
+    if args.verbose:
+        cmd.append("--verbose")
+    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"the llama.cpp worker ({dtype}) failed ({p.returncode})")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, dtype: str) -> None:
+    if path.is_file():
+        return
+    if args.llama_cpp_src is None:
+        raise SystemExit(f"{path} is missing: convert it (tools/bench/README.md, \"Forward time\") "
+                         "or pass --llama-cpp-src")
+    subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp",
+                    str(args.llama_cpp_src), "--model", str(args.model), "--tokenizer-pre", "qwen2",
+                    "--outtype", dtype, "--outfile", str(path)], check=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# specfit (the forward_time example, one process per dtype)
+
+
+def run_specfit(args: argparse.Namespace, dtype: str) -> dict:
+    if not args.specfit_bin.is_file():
+        raise SystemExit(f"{args.specfit_bin} is missing: run `{BUILD_HINT}` first (or pass --specfit-bin)")
+    cmd = [str(args.specfit_bin), "--model", str(args.model), "--dtype", dtype, "--drafter", str(args.drafter),
+           "--cached", ",".join(map(str, args.cached)), "--tokens", ",".join(map(str, args.tokens)),
+           "--reps", str(args.reps)]
+    env = os.environ | {"SPECFIT_THREADS": str(args.threads)}
+
+    def block() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+    binary = binary_info(args.specfit_bin)
+    p, guard = guarded(block)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        raise SystemExit(f"no JSON object on the stdout of {' '.join(cmd)}:\n{p.stdout}\n{p.stderr}")
+    res = json.loads(lines[-1])
+    have = {(r["cached"], r["tokens"]) for r in res.get("rows", [])}
+    missing = [(c, t) for c in args.cached for t in args.tokens if (c, t) not in have]
+    if missing:
+        raise SystemExit(f"specfit printed no row for (cached, tokens) {missing}")
+    if res.get("threads") != args.threads:
+        print(f"WARNING: specfit reports {res.get('threads')} threads, asked for {args.threads}", file=sys.stderr)
+    for r in res["rows"]:
+        r.update(guard)
+    print(f"[forward_time] specfit {dtype}: "
+          + "; ".join(f"C={c} " + ", ".join(f"T={r['tokens']} {r['min_ms']:.3f}" for r in res["rows"]
+                                            if r["cached"] == c) for c in args.cached) + " ms (min)",
+          file=sys.stderr, flush=True)
+    return res | {"binary": binary, "noise_guard_scope": "whole process", **guard,
+                  "command": f"SPECFIT_THREADS={args.threads} " + " ".join(rel(c) for c in cmd)}
+
+
+# ----------------------------------------------------------------------------------------------
+# driver
+
+
+def rel(p: str | pathlib.Path) -> str:
+    p = pathlib.Path(p)
+    return str(p.relative_to(ROOT)) if p.is_absolute() and p.is_relative_to(ROOT) else str(p)
+
+
+def ints(v: str) -> list[int]:
+    return [int(x) for x in v.split(",") if x]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of f32,bf16")
+    ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of specfit,llama")
+    ap.add_argument("--cached", default="100,1000", help="cached tokens C (comma-separated)")
+    ap.add_argument("--tokens", default="1,2,4,8,16", help="new tokens T per forward (comma-separated)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=30, help="timed forwards per (C, T)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed forwards per (C, T) before them (llama.cpp; "
+                    "specfit's example does 3)")
+    ap.add_argument("--model", type=pathlib.Path, default=ROOT / "models/target")
+    ap.add_argument("--drafter", type=pathlib.Path, default=ROOT / "models/drafter")
+    ap.add_argument("--gguf-dir", type=pathlib.Path, default=ROOT / "bench-models/target-gguf",
+                    help="holds target-f32.gguf and target-bf16.gguf")
+    ap.add_argument("--llama-cpp-src", type=pathlib.Path, default=None,
+                    help="llama.cpp source tree, to convert missing GGUFs")
+    ap.add_argument("--specfit-bin", type=pathlib.Path, default=ROOT / "target/release/examples/forward_time")
+    ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/forward_time.json")
+    ap.add_argument("--max-others", type=float, default=GUARD["max_others"],
+                    help="repeat a measurement during which other processes (nice < 19) used more than this "
+                         "share of a core, and wait for a quiet second before each")
+    ap.add_argument("--quiet-timeout", type=float, default=GUARD["quiet_timeout"],
+                    help="seconds to wait for a quiet machine before measuring anyway")
+    ap.add_argument("--max-retries", type=int, default=GUARD["max_retries"],
+                    help="noisy measurements thrown away before keeping a noisy one")
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.cached, args.tokens = ints(args.cached), ints(args.tokens)
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    engines = [e for e in args.engines.split(",") if e]
+    for d in dtypes:
+        if d not in DTYPES:
+            ap.error(f"unknown dtype {d}")
+    for e in engines:
+        if e not in ENGINES:
+            ap.error(f"unknown engine {e}")
+    if not args.cached or not args.tokens or min(args.cached) < 1 or min(args.tokens) < 1 or args.reps < 1:
+        ap.error("--cached, --tokens and --reps need positive values")
+    args.gguf_dir = args.gguf_dir.resolve()
+    GUARD.update(max_others=args.max_others, quiet_timeout=args.quiet_timeout, max_retries=args.max_retries)
+
+    if args.worker:
+        args.dtype = dtypes[0]
+        args.gguf = args.gguf_dir / f"target-{args.dtype}.gguf"
+        print(json.dumps(llama_worker(args)))
+        return
+
+    os.environ["PEER_DECODE_ROOT"] = str(os.getpid())  # the noise guard's "our process tree"
+    if "specfit" in engines and not args.specfit_bin.is_file():
+        raise SystemExit(f"{args.specfit_bin} is missing: run `{BUILD_HINT}` first (or pass --specfit-bin)")
+    load_before = os.getloadavg()
+    results: dict[str, dict] = {}
+    for dtype in dtypes:
+        results[dtype] = {}
+        for engine in engines:
+            print(f"[forward_time] {engine} {dtype} ...", file=sys.stderr, flush=True)
+            results[dtype][engine] = run_specfit(args, dtype) if engine == "specfit" else run_llama(args, dtype)
+
+    specfit_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+    report = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "what": "time of one forward of T new tokens (causal chain, logits for every row) after C cached tokens",
+        "model": rel(args.model), "threads": args.threads, "reps": args.reps, "warmup_llama": args.warmup,
+        "cached": args.cached, "tokens": args.tokens,
+        "token_ids": "ids[i] = (7 + 131*i) % 4096; cached prefix i < C, new tokens C <= i < C+T",
+        "llama_kv_cache": {d: KV_TYPE[d] for d in dtypes}, "noise_guard": dict(GUARD),
+        "specfit_commit": specfit_commit, "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(markdown(report))
+    print(f"\n(written to {args.out})", file=sys.stderr)
+
+
+def markdown(report: dict) -> str:
+    ts, out = report["tokens"], []
+    llama_info = next((r["llama"] for r in report["results"].values() if "llama" in r), None)
+    for stat, title in (("min_ms", "min"), ("median_ms", "median")):
+        out += [f"Forward time of T new tokens after C cached, ms ({title} of {report['reps']}), "
+                f"{report['threads']} threads, {report['machine']['cpu']}", "",
+                "| engine, C | " + " | ".join(f"T={t}" for t in ts) + " |",
+                "|---|" + "---:|" * len(ts)]
+        for dtype, res in report["results"].items():
+            for c in report["cached"]:
+                cells = {}
+                for engine, name in (("specfit", "specfit"), ("llama", "llama.cpp")):
+                    if engine in res:
+                        cells[engine] = {r["tokens"]: r[stat] for r in res[engine]["rows"] if r["cached"] == c}
+                        out.append(f"| {name} {dtype}, C={c} | "
+                                   + " | ".join(f"{cells[engine][t]:.3f}" for t in ts) + " |")
+                if len(cells) == 2:
+                    out.append("| specfit / llama.cpp | "
+                               + " | ".join(f"{cells['specfit'][t] / cells['llama'][t]:.2f}" for t in ts) + " |")
+        out.append("")
+        for dtype, res in report["results"].items():
+            lv = res.get("specfit", {}).get("draft_level", [])
+            if lv:
+                out.append(f"specfit {dtype} drafted level (EAGLE-3 drafter, {lv[0].get('nodes', 2)} nodes + "
+                           "top-2 children each), ms: " + ", ".join(f"C={x['cached']} {x[stat]:.3f}" for x in lv))
+        out.append("")
+    if llama_info:
+        out.append("llama.cpp: " + "; ".join(f"{d} GGUF with {res['llama']['kv_cache']} KV cache"
+                                             for d, res in report["results"].items() if "llama" in res)
+                   + f"; n_ctx {llama_info['n_ctx']}, n_batch = n_ubatch = {llama_info['n_batch']}, "
+                     f"flash attention at the library default (auto); llama-cpp-python "
+                     f"{llama_info['versions']['llama-cpp-python']}")
+    return "\n".join(out).rstrip()
+
+
+if __name__ == "__main__":
+    main()

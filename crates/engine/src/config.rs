@@ -145,14 +145,17 @@ impl Qwen3MoeConfig {
         if let Some((field, v)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(bad(field, v, "must be positive"));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(bad(
                 "num_key_value_heads",
                 self.num_key_value_heads,
                 "must divide num_attention_heads",
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return Err(bad(
                 "head_dim",
                 self.head_dim(),
@@ -257,7 +260,7 @@ impl Qwen3MoeConfig {
     pub fn is_moe_layer(&self, i: usize) -> bool {
         !self.mlp_only_layers.contains(&i)
             && self.num_experts > 0
-            && (i + 1) % self.decoder_sparse_step == 0
+            && (i + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
     /// Indices of the sparse layers, in order.

@@ -16,7 +16,6 @@ use std::time::Instant;
 use crate::batch::{Batch, Logits, Mask};
 use crate::error::EngineError;
 use crate::experts::{ExpertCache, LayerStats};
-use crate::kernels::softmax_in_place;
 use crate::kv::KvCache;
 use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
 use crate::predictor::{RoutePredictor, RouteSample};
@@ -940,15 +939,14 @@ fn draft_tree(
     Ok(pool)
 }
 
-/// The `b` most probable draft tokens of a logits row, as (target id, probability).
+/// The `b` most probable draft tokens of a logits row, as (target id, probability): one
+/// vectorised softmax and one selection pass over the draft vocabulary.
 pub fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64)> {
     let mut p = logits.to_vec();
-    softmax_in_place(&mut p);
-    let mut ids: Vec<usize> = (0..p.len()).collect();
-    ids.sort_by(|&a, &c| p[c].total_cmp(&p[a]).then(a.cmp(&c)));
-    ids.into_iter()
-        .take(b)
-        .map(|i| (drafter.to_target(i), p[i] as f64))
+    crate::kernels::math::softmax_scaled(&mut p, 1.0);
+    crate::kernels::math::top_k(&p, b)
+        .into_iter()
+        .map(|(i, pi)| (drafter.to_target(i as usize), pi as f64))
         .collect()
 }
 

@@ -110,7 +110,7 @@ impl Pool {
                 // On an oversubscribed machine the worker may not be running: after a short
                 // spin, give it the core instead of burning it.
                 spins = spins.wrapping_add(1);
-                if spins % 256 == 0 {
+                if spins.is_multiple_of(256) {
                     thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -135,7 +135,7 @@ fn worker(shared: Arc<Shared>, w: usize) {
                 break e;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && idle.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && idle.elapsed() > SPIN {
                 thread::park_timeout(Duration::from_millis(50));
             } else {
                 std::hint::spin_loop();

@@ -469,6 +469,20 @@ fn temp_dir(tag: &str) -> PathBuf {
 }
 
 #[test]
+fn an_expert_file_of_an_older_format_is_not_current() {
+    let tmp = temp_dir("old-format");
+    let old = tmp.join("v1.specfit");
+    let mut bytes = b"SPFTEXP\0".to_vec();
+    bytes.extend_from_slice(&1u32.to_le_bytes());
+    bytes.extend_from_slice(&[0u8; 64]);
+    std::fs::write(&old, bytes).unwrap();
+    assert!(!specfit_engine::experts::is_current_format(&old));
+    assert!(!specfit_engine::experts::is_current_format(
+        &tmp.join("missing")
+    ));
+}
+
+#[test]
 fn the_disk_tier_reads_the_same_experts_as_ram_bit_for_bit() {
     let tmp = temp_dir("disk-tier");
     for dir in fixture_dirs() {
@@ -478,6 +492,7 @@ fn the_disk_tier_reads_the_same_experts_as_ram_bit_for_bit() {
         ));
         let report = specfit_engine::experts::convert(&dir, &file, None).unwrap();
         assert_eq!(report.bytes, std::fs::metadata(&file).unwrap().len());
+        assert!(specfit_engine::experts::is_current_format(&file));
         let r = reference(&dir);
         let prompt = ints(&r["input_ids"]);
         let (model, mut ram) = load(&dir, usize::MAX, CacheMode::Lru);

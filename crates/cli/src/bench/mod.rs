@@ -385,14 +385,15 @@ fn setup(args: &Args) -> Result<Setup> {
     })
 }
 
-/// Converts the checkpoint's experts to the disk file when it does not exist yet.
+/// Converts the checkpoint's experts to the disk file when it does not exist yet or was written
+/// by an older build in another format.
 fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
     let file = specfit_engine::default_expert_file(model);
-    if file.exists() {
+    if specfit_engine::experts::is_current_format(&file) {
         return Ok(());
     }
     eprintln!(
-        "no expert file at {}: converting the checkpoint first",
+        "no expert file in this build's format at {}: converting the checkpoint first",
         file.display()
     );
     let report = specfit_engine::experts::convert(model, &file, None)

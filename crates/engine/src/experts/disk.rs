@@ -3,10 +3,11 @@
 //! through mmap page faults (59–89 MiB/s for random 128 KiB faults on this kind of machine,
 //! against ~1 GB/s for direct reads).
 //!
-//! Layout: `b"SPFTEXP\0"`, `u32` version (1), `u32` header length, a JSON header (shape, dtype,
+//! Layout: `b"SPFTEXP\0"`, `u32` version (2), `u32` header length, a JSON header (shape, dtype,
 //! strides, a fingerprint of the source model), zero padding to `data_offset` (4 KiB-aligned),
-//! then one block per (MoE layer, expert) in that order, each `gate | up | down` as little-endian
-//! f32 or bf16 padded to `stride_bytes` (a multiple of 4 KiB). This module owns the format; the
+//! then one block per (MoE layer, expert) in that order, each an [`ExpertLayout`] block (version 2:
+//! `gate | up` and `down` in K-major panels; version 1 stored them row-major) as little-endian f32
+//! or bf16 padded to `stride_bytes` (a multiple of 4 KiB). This module owns the format; the
 //! slot cache decides what to read.
 
 use std::fs::{File, OpenOptions};
@@ -21,11 +22,11 @@ use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::aligned::{padded, ALIGN};
 use crate::experts::store::{ExpertLayout, ExpertStore};
-use crate::kernels::{WeightBuf, WeightDtype};
+use crate::kernels::WeightDtype;
 use crate::weights::Checkpoint;
 
 const MAGIC: &[u8; 8] = b"SPFTEXP\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// Identifies the model a disk file was made from: shape plus an FNV-1a hash of two expert blocks
 /// (the first expert of the first sparse layer and the last of the last), taken as f32 so that
@@ -72,7 +73,7 @@ impl Fnv {
     }
 }
 
-/// One expert's block `gate | up | down` as little-endian bytes of `dtype`.
+/// One expert's block (see [`ExpertLayout`]) as little-endian bytes of `dtype`.
 pub(crate) fn expert_block_bytes(
     ck: &Checkpoint,
     cfg: &Qwen3MoeConfig,
@@ -82,22 +83,24 @@ pub(crate) fn expert_block_bytes(
 ) -> Result<Vec<u8>, EngineError> {
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     let p = format!("model.layers.{layer}.mlp.experts.{expert}");
-    let mut bytes = Vec::with_capacity(3 * h * i * dtype.size());
-    for (part, shape) in [
-        ("gate_proj", [i, h]),
-        ("up_proj", [i, h]),
-        ("down_proj", [h, i]),
-    ] {
-        match ck.peek_as(&format!("{p}.{part}.weight"), &shape, dtype)? {
-            WeightBuf::F32(v) => v
-                .iter()
-                .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
-            WeightBuf::Bf16(v) => v
-                .iter()
-                .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
-        }
-    }
-    Ok(bytes)
+    let gate = ck.peek_as(&format!("{p}.gate_proj.weight"), &[i, h], dtype)?;
+    let up = ck.peek_as(&format!("{p}.up_proj.weight"), &[i, h], dtype)?;
+    let down = ck.peek_as(&format!("{p}.down_proj.weight"), &[h, i], dtype)?;
+    let layout = ExpertLayout {
+        hidden: h,
+        intermediate: i,
+        dtype,
+    };
+    Ok(layout.block_bytes(gate.view(), up.view(), down.view()))
+}
+
+/// Whether `path` is a specfit expert file in the format this build reads (magic and version;
+/// [`DiskStore::open`] checks the rest). A file from an older build needs `specfit convert`.
+pub fn is_current_format(path: &Path) -> bool {
+    let mut prefix = [0u8; 12];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut prefix, 0))
+        .is_ok_and(|()| &prefix[..8] == MAGIC && prefix[8..12] == VERSION.to_le_bytes())
 }
 
 /// The JSON header of a disk expert file.
@@ -252,7 +255,7 @@ impl DiskStore {
         let version = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
             return Err(bad(format!(
-                "version {version}, this build reads version {VERSION}"
+                "version {version}, this build reads version {VERSION}; rerun `specfit convert`"
             )));
         }
         let json_len = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes")) as usize;
@@ -299,8 +302,8 @@ impl DiskStore {
                 dtype.name()
             )));
         }
-        if header.stride_bytes % ALIGN != 0
-            || header.data_offset % ALIGN as u64 != 0
+        if !header.stride_bytes.is_multiple_of(ALIGN)
+            || !header.data_offset.is_multiple_of(ALIGN as u64)
             || header.stride_bytes < header.block_bytes
         {
             return Err(bad("header strides are not 4 KiB-aligned".into()));

@@ -10,6 +10,6 @@ mod io;
 mod store;
 
 pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
-pub use disk::{convert, ConvertReport, DiskStore, Fingerprint};
+pub use disk::{convert, is_current_format, ConvertReport, DiskStore, Fingerprint};
 pub use io::reads_in_flight;
 pub use store::{ExpertLayout, ExpertStore, RamStore};

@@ -1,9 +1,11 @@
 //! Where routed experts rest: the trait every tier implements, and the host-RAM tier. One expert
-//! is one contiguous block `gate | up | down` in the storage dtype: `gate` and `up` are `I × H`,
-//! `down` is `H × I` (the `nn.Linear` layouts of the checkpoint).
+//! is one contiguous block in the storage dtype: `gate` and `up` stacked (`2I × H`) then `down`
+//! (`H × I`), each repacked into K-major panels ([`crate::kernels::packed::pack`]) so that the
+//! experts run straight from their slots with the batch-efficient panel kernels.
 
 use crate::error::EngineError;
-use crate::kernels::{WeightDtype, WeightView};
+use crate::kernels::packed::{pack, packed_len};
+use crate::kernels::{PackedView, WeightBuf, WeightDtype, WeightView};
 
 /// Shape and dtype of one expert block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,9 +19,14 @@ pub struct ExpertLayout {
 }
 
 impl ExpertLayout {
-    /// Elements in one block (3 · H · I).
+    /// Elements of the packed `gate | up` part (`2I × H`).
+    fn gate_up_len(&self) -> usize {
+        packed_len(2 * self.intermediate, self.hidden)
+    }
+
+    /// Elements in one block (`3 · H · I` plus panel padding).
     pub fn len(&self) -> usize {
-        3 * self.hidden * self.intermediate
+        self.gate_up_len() + packed_len(self.hidden, self.intermediate)
     }
 
     /// Whether the block is empty (never for a valid config).
@@ -32,21 +39,43 @@ impl ExpertLayout {
         self.len() * self.dtype.size()
     }
 
-    /// `gate` and `up` stacked (`2I × H`, row-major) as one view of a block's bytes.
-    pub fn gate_up<'a>(&self, block: &'a [u8]) -> WeightView<'a> {
-        let m = self.hidden * self.intermediate;
-        view(&block[..self.bytes()], self.dtype).slice(0..2 * m)
+    /// A block's bytes from the checkpoint's row-major `gate`, `up` (`I × H`) and `down`
+    /// (`H × I`), all in this layout's dtype.
+    pub fn block_bytes(
+        &self,
+        gate: WeightView<'_>,
+        up: WeightView<'_>,
+        down: WeightView<'_>,
+    ) -> Vec<u8> {
+        let (h, i) = (self.hidden, self.intermediate);
+        let gate_up = match (gate, up) {
+            (WeightView::F32(g), WeightView::F32(u)) => WeightBuf::F32([g, u].concat()),
+            (WeightView::Bf16(g), WeightView::Bf16(u)) => WeightBuf::Bf16([g, u].concat()),
+            _ => panic!("gate and up in different dtypes"),
+        };
+        let mut bytes = Vec::with_capacity(self.bytes());
+        for part in [pack(gate_up.view(), 2 * i, h), pack(down, h, i)] {
+            match part {
+                WeightBuf::F32(v) => v
+                    .iter()
+                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+                WeightBuf::Bf16(v) => v
+                    .iter()
+                    .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes())),
+            }
+        }
+        bytes
     }
 
-    /// `(gate, up, down)` views of a block's bytes. `block` must be aligned to the dtype (slots
-    /// are 4 KiB-aligned).
-    pub fn split<'a>(&self, block: &'a [u8]) -> (WeightView<'a>, WeightView<'a>, WeightView<'a>) {
-        let m = self.hidden * self.intermediate;
+    /// `(gate | up, down)` of a block's bytes as packed matrices (`2I × H` and `H × I`).
+    /// `block` must be aligned to the dtype (slots are 4 KiB-aligned).
+    pub fn matrices<'a>(&self, block: &'a [u8]) -> (PackedView<'a>, PackedView<'a>) {
+        let (h, i) = (self.hidden, self.intermediate);
         let all = view(&block[..self.bytes()], self.dtype);
+        let split = self.gate_up_len();
         (
-            all.slice(0..m),
-            all.slice(m..2 * m),
-            all.slice(2 * m..3 * m),
+            PackedView::new(all.slice(0..split), 2 * i, h),
+            PackedView::new(all.slice(split..self.len()), h, i),
         )
     }
 }

@@ -86,6 +86,25 @@ fn softmax_body(x: &mut [f32], scale: f32) {
     }
 }
 
+/// The `k` largest values, descending, ties to the lower index (what a stable sort by
+/// descending value gives), as (index, value); one pass, no sort of the whole row.
+pub fn top_k(values: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    if k == 0 {
+        return top;
+    }
+    for (id, &v) in values.iter().enumerate() {
+        if top.len() == k && top[k - 1].1.total_cmp(&v).is_ge() {
+            continue;
+        }
+        // After every kept entry that is ≥ v (lower indices win ties).
+        let at = top.partition_point(|&(_, q)| q.total_cmp(&v).is_ge());
+        top.insert(at, (id as u32, v));
+        top.truncate(k);
+    }
+    top
+}
+
 macro_rules! isa_variant {
     ($m:ident, $($feat:literal)?) => {
         mod $m {
@@ -111,7 +130,7 @@ isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
 
 /// The attention softmax of `scale · x`, in place (see `softmax_body`), compiled for `isa`.
 pub fn softmax_scaled_with(isa: Isa, x: &mut [f32], scale: f32) {
-    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    assert!(isa.supported(), "{isa:?} not available");
     // SAFETY: the instruction set was checked above.
     unsafe {
         match isa {
@@ -131,7 +150,7 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 
 /// `x_i ← exp(x_i)` ([`exp`]), compiled for `isa`.
 pub fn exp_in_place_with(isa: Isa, x: &mut [f32]) {
-    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    assert!(isa.supported(), "{isa:?} not available");
     // SAFETY: the instruction set was checked above.
     unsafe {
         match isa {
@@ -148,6 +167,21 @@ pub fn exp_in_place_with(isa: Isa, x: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::kernels::tests::{bits, lcg};
+
+    #[test]
+    fn top_k_matches_a_stable_sort_by_descending_value() {
+        let mut s = 32;
+        for n in [1usize, 5, 64, 2048] {
+            // Few distinct values, so ties are common.
+            let v: Vec<f32> = (0..n).map(|_| (lcg(&mut s) * 8.0).round()).collect();
+            let mut ids: Vec<usize> = (0..n).collect();
+            ids.sort_by(|&a, &b| v[b].total_cmp(&v[a]).then(a.cmp(&b)));
+            for k in [0usize, 1, 2, 4, 8] {
+                let want: Vec<(u32, f32)> = ids.iter().take(k).map(|&i| (i as u32, v[i])).collect();
+                assert_eq!(top_k(&v, k), want, "n={n} k={k}");
+            }
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_the_exact_value() {

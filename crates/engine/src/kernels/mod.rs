@@ -29,8 +29,9 @@
 pub mod math;
 pub mod packed;
 pub mod rowdot;
+pub(crate) mod simd;
 
-pub use packed::PackedMatrix;
+pub use packed::{PackedMatrix, PackedView};
 
 /// How matrices are stored. bf16 values are widened to f32 exactly, in registers, so a bf16
 /// matrix gives bit-for-bit the results of its f32 widening while reading half the bytes.
@@ -167,6 +168,12 @@ impl Isa {
             }
         }
         out
+    }
+
+    /// Whether the running CPU can execute this variant (cached).
+    pub fn supported(self) -> bool {
+        static AVAILABLE: std::sync::OnceLock<Vec<Isa>> = std::sync::OnceLock::new();
+        AVAILABLE.get_or_init(Isa::available).contains(&self)
     }
 
     /// The name used in logs and docs.

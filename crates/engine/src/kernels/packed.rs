@@ -11,7 +11,8 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
-use super::{bf16_to_f32, Isa, WeightBuf, WeightView};
+use super::simd::{self, Elem, F32x16};
+use super::{Isa, WeightBuf, WeightView};
 
 /// Columns per panel.
 pub const PANEL: usize = 16;
@@ -36,57 +37,67 @@ pub enum PanelSrc {
 ///
 /// # Safety
 /// `x` holds `R` rows of `k` at stride `ldx`; `b` `P` panels of `k` rows of 16 at strides
-/// `pstride` and `ldb`; `out` `R` rows of `16·P` at stride `ldo`.
+/// `pstride` and `ldb`; `out` `R` rows of `16·P` at stride `ldo`; `V`'s instruction set is
+/// available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block<const R: usize, const P: usize, T: Copy, L: Fn(T) -> f32 + Copy>(
+unsafe fn block<const R: usize, const P: usize, V: F32x16, T: Elem>(
     x: *const f32,
     ldx: usize,
     k: usize,
     b: *const T,
     ldb: usize,
     pstride: usize,
-    load: L,
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut acc = [[[0.0f32; PANEL]; P]; R];
-    for kk in 0..k {
-        let mut bv = [[0.0f32; PANEL]; P];
-        for p in 0..P {
-            for c in 0..PANEL {
-                // SAFETY: inside panel `p`, row `kk` (caller's contract).
-                bv[p][c] = load(unsafe { *b.add(p * pstride + kk * ldb + c) });
-            }
-        }
-        for r in 0..R {
-            // SAFETY: row `r`, element `kk < k`.
-            let xv = unsafe { *x.add(r * ldx + kk) };
+    // SAFETY (whole body): every access stays inside the operands the caller vouches for.
+    unsafe {
+        let mut acc = [[V::zero(); P]; R];
+        for kk in 0..k {
+            let mut bv = [V::zero(); P];
             for p in 0..P {
-                for c in 0..PANEL {
-                    acc[r][p][c] = xv.mul_add(bv[p][c], acc[r][p][c]);
+                bv[p] = T::load16::<V>(b.add(p * pstride + kk * ldb));
+            }
+            for r in 0..R {
+                let xv = V::splat(*x.add(r * ldx + kk));
+                for p in 0..P {
+                    acc[r][p] = V::fma(xv, bv[p], acc[r][p]);
                 }
             }
         }
-    }
-    for r in 0..R {
-        for p in 0..P {
-            for c in 0..PANEL {
-                // SAFETY: inside the caller's output block.
-                unsafe { *out.add(r * ldo + p * PANEL + c) = acc[r][p][c] };
+        for r in 0..R {
+            for p in 0..P {
+                acc[r][p].store(out.add(r * ldo + p * PANEL));
             }
         }
     }
 }
 
-/// Panels `panels` of every row, block by block (panel blocks outer, so a block's panels stay in
-/// L1 while every row block uses them).
+/// The widest panel block for a row block of `r` rows when `V` has `regs` registers: the
+/// accumulators (`r × p`), the panel rows (`p`) and one broadcast must fit, and the block must
+/// be one of the compiled shapes (up to 8, 6, 4, 3 panels for 1, 2, 4, 8 rows).
+const fn max_panels(r: usize, regs: usize) -> usize {
+    let mut p = match r {
+        1 => 8,
+        2 => 6,
+        4 => 4,
+        _ => 3,
+    };
+    while p > 1 && r * p + p + 1 > regs {
+        p -= 1;
+    }
+    p
+}
+
+/// Row blocks outer (8, 4, 2 or 1 rows, as registers allow), then the panels in balanced
+/// blocks as wide as registers allow (≥ 4 independent chains hide the FMA latency).
 ///
 /// # Safety
-/// As [`gemm_raw`].
+/// As [`gemm_raw`], and `V`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
+unsafe fn drive<V: F32x16, T: Elem>(
     x: *const f32,
     ldx: usize,
     rows: usize,
@@ -95,31 +106,22 @@ unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
     ldb: usize,
     pstride: usize,
     panels: std::ops::Range<usize>,
-    load: L,
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut p = panels.start;
-    while p < panels.end {
-        let left = panels.end - p;
-        // The widest panel block the row count allows (≥ 8 independent chains when possible).
-        let most = match rows {
-            1 => 8,
-            2..=7 => 4,
-            _ => 2,
-        };
-        let pb = [8, 4, 2, 1]
+    let mut r = 0;
+    while r < rows {
+        let left = rows - r;
+        let rb = [8, 4, 2, 1]
             .into_iter()
-            .find(|&w| w <= most && w <= left)
+            .find(|&rb| rb <= left && rb + 2 <= V::REGS)
             .unwrap_or(1);
-        let mut r = 0;
-        while r < rows {
-            let rb = match rows - r {
-                1 => 1,
-                2 | 3 => 2,
-                4..=7 => 4,
-                _ => 8,
-            };
+        let most = max_panels(rb, V::REGS);
+        let mut p = panels.start;
+        while p < panels.end {
+            let remaining = panels.end - p;
+            let blocks = remaining.div_ceil(most);
+            let pb = remaining.div_ceil(blocks);
             // SAFETY: the block lies inside the caller's operands.
             unsafe {
                 let (xp, bp, op) = (
@@ -129,33 +131,42 @@ unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
                 );
                 macro_rules! go {
                     ($r:literal, $p:literal) => {
-                        block::<$r, $p, T, L>(xp, ldx, k, bp, ldb, pstride, load, op, ldo)
+                        block::<$r, $p, V, T>(xp, ldx, k, bp, ldb, pstride, op, ldo)
                     };
                 }
                 match (rb, pb) {
-                    (1, 8) => go!(1, 8),
-                    (1, 4) => go!(1, 4),
+                    (1, 1) => go!(1, 1),
                     (1, 2) => go!(1, 2),
-                    (1, _) => go!(1, 1),
-                    (2, 4) => go!(2, 4),
+                    (1, 3) => go!(1, 3),
+                    (1, 4) => go!(1, 4),
+                    (1, 5) => go!(1, 5),
+                    (1, 6) => go!(1, 6),
+                    (1, 7) => go!(1, 7),
+                    (1, _) => go!(1, 8),
+                    (2, 1) => go!(2, 1),
                     (2, 2) => go!(2, 2),
-                    (2, _) => go!(2, 1),
-                    (4, 4) => go!(4, 4),
+                    (2, 3) => go!(2, 3),
+                    (2, 4) => go!(2, 4),
+                    (2, 5) => go!(2, 5),
+                    (2, _) => go!(2, 6),
+                    (4, 1) => go!(4, 1),
                     (4, 2) => go!(4, 2),
-                    (4, _) => go!(4, 1),
+                    (4, 3) => go!(4, 3),
+                    (4, _) => go!(4, 4),
                     (_, 1) => go!(8, 1),
-                    (_, _) => go!(8, 2),
+                    (_, 2) => go!(8, 2),
+                    (_, _) => go!(8, 3),
                 }
             }
-            r += rb;
+            p += pb;
         }
-        p += pb;
+        r += rb;
     }
 }
 
 /// The same generic code compiled for one instruction set.
 macro_rules! isa_variant {
-    ($m:ident, $($feat:literal)?) => {
+    ($m:ident, $v:ty, $($feat:literal)?) => {
         mod $m {
             use super::*;
             $(#[target_feature(enable = $feat)])?
@@ -164,7 +175,7 @@ macro_rules! isa_variant {
                 x: *const f32, ldx: usize, rows: usize, k: usize, b: *const f32, ldb: usize,
                 pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
             ) {
-                unsafe { drive(x, ldx, rows, k, b, ldb, pstride, panels, |v: f32| v, out, ldo) }
+                unsafe { drive::<$v, f32>(x, ldx, rows, k, b, ldb, pstride, panels, out, ldo) }
             }
             $(#[target_feature(enable = $feat)])?
             #[allow(clippy::too_many_arguments)]
@@ -172,17 +183,21 @@ macro_rules! isa_variant {
                 x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u16, ldb: usize,
                 pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
             ) {
-                unsafe { drive(x, ldx, rows, k, b, ldb, pstride, panels, bf16_to_f32, out, ldo) }
+                unsafe { drive::<$v, u16>(x, ldx, rows, k, b, ldb, pstride, panels, out, ldo) }
             }
         }
     };
 }
 
-isa_variant!(portable,);
+isa_variant!(portable, simd::Portable,);
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, "avx2,fma");
+isa_variant!(avx2, simd::Avx2, "avx2,fma");
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+isa_variant!(
+    avx512,
+    simd::Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,fma"
+);
 
 /// `out[r·ldo + 16·p + c] = Σ_kk x[r·ldx + kk] · panel_p[kk, c]` for every row `r < rows` and
 /// panel `p` in `panels`, compiled for `isa`.
@@ -232,9 +247,40 @@ pub unsafe fn gemm_raw(
     }
 }
 
-/// An `n × k` matrix (`nn.Linear` layout `[out, in]`) repacked into `⌈n/16⌉` K-major panels of
-/// 16 output features: element `(j, kk)` sits at `(j / 16)·16k + kk·16 + j mod 16`; the columns
-/// past `n` in the last panel are zeros. Keeps the dtype it was given.
+/// Elements of an `n × k` matrix packed into panels (the last panel padded to 16 columns).
+pub fn packed_len(n: usize, k: usize) -> usize {
+    n.div_ceil(PANEL) * PANEL * k
+}
+
+/// Repacks a row-major `n × k` matrix (`nn.Linear` layout `[out, in]`) into `⌈n/16⌉` K-major
+/// panels of 16 output features: element `(j, kk)` goes to `(j / 16)·16k + kk·16 + j mod 16`;
+/// the columns past `n` in the last panel are zeros. Keeps the dtype it was given.
+pub fn pack(w: WeightView<'_>, n: usize, k: usize) -> WeightBuf {
+    assert_eq!(w.len(), n * k, "pack: w is not n × k");
+    let index = |j: usize, kk: usize| (j / PANEL) * PANEL * k + kk * PANEL + j % PANEL;
+    match w {
+        WeightView::F32(v) => {
+            let mut out = vec![0.0f32; packed_len(n, k)];
+            for j in 0..n {
+                for kk in 0..k {
+                    out[index(j, kk)] = v[j * k + kk];
+                }
+            }
+            WeightBuf::F32(out)
+        }
+        WeightView::Bf16(v) => {
+            let mut out = vec![0u16; packed_len(n, k)];
+            for j in 0..n {
+                for kk in 0..k {
+                    out[index(j, kk)] = v[j * k + kk];
+                }
+            }
+            WeightBuf::Bf16(out)
+        }
+    }
+}
+
+/// An owned packed matrix (see [`pack`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PackedMatrix {
     n: usize,
@@ -245,30 +291,50 @@ pub struct PackedMatrix {
 impl PackedMatrix {
     /// Repacks a row-major `n × k` matrix.
     pub fn pack(w: WeightView<'_>, n: usize, k: usize) -> PackedMatrix {
-        assert_eq!(w.len(), n * k, "pack: w is not n × k");
-        let panels = n.div_ceil(PANEL);
-        let index = |j: usize, kk: usize| (j / PANEL) * PANEL * k + kk * PANEL + j % PANEL;
-        let data = match w {
-            WeightView::F32(v) => {
-                let mut out = vec![0.0f32; panels * PANEL * k];
-                for j in 0..n {
-                    for kk in 0..k {
-                        out[index(j, kk)] = v[j * k + kk];
-                    }
-                }
-                WeightBuf::F32(out)
-            }
-            WeightView::Bf16(v) => {
-                let mut out = vec![0u16; panels * PANEL * k];
-                for j in 0..n {
-                    for kk in 0..k {
-                        out[index(j, kk)] = v[j * k + kk];
-                    }
-                }
-                WeightBuf::Bf16(out)
-            }
-        };
-        PackedMatrix { n, k, data }
+        PackedMatrix {
+            n,
+            k,
+            data: pack(w, n, k),
+        }
+    }
+
+    /// A borrowed view.
+    pub fn view(&self) -> PackedView<'_> {
+        PackedView {
+            n: self.n,
+            k: self.k,
+            data: self.data.view(),
+        }
+    }
+
+    /// Bytes of the packed weights.
+    pub fn bytes(&self) -> usize {
+        self.data.view().len() * self.data.dtype().size()
+    }
+
+    /// `out = x · Wᵀ` (see [`PackedView::gemm`]).
+    pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.view().gemm(x, rows, out);
+    }
+}
+
+/// A borrowed packed matrix: `n × k` in panels (see [`pack`]), e.g. part of an expert block.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedView<'a> {
+    n: usize,
+    k: usize,
+    data: WeightView<'a>,
+}
+
+impl<'a> PackedView<'a> {
+    /// Views packed data of an `n × k` matrix.
+    pub fn new(data: WeightView<'a>, n: usize, k: usize) -> PackedView<'a> {
+        assert_eq!(
+            data.len(),
+            packed_len(n, k),
+            "packed data is not n × k in panels"
+        );
+        PackedView { n, k, data }
     }
 
     /// Output features.
@@ -281,29 +347,21 @@ impl PackedMatrix {
         self.k
     }
 
-    /// Bytes of the packed weights.
-    pub fn bytes(&self) -> usize {
-        match &self.data {
-            WeightBuf::F32(v) => v.len() * 4,
-            WeightBuf::Bf16(v) => v.len() * 2,
-        }
-    }
-
     /// Element `(j, kk)` of the original matrix.
     pub fn get(&self, j: usize, kk: usize) -> f32 {
-        let i = (j / PANEL) * PANEL * self.k + kk * PANEL + j % PANEL;
-        self.data.view().get(i)
+        self.data
+            .get((j / PANEL) * PANEL * self.k + kk * PANEL + j % PANEL)
     }
 
     fn src(&self) -> PanelSrc {
         let pstride = PANEL * self.k;
-        match &self.data {
-            WeightBuf::F32(v) => PanelSrc::F32 {
+        match self.data {
+            WeightView::F32(v) => PanelSrc::F32 {
                 base: v.as_ptr(),
                 ldb: PANEL,
                 pstride,
             },
-            WeightBuf::Bf16(v) => PanelSrc::Bf16 {
+            WeightView::Bf16(v) => PanelSrc::Bf16 {
                 base: v.as_ptr(),
                 ldb: PANEL,
                 pstride,
@@ -317,14 +375,14 @@ impl PackedMatrix {
         self.gemm_with(Isa::detected(), x, rows, out, true);
     }
 
-    /// [`PackedMatrix::gemm`] on the calling thread only.
+    /// [`PackedView::gemm`] on the calling thread only.
     pub fn gemm_serial(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         self.gemm_with(Isa::detected(), x, rows, out, false);
     }
 
-    /// [`PackedMatrix::gemm`] compiled for `isa`.
+    /// [`PackedView::gemm`] compiled for `isa`.
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
-        assert!(Isa::available().contains(&isa), "{isa:?} not available");
+        assert!(isa.supported(), "{isa:?} not available");
         let (n, k) = (self.n, self.k);
         assert_eq!(x.len(), rows * k, "gemm: x is not rows × k");
         assert_eq!(out.len(), rows * n, "gemm: out is not rows × n");
@@ -396,6 +454,7 @@ impl SendSrc {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::bf16_to_f32;
     use crate::kernels::tests::{bits, lcg};
 
     /// The definition, one output at a time.
@@ -432,7 +491,7 @@ mod tests {
                 for isa in Isa::available() {
                     for parallel in [false, true] {
                         let mut got = vec![f32::NAN; rows * n];
-                        packed.gemm_with(isa, &x, rows, &mut got, parallel);
+                        packed.view().gemm_with(isa, &x, rows, &mut got, parallel);
                         assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} k={k} rows={rows}");
                     }
                 }
@@ -471,10 +530,10 @@ mod tests {
         let x: Vec<f32> = (0..6 * k).map(|_| lcg(&mut s)).collect();
         for isa in Isa::available() {
             let (mut ya, mut yb) = (vec![0.0; 6 * n], vec![0.0; 6 * n]);
-            a.gemm_with(isa, &x, 6, &mut ya, false);
-            b.gemm_with(Isa::Portable, &x, 6, &mut yb, false);
+            a.view().gemm_with(isa, &x, 6, &mut ya, false);
+            b.view().gemm_with(Isa::Portable, &x, 6, &mut yb, false);
             assert_eq!(bits(&ya), bits(&yb), "{isa:?}");
         }
-        assert_eq!(a.get(47, 64), w32[47 * k + 64]);
+        assert_eq!(a.view().get(47, 64), w32[47 * k + 64]);
     }
 }

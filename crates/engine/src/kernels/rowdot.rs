@@ -10,10 +10,8 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
-use super::{bf16_to_f32, Isa, WeightView};
-
-/// Lanes per accumulator.
-const LANES: usize = 16;
+use super::simd::{self, Elem, F32x16, LANES};
+use super::{Isa, WeightView};
 
 /// The pairwise sum of 16 lanes.
 #[inline(always)]
@@ -34,67 +32,54 @@ fn tree(a: &[f32; LANES]) -> f32 {
 ///
 /// # Safety
 /// `x` must hold `R` rows of `k` at stride `ldx`, `w` `J` rows of `k` at stride `ldw`, `out`
-/// `R` rows of `J` at stride `ldo`.
+/// `R` rows of `J` at stride `ldo`; `V`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block<const R: usize, const J: usize, T: Copy, L: Fn(T) -> f32 + Copy>(
+unsafe fn block<const R: usize, const J: usize, V: F32x16, T: Elem>(
     x: *const f32,
     ldx: usize,
     w: *const T,
     ldw: usize,
     k: usize,
-    load: L,
     out: *mut f32,
     ldo: usize,
 ) {
-    let mut acc = [[[0.0f32; LANES]; J]; R];
-    let full = k / LANES * LANES;
-    let mut i = 0;
-    // SAFETY (all reads): indices stay below `k` within the rows the caller vouches for.
-    while i < full {
-        let mut wv = [[0.0f32; LANES]; J];
-        for j in 0..J {
-            for l in 0..LANES {
-                wv[j][l] = load(unsafe { *w.add(j * ldw + i + l) });
-            }
-        }
-        for r in 0..R {
-            let mut xv = [0.0f32; LANES];
-            for l in 0..LANES {
-                xv[l] = unsafe { *x.add(r * ldx + i + l) };
-            }
+    // SAFETY (whole body): every access stays inside the operands the caller vouches for; the
+    // last partial block is read through zero-padded copies.
+    unsafe {
+        let mut acc = [[V::zero(); J]; R];
+        let full = k / LANES * LANES;
+        let mut i = 0;
+        while i < full {
+            let mut wv = [V::zero(); J];
             for j in 0..J {
-                for l in 0..LANES {
-                    acc[r][j][l] = xv[l].mul_add(wv[j][l], acc[r][j][l]);
+                wv[j] = T::load16::<V>(w.add(j * ldw + i));
+            }
+            for r in 0..R {
+                let xv = V::load(x.add(r * ldx + i));
+                for j in 0..J {
+                    acc[r][j] = V::fma(xv, wv[j], acc[r][j]);
+                }
+            }
+            i += LANES;
+        }
+        if full < k {
+            let rem = k - full;
+            let mut wv = [V::zero(); J];
+            for j in 0..J {
+                wv[j] = simd::load_partial::<V, T>(w.add(j * ldw + full), rem);
+            }
+            for r in 0..R {
+                let xv = simd::load_partial::<V, f32>(x.add(r * ldx + full), rem);
+                for j in 0..J {
+                    acc[r][j] = V::fma(xv, wv[j], acc[r][j]);
                 }
             }
         }
-        i += LANES;
-    }
-    if full < k {
-        let rem = k - full;
-        let mut wv = [[0.0f32; LANES]; J];
-        for j in 0..J {
-            for l in 0..rem {
-                wv[j][l] = load(unsafe { *w.add(j * ldw + full + l) });
-            }
-        }
         for r in 0..R {
-            let mut xv = [0.0f32; LANES];
-            for l in 0..rem {
-                xv[l] = unsafe { *x.add(r * ldx + full + l) };
-            }
             for j in 0..J {
-                for l in 0..LANES {
-                    acc[r][j][l] = xv[l].mul_add(wv[j][l], acc[r][j][l]);
-                }
+                *out.add(r * ldo + j) = tree(&simd::lanes(acc[r][j]));
             }
-        }
-    }
-    for r in 0..R {
-        for j in 0..J {
-            // SAFETY: inside the caller's output block.
-            unsafe { *out.add(r * ldo + j) = tree(&acc[r][j]) };
         }
     }
 }
@@ -102,17 +87,16 @@ unsafe fn block<const R: usize, const J: usize, T: Copy, L: Fn(T) -> f32 + Copy>
 /// Outputs `cols` of every row, block by block.
 ///
 /// # Safety
-/// As [`matmul_raw`].
+/// As [`matmul_raw`], and `V`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
+unsafe fn drive<V: F32x16, T: Elem>(
     x: *const f32,
     rows: usize,
     w: *const T,
     n: usize,
     k: usize,
     cols: std::ops::Range<usize>,
-    load: L,
     out: *mut f32,
 ) {
     let mut j = cols.start;
@@ -140,7 +124,7 @@ unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
                 let (xp, wp, op) = (x.add(r * k), w.add(j * k), out.add(r * n + j));
                 macro_rules! go {
                     ($r:literal, $j:literal) => {
-                        block::<$r, $j, T, L>(xp, k, wp, k, k, load, op, n)
+                        block::<$r, $j, V, T>(xp, k, wp, k, k, op, n)
                     };
                 }
                 match (rb, jb) {
@@ -164,7 +148,7 @@ unsafe fn drive<T: Copy, L: Fn(T) -> f32 + Copy>(
 
 /// The same generic code compiled for one instruction set.
 macro_rules! isa_variant {
-    ($m:ident, $($feat:literal)?) => {
+    ($m:ident, $v:ty, $($feat:literal)?) => {
         mod $m {
             use super::*;
             $(#[target_feature(enable = $feat)])?
@@ -172,24 +156,28 @@ macro_rules! isa_variant {
                 x: *const f32, rows: usize, w: *const f32, n: usize, k: usize,
                 cols: std::ops::Range<usize>, out: *mut f32,
             ) {
-                unsafe { drive(x, rows, w, n, k, cols, |v: f32| v, out) }
+                unsafe { drive::<$v, f32>(x, rows, w, n, k, cols, out) }
             }
             $(#[target_feature(enable = $feat)])?
             pub(super) unsafe fn matmul_bf16(
                 x: *const f32, rows: usize, w: *const u16, n: usize, k: usize,
                 cols: std::ops::Range<usize>, out: *mut f32,
             ) {
-                unsafe { drive(x, rows, w, n, k, cols, bf16_to_f32, out) }
+                unsafe { drive::<$v, u16>(x, rows, w, n, k, cols, out) }
             }
         }
     };
 }
 
-isa_variant!(portable,);
+isa_variant!(portable, simd::Portable,);
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, "avx2,fma");
+isa_variant!(avx2, simd::Avx2, "avx2,fma");
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+isa_variant!(
+    avx512,
+    simd::Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,fma"
+);
 
 /// `out[r·n + j] = x[r, :] · w[j, :]` for `j` in `cols`, compiled for `isa`.
 ///
@@ -248,7 +236,7 @@ pub fn matmul_with(
     k: usize,
     out: &mut [f32],
 ) {
-    assert!(Isa::available().contains(&isa), "{isa:?} not available");
+    assert!(isa.supported(), "{isa:?} not available");
     assert_eq!(x.len(), rows * k, "rowdot: x is not rows × k");
     assert_eq!(w.len(), n * k, "rowdot: w is not n × k");
     assert_eq!(out.len(), rows * n, "rowdot: out is not rows × n");
@@ -267,6 +255,7 @@ pub fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::bf16_to_f32;
     use crate::kernels::tests::{bits, lcg};
 
     /// The definition, one output at a time, with `f32::mul_add`.

@@ -470,9 +470,10 @@ fn attend_block(
 /// A SwiGLU MLP: `down(silu(gate(x)) · up(x))` (`Qwen3MoeMLP`, `LlamaMLP`).
 #[derive(Debug, Clone)]
 pub(crate) struct DenseMlp {
-    pub(crate) gate: Linear, // [Im, H]
-    pub(crate) up: Linear,   // [Im, H]
-    pub(crate) down: Linear, // [H, Im]
+    /// `gate_proj` and `up_proj` stacked: [2·Im, H], one matmul job.
+    gate_up: Linear,
+    down: Linear, // [H, Im]
+    inter: usize,
 }
 
 impl DenseMlp {
@@ -483,16 +484,22 @@ impl DenseMlp {
         inter: usize,
     ) -> Result<DenseMlp, EngineError> {
         Ok(DenseMlp {
-            gate: Linear::load(ck, &format!("{p}.gate_proj"), inter, hidden, false)?,
-            up: Linear::load(ck, &format!("{p}.up_proj"), inter, hidden, false)?,
+            gate_up: Linear::pack(RawLinear::stack(&[
+                RawLinear::load(ck, &format!("{p}.gate_proj"), inter, hidden, false)?,
+                RawLinear::load(ck, &format!("{p}.up_proj"), inter, hidden, false)?,
+            ])),
             down: Linear::load(ck, &format!("{p}.down_proj"), hidden, inter, false)?,
+            inter,
         })
     }
 
     pub(crate) fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let g = self.gate.forward(x, t);
-        let u = self.up.forward(x, t);
-        let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect();
+        let im = self.inter;
+        let gu = self.gate_up.forward(x, t); // T × 2·Im
+        let a: Vec<f32> = gu
+            .chunks_exact(2 * im)
+            .flat_map(|r| r[..im].iter().zip(&r[im..]).map(|(&g, &u)| silu(g) * u))
+            .collect(); // T × Im
         self.down.forward(&a, t)
     }
 }

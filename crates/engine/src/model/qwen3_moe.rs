@@ -15,28 +15,24 @@ use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
-use crate::kernels::{
-    matmul_serial, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView,
-};
+use crate::kernels::{math, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView};
 use crate::kv::KvCache;
 use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
-/// One SwiGLU expert applied to `m` rows `xs` (m × H), from a slot block `gate | up | down`:
-/// `down(silu(gate(x)) · up(x))`, m × H. Row order throughout (the block stays as read).
+/// One SwiGLU expert applied to `m` rows `xs` (m × H), from a slot block (packed `gate | up`
+/// and `down`): `down(silu(gate(x)) · up(x))`, m × H.
 fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
-    let (_, _, down) = layout.split(block);
-    // gate and up are adjacent in the block: one call over both, m × 2I.
-    let gate_up = layout.gate_up(block);
+    let (gate_up, down) = layout.matrices(block);
     let mut gu = vec![0.0; m * 2 * i];
-    matmul_serial(xs, m, gate_up, 2 * i, h, &mut gu); // m × 2I
+    gate_up.gemm_serial(xs, m, &mut gu); // m × 2I
     let a: Vec<f32> = gu
         .chunks_exact(2 * i)
         .flat_map(|r| r[..i].iter().zip(&r[i..]).map(|(&g, &u)| silu(g) * u))
         .collect(); // m × I
     let mut y = vec![0.0; m * h];
-    matmul_serial(&a, m, down, h, i, &mut y); // m × H
+    down.gemm_serial(&a, m, &mut y); // m × H
     y
 }
 
@@ -50,22 +46,6 @@ struct SparseMoe {
     ordinal: usize,
 }
 
-/// The `k` largest of `probs`, descending, ties to the lower index (what a stable sort by
-/// descending probability gives).
-fn top_k(probs: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    for (id, &p) in probs.iter().enumerate() {
-        if top.len() == k && top[k - 1].1.total_cmp(&p).is_ge() {
-            continue;
-        }
-        // Insert after every kept entry that is ≥ p (lower ids win ties).
-        let at = top.partition_point(|&(_, q)| q.total_cmp(&p).is_ge());
-        top.insert(at, (id as u32, p));
-        top.truncate(k);
-    }
-    top
-}
-
 impl SparseMoe {
     /// Routes every token: its top-k experts (descending probability, ties to the lower id) and
     /// their weights, renormalised when `norm_topk_prob`.
@@ -76,7 +56,7 @@ impl SparseMoe {
             .chunks_exact_mut(e)
             .map(|probs| {
                 softmax_in_place(probs);
-                let mut top = top_k(probs, self.top_k);
+                let mut top = math::top_k(probs, self.top_k);
                 if self.norm_topk_prob {
                     let sum: f32 = top.iter().map(|(_, w)| w).sum();
                     top.iter_mut().for_each(|(_, w)| *w /= sum);

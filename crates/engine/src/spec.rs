@@ -639,30 +639,36 @@ pub fn verify(
         parents.push(Some(parent));
         positions.push(n + pool[c].depth);
     }
+    // The drafter's taps plus the final residual stream: logits are computed only for the rows
+    // the walk below reads (the root, then each accepted node), not for every verified node.
+    let mut taps = drafter.taps().to_vec();
+    taps.push(target.final_tap());
     let batch = Batch {
         tokens: &tokens,
         positions: Some(&positions),
         mask: Mask::Tree(&parents),
-        taps: drafter.taps(),
-        logits: Logits::All,
+        taps: &taps,
+        logits: Logits::None,
     };
     let start = Instant::now();
-    let out = target.forward(&batch, kv, experts)?;
-    let seconds = start.elapsed().as_secs_f64();
-    let demand = out.demand();
+    let mut out = target.forward(&batch, kv, experts)?;
+    let h = target.config().hidden_size;
+    let residual = out.taps.pop().expect("the final tap");
     // At each node draw the target's next token exactly as plain decoding would (one draw per
     // emitted token); move to the verified child carrying it, or stop: it is the bonus token.
     let mut path = vec![0usize];
     let bonus = loop {
         let here = *path.last().expect("non-empty");
-        let token = sampler.sample(out.row(here));
+        let logits = target.logits_of(&residual[here * h..(here + 1) * h]);
+        let token = sampler.sample(&logits);
         match (1..tokens.len()).find(|&r| parents[r] == Some(here) && tokens[r] == token) {
             Some(r) => path.push(r),
             None => break token,
         }
     };
+    let seconds = start.elapsed().as_secs_f64();
+    let demand = out.demand();
     kv.compact(n, &path.iter().map(|&r| n + r).collect::<Vec<_>>())?;
-    let h = target.config().hidden_size;
     let all = concat_taps(&out.taps, tokens.len(), h);
     let features = path
         .iter()

@@ -640,3 +640,32 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
         assert!(bursts[1] > 0 && bursts[1] >= bursts[0], "{bursts:?}");
     }
 }
+
+#[test]
+fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
+    use specfit_engine::{Batch, Logits, Mask};
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let tokens = [1u32, 243, 56, 119, 188, 74];
+    let parents = [None, Some(0), Some(0), Some(1), Some(3), Some(2)];
+    let taps = [target.final_tap()];
+    let mut kv = target.new_kv_cache();
+    let out = target
+        .forward(
+            &Batch {
+                tokens: &tokens,
+                positions: Some(&[0, 1, 1, 2, 3, 2]),
+                mask: Mask::Tree(&parents),
+                taps: &taps,
+                logits: Logits::All,
+            },
+            &mut kv,
+            &mut cache,
+        )
+        .unwrap();
+    let h = target.config().hidden_size;
+    for r in 0..tokens.len() {
+        let later = target.logits_of(&out.taps[0][r * h..(r + 1) * h]);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&later), bits(out.row(r)), "row {r}");
+    }
+}

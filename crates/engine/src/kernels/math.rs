@@ -7,23 +7,29 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
+use super::simd::{self, F32x16, LANES};
 use super::Isa;
-
-/// Lanes of a row-order sum.
-const LANES: usize = 16;
 
 /// `e^x` with Cephes' `expf` reduction and polynomial, evaluated with fused multiply-adds
 /// (within 2 ulp of the exact value); 0 below −87.3 (where `e^x` leaves the normal range) and
-/// capped at `e^88`.
+/// capped at `e^88`. Written with selects and bit operations only, so loops over it vectorise.
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 · 2^23: adding it rounds to the nearest integer, subtracting it is exact.
+    // 1.5 · 2^23: adding it rounds to the nearest integer (held in the low mantissa bits),
+    // subtracting it is exact.
     const ROUND: f32 = 12_582_912.0;
-    let xc = x.min(88.0);
-    let n = xc.mul_add(LOG2E, ROUND) - ROUND;
+    let xc = if x > 88.0 {
+        88.0
+    } else if x < -87.3 {
+        -87.3
+    } else {
+        x
+    };
+    let t = xc.mul_add(LOG2E, ROUND);
+    let n = t - ROUND;
     let r = n.mul_add(-LN2_HI, xc);
     let r = n.mul_add(-LN2_LO, r);
     let z = r * r;
@@ -34,9 +40,9 @@ pub fn exp(x: f32) -> f32 {
     p = p.mul_add(r, 1.666_666_5e-1);
     p = p.mul_add(r, 0.5);
     let y = p.mul_add(z, r) + 1.0;
-    // 2^n for n in [−126, 127]; below −87.3 the result flushes to zero.
-    let ni = (n as i32).max(-126);
-    let scale = f32::from_bits(((ni + 127) as u32) << 23);
+    // 2^n from the integer in `t`'s mantissa (n ∈ [−126, 127]).
+    let ni = t.to_bits().wrapping_sub(ROUND.to_bits());
+    let scale = f32::from_bits(ni.wrapping_add(127) << 23);
     if x < -87.3 {
         0.0
     } else {
@@ -59,30 +65,54 @@ fn tree(a: &[f32; LANES]) -> f32 {
 }
 
 /// Softmax of `scale · x` in place: `m = max`, `e_i = exp(scale·x_i − m)`, `Σ` in row order,
-/// `p_i = e_i / Σ`. The order of `x` is the only order that matters.
+/// `p_i = e_i / Σ`. The order of `x` is the only order that matters (the max is exact in any
+/// order).
+///
+/// # Safety
+/// `V`'s instruction set is available.
 #[inline(always)]
-fn softmax_body(x: &mut [f32], scale: f32) {
-    let mut m = f32::NEG_INFINITY;
-    for v in x.iter_mut() {
-        *v *= scale;
-        m = m.max(*v);
-    }
-    for v in x.iter_mut() {
-        *v = exp(*v - m);
-    }
-    let mut acc = [0.0f32; LANES];
-    let mut chunks = x.chunks_exact(LANES);
-    for c in &mut chunks {
-        for l in 0..LANES {
-            acc[l] += c[l];
+unsafe fn softmax_body<V: F32x16>(x: &mut [f32], scale: f32) {
+    // SAFETY (whole body): whole chunks of 16 are read and written in place.
+    unsafe {
+        let s = V::splat(scale);
+        let mut most = V::splat(f32::NEG_INFINITY);
+        let mut chunks = x.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            let v = V::mul(V::load(c.as_ptr()), s);
+            v.store(c.as_mut_ptr());
+            most = V::max(v, most);
         }
-    }
-    for (l, &v) in chunks.remainder().iter().enumerate() {
-        acc[l] += v;
-    }
-    let sum = tree(&acc);
-    for v in x.iter_mut() {
-        *v /= sum;
+        let mut m = simd::lanes(most)
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+        for v in chunks.into_remainder() {
+            *v *= scale;
+            m = if *v > m { *v } else { m };
+        }
+        let mut chunks = x.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            let c: &mut [f32; LANES] = c.try_into().expect("a whole chunk");
+            for l in 0..LANES {
+                c[l] = exp(c[l] - m);
+            }
+        }
+        for v in chunks.into_remainder() {
+            *v = exp(*v - m);
+        }
+        let mut acc = [0.0f32; LANES];
+        let mut chunks = x.chunks_exact(LANES);
+        for c in &mut chunks {
+            for l in 0..LANES {
+                acc[l] += c[l];
+            }
+        }
+        for (l, &v) in chunks.remainder().iter().enumerate() {
+            acc[l] += v;
+        }
+        let sum = tree(&acc);
+        for v in x.iter_mut() {
+            *v /= sum;
+        }
     }
 }
 
@@ -106,11 +136,12 @@ pub fn top_k(values: &[f32], k: usize) -> Vec<(u32, f32)> {
 }
 
 macro_rules! isa_variant {
-    ($m:ident, $($feat:literal)?) => {
+    ($m:ident, $v:ty, $($feat:literal)?) => {
         mod $m {
+            use super::simd;
             $(#[target_feature(enable = $feat)])?
             pub(super) unsafe fn softmax(x: &mut [f32], scale: f32) {
-                super::softmax_body(x, scale)
+                unsafe { super::softmax_body::<$v>(x, scale) }
             }
             $(#[target_feature(enable = $feat)])?
             pub(super) unsafe fn exp_slice(x: &mut [f32]) {
@@ -122,11 +153,15 @@ macro_rules! isa_variant {
     };
 }
 
-isa_variant!(portable,);
+isa_variant!(portable, simd::Portable,);
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, "avx2,fma");
+isa_variant!(avx2, simd::Avx2, "avx2,fma");
 #[cfg(target_arch = "x86_64")]
-isa_variant!(avx512, "avx512f,avx512bw,avx512vl,avx512dq,fma");
+isa_variant!(
+    avx512,
+    simd::Avx512,
+    "avx512f,avx512bw,avx512vl,avx512dq,fma"
+);
 
 /// The attention softmax of `scale · x`, in place (see `softmax_body`), compiled for `isa`.
 pub fn softmax_scaled_with(isa: Isa, x: &mut [f32], scale: f32) {

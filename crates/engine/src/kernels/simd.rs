@@ -27,6 +27,10 @@ pub unsafe trait F32x16: Copy {
     unsafe fn load_bf16(p: *const u16) -> Self;
     /// `a · b + c`, rounded once (fused multiply-add).
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `a · b`.
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    /// `if a > b { a } else { b }` per lane.
+    unsafe fn max(a: Self, b: Self) -> Self;
     /// Stores the 16 lanes at `p` (unaligned).
     unsafe fn store(self, p: *mut f32);
 }
@@ -117,6 +121,22 @@ unsafe impl F32x16 for Portable {
         Portable(out)
     }
     #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        let mut out = [0.0f32; LANES];
+        for l in 0..LANES {
+            out[l] = a.0[l] * b.0[l];
+        }
+        Portable(out)
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        let mut out = [0.0f32; LANES];
+        for l in 0..LANES {
+            out[l] = if a.0[l] > b.0[l] { a.0[l] } else { b.0[l] };
+        }
+        Portable(out)
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         // SAFETY: the caller vouches for room for 16 floats at `p`.
         unsafe { std::ptr::copy_nonoverlapping(self.0.as_ptr(), p, LANES) };
@@ -175,6 +195,17 @@ mod x86 {
         }
         #[inline]
         #[target_feature(enable = "avx2,fma")]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Avx2(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn max(a: Self, b: Self) -> Self {
+            // MAXPS(a, b) = a > b ? a : b (the second operand on ties and NaN).
+            Avx2(_mm256_max_ps(a.0, b.0), _mm256_max_ps(a.1, b.1))
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma")]
         unsafe fn store(self, p: *mut f32) {
             unsafe {
                 _mm256_storeu_ps(p, self.0);
@@ -219,6 +250,17 @@ mod x86 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
         unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
             Avx512(_mm512_fmadd_ps(a.0, b.0, c.0))
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+        unsafe fn mul(a: Self, b: Self) -> Self {
+            Avx512(_mm512_mul_ps(a.0, b.0))
+        }
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+        unsafe fn max(a: Self, b: Self) -> Self {
+            // VMAXPS(a, b) = a > b ? a : b (the second operand on ties and NaN).
+            Avx512(_mm512_max_ps(a.0, b.0))
         }
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]

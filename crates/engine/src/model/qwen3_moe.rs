@@ -415,6 +415,19 @@ impl Qwen3Moe {
         })
     }
 
+    /// The tap index that returns the final residual stream (after the last layer), from which
+    /// [`Qwen3Moe::logits_of`] computes a row's logits later.
+    pub fn final_tap(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Logits of one token from its final residual stream (a [`Qwen3Moe::final_tap`] row):
+    /// bit for bit the row a forward's `logits` would hold. Verification computes only the rows
+    /// it reads this way.
+    pub fn logits_of(&self, residual: &[f32]) -> Vec<f32> {
+        self.lm_head_rows(residual, &[0])
+    }
+
     /// Final norm then the LM head, for the chosen rows of the residual stream `x` (T × H).
     fn lm_head_rows(&self, x: &[f32], rows: &[usize]) -> Vec<f32> {
         let h = self.cfg.hidden_size;

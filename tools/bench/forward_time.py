@@ -2,20 +2,23 @@
 
 One run measures, for specfit and for llama.cpp on a GGUF of the same target (models/target, same
 weight dtype, same threads), the time of ONE forward of T new tokens (a causal chain, every row's
-logits, as a verify forward needs) after C cached tokens, for T in --tokens and C in --cached:
-min and median over --reps repetitions after --warmup untimed ones, the cache brought back to C
-tokens between repetitions (outside the timing).
+logits, as a verify forward needs) after C cached tokens, for T in --tokens and C in --cached,
+the cache brought back to C tokens between repetitions (outside the timing). Each engine runs
+--rounds times per dtype (a fresh process each, engines in turn), --reps timed repetitions after
+--warmup untimed ones per process and cell; reported: the least time of all, and the median of
+the processes' medians (one process alone can sit 1.5x off for its whole life on this machine).
 
 Token ids: the cached prefix is ids[i] = (7 + 131*i) % 4096 for i < C; the T new tokens continue the
 same formula for i in C..C+T.
 
   specfit    target/release/examples/forward_time (crates/engine/examples/forward_time.rs), one
-             process per dtype, SPECFIT_THREADS=threads; it does its own timing (3 warm-up reps per
+             process per dtype and round, SPECFIT_THREADS=threads; it does its own timing (3 warm-up reps per
              cell) and also times one drafted level of the EAGLE-3 drafter.
   llama.cpp  llama-cpp-python's low-level API in a subprocess of this script: the GGUF
              (tools/bench/README.md, "Forward time"), n_ctx 2048, n_batch = n_ubatch = 512,
-             n_threads = n_threads_batch = threads, f32 KV cache for the f32 GGUF and f16 for the
-             bf16 GGUF; prefill C tokens once, then per rep: llama_decode of T tokens at positions
+             n_threads = n_threads_batch = threads; the f32 GGUF with an f32 KV cache and flash
+             attention off, the bf16 GGUF with an f16 KV cache and the library's flash attention
+             (auto, on here; see FLASH_ATTN); prefill C tokens once, then per rep: llama_decode of T tokens at positions
              C..C+T-1 with logits for all T rows, timed with perf_counter around llama_decode +
              llama_synchronize, then llama_memory_seq_rm(positions >= C).
 
@@ -57,8 +60,19 @@ from peer_decode import (  # noqa: E402  (the shared noise guard and machine des
 DTYPES = ("f32", "bf16")
 ENGINES = ("specfit", "llama")
 KV_TYPE = {"f32": "f32", "bf16": "f16"}  # llama.cpp KV cache type per GGUF dtype
+# llama.cpp flash attention per GGUF dtype unless --flash-attn says otherwise. With an f32 KV cache
+# llama.cpp's flash attention casts the whole cache to f16 in every forward (src/llama-graph.cpp,
+# build_attn_mha), which loses f32 accuracy (logits off by up to ~0.4 at C=1000 against transformers
+# f32, against 4e-5 without) and costs a cast of C rows; the library's default (auto) turns it on on
+# this CPU. So f32 runs without it, bf16 (f16 KV cache, no cast) with the library default.
+FLASH_ATTN = {"f32": "off", "bf16": "auto"}
 VOCAB = 4096
+REPS_LOGITS_TOL = 1e-3  # llama.cpp's reps are bit-identical here; a cache not restored moves logits by far more
 BUILD_HINT = "cargo build --release -p specfit-engine --example forward_time"
+
+
+def flash_attn_mode(flag: str, dtype: str) -> str:
+    return FLASH_ATTN[dtype] if flag == "default" else flag
 
 
 def token_ids(lo: int, hi: int, vocab: int = VOCAB) -> list[int]:
@@ -84,7 +98,7 @@ def min_median(ms: list[float]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# llama.cpp (run in a subprocess: `forward_time.py --worker llama --dtype D ...`, prints one JSON line)
+# llama.cpp (run in a subprocess: `forward_time.py --worker llama --dtypes D ...`, prints one JSON line)
 
 
 def llama_worker(args: argparse.Namespace) -> dict:
@@ -127,11 +141,19 @@ def llama_worker(args: argparse.Namespace) -> dict:
     cp.n_threads_batch = args.threads
     cp.type_k = kv
     cp.type_v = kv
+    fa = flash_attn_mode(args.flash_attn, args.dtype)
+    cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[fa]
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
         raise SystemExit("llama.cpp could not create a context")
     capture[0] = False
-    context_log = [ln.strip() for ln in log if ln.startswith(("llama_context", "llama_kv_cache"))]
+    context_log = [ln.strip() for ln in log if ln.startswith(("llama_context", "llama_kv_cache"))
+                   or "Flash Attention" in ln]
+    resolved = [ln for ln in context_log if "Flash Attention" in ln]
+    fa_used = {"on": "enabled", "off": "disabled"}.get(fa) or (
+        "enabled" if any(ln.endswith("enabled") for ln in resolved) else
+        "disabled" if any("disabled" in ln for ln in resolved) else "unknown")
 
     # Removing positions >= C: llama_memory_seq_rm on the context's memory (libllama >= mid-2025),
     # llama_kv_self_seq_rm before that.
@@ -203,8 +225,9 @@ def llama_worker(args: argparse.Namespace) -> dict:
                     sync(ctx)
                     took = (time.perf_counter() - t0) * 1e3
                     got = logits(t)
-                    if not seq_rm(c):
-                        raise SystemExit(f"{rm_api} refused to remove positions >= {c}")
+                    if not seq_rm(c) or pos_max() != c - 1:
+                        raise SystemExit(f"{rm_api} did not bring the memory back to C={c} "
+                                         f"(it ends at position {pos_max()})")
                     ends.add(pos_max())
                     if first is None:
                         first = got
@@ -212,6 +235,12 @@ def llama_worker(args: argparse.Namespace) -> dict:
                         max_diff = max(max_diff, float(np.abs(got - first).max()))
                     if rep >= args.warmup:
                         ms.append(took)
+                if max_diff > REPS_LOGITS_TOL:
+                    raise SystemExit(f"T={t} after C={c}: a rep's logits differ from the first rep's by "
+                                     f"{max_diff:g}; the cache is not restored between reps")
+                if max_diff > 0:
+                    print(f"WARNING: T={t} after C={c}: reps' logits differ by {max_diff:g} (not bit-identical)",
+                          file=sys.stderr)
                 out.append({"cached": c, "tokens": t, "ms": [round(x, 4) for x in ms], **min_median(ms),
                             "reps_logits_max_abs_diff": max_diff, "pos_max_after_rm": sorted(ends),
                             "_first": first})
@@ -247,7 +276,7 @@ def llama_worker(args: argparse.Namespace) -> dict:
         "engine": "llama.cpp", "dtype": args.dtype, "threads": args.threads, "rows": cells,
         "gguf": str(gguf.relative_to(ROOT) if gguf.is_relative_to(ROOT) else gguf),
         "kv_cache": kv_name, "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
-        "flash_attn": "auto (library default); see context_log",
+        "flash_attn": {"requested": fa, "used": fa_used},
         "memory_rm_api": rm_api, "context_log": context_log,
         "system_info": L.llama_print_system_info().decode().strip(),
         "versions": {"llama-cpp-python": L.__version__,
@@ -262,7 +291,7 @@ def run_llama(args: argparse.Namespace, dtype: str) -> dict:
            "--cached", ",".join(map(str, args.cached)), "--tokens", ",".join(map(str, args.tokens)),
            "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup),
            "--max-others", str(args.max_others), "--quiet-timeout", str(args.quiet_timeout),
-           "--max-retries", str(args.max_retries)]
+           "--max-retries", str(args.max_retries), "--flash-attn", args.flash_attn]
     if args.verbose:
         cmd.append("--verbose")
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
@@ -342,13 +371,18 @@ def main() -> None:
     ap.add_argument("--cached", default="100,1000", help="cached tokens C (comma-separated)")
     ap.add_argument("--tokens", default="1,2,4,8,16", help="new tokens T per forward (comma-separated)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=30, help="timed forwards per (C, T)")
+    ap.add_argument("--reps", type=int, default=30, help="timed forwards per (C, T) and process")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="processes per engine and dtype, run in turn (min over all, median of medians)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed forwards per (C, T) before them (llama.cpp; "
                     "specfit's example does 3)")
     ap.add_argument("--model", type=pathlib.Path, default=ROOT / "models/target")
     ap.add_argument("--drafter", type=pathlib.Path, default=ROOT / "models/drafter")
     ap.add_argument("--gguf-dir", type=pathlib.Path, default=ROOT / "bench-models/target-gguf",
                     help="holds target-f32.gguf and target-bf16.gguf")
+    ap.add_argument("--flash-attn", default="default", choices=["default", "auto", "on", "off"],
+                    help="llama.cpp flash attention; default: off for the f32 GGUF (f32 KV cache), the "
+                         "library's auto for bf16 (f16 KV cache)")
     ap.add_argument("--llama-cpp-src", type=pathlib.Path, default=None,
                     help="llama.cpp source tree, to convert missing GGUFs")
     ap.add_argument("--specfit-bin", type=pathlib.Path, default=ROOT / "target/release/examples/forward_time")
@@ -372,8 +406,8 @@ def main() -> None:
     for e in engines:
         if e not in ENGINES:
             ap.error(f"unknown engine {e}")
-    if not args.cached or not args.tokens or min(args.cached) < 1 or min(args.tokens) < 1 or args.reps < 1:
-        ap.error("--cached, --tokens and --reps need positive values")
+    if not args.cached or not args.tokens or min(args.cached + args.tokens) < 1 or min(args.reps, args.rounds) < 1:
+        ap.error("--cached, --tokens, --reps and --rounds need positive values")
     args.gguf_dir = args.gguf_dir.resolve()
     GUARD.update(max_others=args.max_others, quiet_timeout=args.quiet_timeout, max_retries=args.max_retries)
 
@@ -387,12 +421,18 @@ def main() -> None:
     if "specfit" in engines and not args.specfit_bin.is_file():
         raise SystemExit(f"{args.specfit_bin} is missing: run `{BUILD_HINT}` first (or pass --specfit-bin)")
     load_before = os.getloadavg()
-    results: dict[str, dict] = {}
-    for dtype in dtypes:
-        results[dtype] = {}
-        for engine in engines:
-            print(f"[forward_time] {engine} {dtype} ...", file=sys.stderr, flush=True)
-            results[dtype][engine] = run_specfit(args, dtype) if engine == "specfit" else run_llama(args, dtype)
+    # Rounds: every engine and dtype runs once per round, in turn, each in a fresh process. On this
+    # (virtual) machine one process of either engine can run a whole cell 1.5x slower than the next
+    # one on a quiet machine, steadily through its reps, so one process per engine is not enough.
+    runs: dict[str, dict[str, list]] = {d: {e: [] for e in engines} for d in dtypes}
+    for r in range(args.rounds):
+        for dtype in dtypes:
+            for engine in engines:
+                print(f"[forward_time] round {r + 1}/{args.rounds}: {engine} {dtype} ...", file=sys.stderr,
+                      flush=True)
+                runs[dtype][engine].append(run_specfit(args, dtype) if engine == "specfit"
+                                           else run_llama(args, dtype))
+    results = {d: {e: merge_rounds(runs[d][e]) for e in engines} for d in dtypes}
 
     specfit_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
                                     text=True).stdout.strip()
@@ -401,10 +441,13 @@ def main() -> None:
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "what": "time of one forward of T new tokens (causal chain, logits for every row) after C cached tokens",
-        "model": rel(args.model), "threads": args.threads, "reps": args.reps, "warmup_llama": args.warmup,
+        "model": rel(args.model), "threads": args.threads, "rounds": args.rounds, "reps": args.reps,
+        "warmup_llama": args.warmup,
+        "statistics": "min_ms: least of all rounds' reps; median_ms: median of the rounds' medians",
         "cached": args.cached, "tokens": args.tokens,
         "token_ids": "ids[i] = (7 + 131*i) % 4096; cached prefix i < C, new tokens C <= i < C+T",
-        "llama_kv_cache": {d: KV_TYPE[d] for d in dtypes}, "noise_guard": dict(GUARD),
+        "llama_kv_cache": {d: KV_TYPE[d] for d in dtypes},
+        "llama_flash_attn": {d: flash_attn_mode(args.flash_attn, d) for d in dtypes}, "noise_guard": dict(GUARD),
         "specfit_commit": specfit_commit, "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -413,11 +456,44 @@ def main() -> None:
     print(f"\n(written to {args.out})", file=sys.stderr)
 
 
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One engine's result over its rounds: per cell the least min and the median of the medians;
+    the largest deviation of each llama.cpp check; every round kept under "rounds"."""
+    first = rounds[0]
+    per_round = ("rows", "draft_level", "others_cpu_share", "discarded_noisy_runs", "waited_for_quiet_s")
+    out = {k: v for k, v in first.items() if k not in per_round}
+    for key, ident in (("rows", ("cached", "tokens")), ("draft_level", ("cached", "nodes"))):
+        if key not in first:
+            continue
+        merged = []
+        for row in first[key]:
+            same = [next(x for x in run[key] if all(x.get(i) == row.get(i) for i in ident)) for run in rounds]
+            m = {i: row[i] for i in ident if i in row}
+            m |= {"min_ms": min(x["min_ms"] for x in same),
+                  "median_ms": statistics.median(x["median_ms"] for x in same),
+                  "round_min_ms": [x["min_ms"] for x in same], "round_median_ms": [x["median_ms"] for x in same]}
+            if "reps_logits_max_abs_diff" in row:
+                m["reps_logits_max_abs_diff"] = max(x["reps_logits_max_abs_diff"] for x in same)
+                m["vs_one_token_forwards_max_abs_diff"] = max(
+                    x["vs_one_token_forwards"]["max_abs_diff"] for x in same)
+            merged.append(m)
+        out[key] = merged
+    if "binary" in first:
+        shas = {r["binary"]["sha256"] for r in rounds}
+        if len(shas) > 1:  # rebuilt while the benchmark ran: the rounds timed different code
+            out["binary"] = [r["binary"] for r in rounds]
+            print(f"WARNING: {first['binary']['path']} changed between rounds ({len(shas)} different builds); "
+                  "the merged numbers mix them", file=sys.stderr)
+    out["rounds"] = rounds
+    return out
+
+
 def markdown(report: dict) -> str:
     ts, out = report["tokens"], []
     llama_info = next((r["llama"] for r in report["results"].values() if "llama" in r), None)
-    for stat, title in (("min_ms", "min"), ("median_ms", "median")):
-        out += [f"Forward time of T new tokens after C cached, ms ({title} of {report['reps']}), "
+    n = f"{report['rounds']} processes × {report['reps']} reps"
+    for stat, title in (("min_ms", f"min of {n}"), ("median_ms", f"median of the medians of {n}")):
+        out += [f"Forward time of T new tokens after C cached, ms ({title}), "
                 f"{report['threads']} threads, {report['machine']['cpu']}", "",
                 "| engine, C | " + " | ".join(f"T={t}" for t in ts) + " |",
                 "|---|" + "---:|" * len(ts)]
@@ -440,11 +516,12 @@ def markdown(report: dict) -> str:
                            "top-2 children each), ms: " + ", ".join(f"C={x['cached']} {x[stat]:.3f}" for x in lv))
         out.append("")
     if llama_info:
-        out.append("llama.cpp: " + "; ".join(f"{d} GGUF with {res['llama']['kv_cache']} KV cache"
-                                             for d, res in report["results"].items() if "llama" in res)
-                   + f"; n_ctx {llama_info['n_ctx']}, n_batch = n_ubatch = {llama_info['n_batch']}, "
-                     f"flash attention at the library default (auto); llama-cpp-python "
-                     f"{llama_info['versions']['llama-cpp-python']}")
+        out.append("llama.cpp: " + "; ".join(
+            f"{d} GGUF with {res['llama']['kv_cache']} KV cache, flash attention "
+            f"{res['llama']['flash_attn']['used']} ({res['llama']['flash_attn']['requested']})"
+            for d, res in report["results"].items() if "llama" in res)
+            + f"; n_ctx {llama_info['n_ctx']}, n_batch = n_ubatch = {llama_info['n_batch']}; llama-cpp-python "
+              f"{llama_info['versions']['llama-cpp-python']}")
     return "\n".join(out).rstrip()
 
 

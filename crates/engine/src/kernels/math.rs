@@ -21,13 +21,7 @@ pub fn exp(x: f32) -> f32 {
     // 1.5 · 2^23: adding it rounds to the nearest integer (held in the low mantissa bits),
     // subtracting it is exact.
     const ROUND: f32 = 12_582_912.0;
-    let xc = if x > 88.0 {
-        88.0
-    } else if x < -87.3 {
-        -87.3
-    } else {
-        x
-    };
+    let xc = x.clamp(-87.3, 88.0);
     let t = xc.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
     let r = n.mul_add(-LN2_HI, xc);

@@ -18,9 +18,9 @@ same formula for i in C..C+T.
              (tools/bench/README.md, "Forward time"), n_ctx 2048, n_batch = n_ubatch = 512,
              n_threads = n_threads_batch = threads; the f32 GGUF with an f32 KV cache and flash
              attention off, the bf16 GGUF with an f16 KV cache and the library's flash attention
-             (auto, on here; see FLASH_ATTN); prefill C tokens once, then per rep: llama_decode of T tokens at positions
-             C..C+T-1 with logits for all T rows, timed with perf_counter around llama_decode +
-             llama_synchronize, then llama_memory_seq_rm(positions >= C).
+             (auto, on here; see FLASH_ATTN); prefill C tokens once, then per rep: llama_decode of
+             T tokens at positions C..C+T-1 with logits for all T rows, timed with perf_counter
+             around llama_decode + llama_synchronize, then llama_memory_seq_rm(positions >= C).
 
 Checks (llama.cpp, recorded in the JSON): every rep's logits equal the first rep's (the removal
 really restores the cache), the memory's last position is C-1 after each removal, and the batched
@@ -438,7 +438,8 @@ def main() -> None:
                                     text=True).stdout.strip()
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "machine": {"cpu": cpu_model(), "cpu_id": cpu_id(), "cores": os.cpu_count(),
+                    "python": platform.python_version(),
                     "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "what": "time of one forward of T new tokens (causal chain, logits for every row) after C cached tokens",
         "model": rel(args.model), "threads": args.threads, "rounds": args.rounds, "reps": args.reps,
@@ -454,6 +455,22 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(markdown(report))
     print(f"\n(written to {args.out})", file=sys.stderr)
+
+
+def cpu_id() -> dict:
+    """/proc/cpuinfo's family, model and stepping (the model name alone can be as vague as "AMD EPYC")."""
+    out = {}
+    try:
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("vendor_id", "cpu family", "model", "stepping") and key not in out:
+                out[key] = value.strip()
+            if not line.strip():
+                break
+    except OSError:
+        pass
+    return out
 
 
 def merge_rounds(rounds: list[dict]) -> dict:

@@ -65,6 +65,26 @@ pub struct Args {
     routes: String,
 }
 
+/// Refuses a decode that would run past the model's positions (`max_position_embeddings`): the
+/// prompt, the generated tokens and, with a drafter, the draft tree below the last one.
+fn check_context(cfg: &specfit_engine::Qwen3MoeConfig, prompt: usize, args: &Args) -> Result<()> {
+    let context = cfg.max_position_embeddings;
+    let tree = if args.drafter.is_some() && args.policy != Policy::Ar {
+        specfit_engine::spec::TreeShape::default().levels
+    } else {
+        0
+    };
+    let needed = prompt + args.max_tokens + tree;
+    ensure!(
+        needed <= context,
+        "the prompt ({prompt} tokens) plus --max-tokens {}{} needs {needed} positions but the model has {context} (max_position_embeddings); use --max-tokens {} or less",
+        args.max_tokens,
+        if tree > 0 { format!(" plus the {tree}-level draft tree") } else { String::new() },
+        context.saturating_sub(prompt + tree)
+    );
+    Ok(())
+}
+
 pub fn run(args: &Args) -> Result<()> {
     ensure!(
         args.temperature.is_finite() && args.temperature >= 0.0,
@@ -79,6 +99,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tokenizer = args.prompt.tokenizer(&args.target.model)?;
     let (model, mut cache) = args.target.load()?;
     let prompt = args.prompt.tokens(tokenizer.as_ref(), args.chat)?;
+    check_context(model.config(), prompt.len(), args)?;
     let mut stop = GenerationConfig::load(&args.target.model)?
         .eos_token_id
         .or(model.config().eos_token_id.clone())

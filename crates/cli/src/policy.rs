@@ -115,12 +115,17 @@ pub fn atlas_for(atlas: Atlas, route: &RouteChoice, seed: u64) -> Atlas {
     }
 }
 
-/// Reads a calibration and checks it was measured on a target of this shape.
+/// Reads a calibration and checks it was measured on a target of this shape; one that does not
+/// name its target is refused (its costs could be another model's).
 pub fn load_calibration(path: &Path, model: &Qwen3Moe) -> Result<CalibrationJson> {
     let cal = CalibrationJson::parse(&crate::files::read_text(path)?)?;
     let here = crate::calibrate::target_stamp(model.config());
     let Some(stamp) = &cal.target else {
-        return Ok(cal);
+        bail!(
+            "calibration {} does not name the target it was fitted on (no \"target\" stamp), so it cannot be checked against this model ({}); measure one with `specfit calibrate`, or fit probe rows with `specfit calibrate --probes FILE --model DIR`",
+            path.display(),
+            serde_json::Value::Object(here)
+        );
     };
     let shape_differs = here
         .iter()

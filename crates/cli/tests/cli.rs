@@ -454,11 +454,44 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     )
     .status
     .success());
+    // A calibration that does not name its target is refused, not trusted.
+    let unstamped = temp("spec-cal-unstamped.json");
     assert!(specfit(
         &[
             "calibrate",
             "--probes",
             probes.to_str().unwrap(),
+            "--out",
+            unstamped.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let refused = specfit(
+        &[
+            &spec_args[..],
+            &[
+                "--policy",
+                "specfit",
+                "--calibration",
+                unstamped.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("does not name the target"), "{why}");
+    assert_eq!(why.trim().lines().count(), 1, "{why}");
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
             "--out",
             cal.to_str().unwrap()
         ],
@@ -639,6 +672,8 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
             other.to_str().unwrap(),
             "--prompt-ids",
             "1,2",
+            "--max-tokens",
+            "8",
             "--drafter",
             d,
             "--policy",
@@ -752,6 +787,8 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
             "calibrate",
             "--probes",
             probes.to_str().unwrap(),
+            "--model",
+            "models/target",
             "--out",
             cal.to_str().unwrap()
         ],
@@ -1209,4 +1246,70 @@ fn bench_rejects_unknown_prompt_sets_rows_and_bad_slot_counts_with_one_line() {
         assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     }
+}
+
+#[test]
+fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_the_context() {
+    let model = "fixtures/qwen3moe/eagle_target";
+    let one_line = |out: &Output, needle: &str| {
+        assert_eq!(out.status.code(), Some(2));
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(why.contains(needle), "{why}");
+        assert_eq!(why.trim().lines().count(), 1, "{why}");
+    };
+    // Never converted: the error says what to run, once.
+    let missing = temp("never-converted.specfit");
+    let out = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--store",
+            "disk",
+            "--experts",
+            missing.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+        ],
+        None,
+    );
+    one_line(&out, "specfit convert");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr)
+            .matches("No such file")
+            .count(),
+        0
+    );
+    // The fixture has 128 positions: 2 prompt tokens + 127 is one too many, 126 fit.
+    let too_long = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "127",
+        ],
+        None,
+    );
+    one_line(&too_long, "max_position_embeddings");
+    let fits = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "126",
+            "--ignore-eos",
+        ],
+        None,
+    );
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
 }

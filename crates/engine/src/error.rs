@@ -6,10 +6,11 @@ use std::path::PathBuf;
 /// Everything that can go wrong loading a model or running a forward.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a chained source, so it prints once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: {message}")]
     Json { path: PathBuf, message: String },
@@ -75,6 +76,6 @@ pub enum EngineError {
 impl EngineError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> EngineError {
         let path = path.into();
-        move |source| EngineError::Io { path, source }
+        move |error| EngineError::Io { path, error }
     }
 }

@@ -31,7 +31,7 @@ impl Tokenizer {
         if !path.exists() {
             return Err(EngineError::Io {
                 path: path.clone(),
-                source: std::io::Error::new(
+                error: std::io::Error::new(
                     std::io::ErrorKind::NotFound,
                     "no tokenizer.json in the model directory",
                 ),

@@ -190,7 +190,7 @@ pub fn convert(
         }
         let file = w.into_inner().map_err(|e| EngineError::Io {
             path: tmp.clone(),
-            source: e.into_error(),
+            error: e.into_error(),
         })?;
         file.sync_all().map_err(EngineError::io(&tmp))?;
         Ok(bytes)
@@ -242,7 +242,12 @@ impl DiskStore {
         let bad = |reason: String| EngineError::ExpertStore {
             reason: format!("{}: {reason}", path.display()),
         };
-        let plain = File::open(path).map_err(EngineError::io(path))?;
+        let plain = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => bad(
+                "no expert file here: write it once with `specfit convert --model MODEL` (or pass --experts FILE)".into(),
+            ),
+            _ => EngineError::io(path)(e),
+        })?;
         let mut prefix = [0u8; 16];
         plain
             .read_exact_at(&mut prefix, 0)

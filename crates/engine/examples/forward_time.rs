@@ -10,7 +10,8 @@
 //! ```
 //!
 //! Token ids: the cached prefix is `(7 + 131·i) mod V` for `i < C`, the new tokens continue the
-//! same formula; the drafted level's two nodes are the two most probable children of the last
+//! same formula (with `--vary`, each rep takes other new tokens, so other experts: the weights are
+//! then not all warm in the caches, as in real decoding); the drafted level's two nodes are the two most probable children of the last
 //! cached token.
 
 use std::path::PathBuf;
@@ -27,6 +28,8 @@ struct Args {
     cached: Vec<usize>,
     tokens: Vec<usize>,
     reps: usize,
+    /// Other new tokens in every rep (other experts: closer to real decoding than one warm set).
+    vary: bool,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -47,6 +50,7 @@ fn parse() -> Args {
         cached: vec![100, 1000],
         tokens: vec![1, 2, 4, 8, 16],
         reps: 30,
+        vary: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -66,6 +70,10 @@ fn parse() -> Args {
             "--cached" => a.cached = list(&value),
             "--tokens" => a.tokens = list(&value),
             "--reps" => a.reps = value.parse().expect("--reps N"),
+            "--vary" => {
+                a.vary = true;
+                i -= 1;
+            }
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -119,9 +127,10 @@ fn main() {
             )
             .expect("prefill");
         for &t in &a.tokens {
-            let new = ids(c..c + t, vocab);
             let mut ms = Vec::with_capacity(a.reps);
             for rep in 0..a.reps + 3 {
+                let shift = if a.vary { 1 + rep * 7919 } else { 0 };
+                let new: Vec<u32> = ids(c + shift..c + shift + t, vocab);
                 kv.truncate(c).expect("truncate");
                 let start = Instant::now();
                 let out = target

@@ -9,6 +9,7 @@
 //! and the next cycle starts after the committed tokens. What the policy *believes* the costs
 //! are (its selector's cost model) may differ from the true one.
 
+pub mod lru;
 pub mod synth;
 
 use specfit_selector::{stop, CostModel, Objective, Pool, PoolBuilder, ResidentSet, Selector};
@@ -129,58 +130,40 @@ pub enum SimError {
     Selector(#[from] specfit_selector::Error),
 }
 
-/// Per-layer LRU caches.
+/// Per-layer expert slots ([`lru::SlotLru`], the engine's cache counted) and the read width.
 struct Lru {
-    slots: usize,
-    /// Per layer: resident experts, least recently used first.
-    layers: Vec<Vec<u32>>,
+    slots: lru::SlotLru,
 }
 
 impl Lru {
-    /// Charges one forward's union; returns (hits, misses, read rounds with `width` reads in
-    /// flight at once, or as many as there are slots when fewer: each read holds a slot until its
-    /// expert is computed, as in the engine's `ExpertCache::read_width`).
+    fn new(layers: usize, slots: usize) -> Lru {
+        Lru {
+            slots: lru::SlotLru::new(layers, slots),
+        }
+    }
+
+    /// Charges one forward's union (per layer, distinct and ascending); returns (hits, misses,
+    /// read rounds with `width` reads in flight at once, or as many as there are slots when
+    /// fewer: each read holds a slot until its expert is computed, as in the engine's
+    /// `ExpertCache::read_width`).
     fn access(&mut self, union: &[Vec<u32>], width: usize) -> (u64, u64, usize) {
-        let width = match self.slots {
+        let width = match self.slots.slots() {
             0 => width,
             s => width.min(s),
         };
         let (mut hits, mut misses, mut read_rounds) = (0, 0, 0);
-        for (layer, experts) in self.layers.iter_mut().zip(union) {
-            let before = misses;
-            Self::access_layer(self.slots, layer, experts, &mut hits, &mut misses);
-            read_rounds += (misses - before).div_ceil(width.max(1) as u64) as usize;
+        for (layer, experts) in union.iter().enumerate() {
+            let (h, m) = self.slots.access_layer(layer, experts);
+            hits += h;
+            misses += m;
+            read_rounds += m.div_ceil(width.max(1) as u64) as usize;
         }
         (hits, misses, read_rounds)
     }
 
-    /// One layer's share of [`Lru::access`].
-    fn access_layer(
-        slots: usize,
-        layer: &mut Vec<u32>,
-        experts: &[u32],
-        hits: &mut u64,
-        misses: &mut u64,
-    ) {
-        if slots == 0 {
-            *misses += experts.len() as u64;
-            return;
-        }
-        for &e in experts {
-            match layer.iter().position(|&x| x == e) {
-                Some(i) => {
-                    *hits += 1;
-                    layer.remove(i);
-                }
-                None => {
-                    *misses += 1;
-                    if layer.len() == slots {
-                        layer.remove(0);
-                    }
-                }
-            }
-            layer.push(e);
-        }
+    /// Resident experts per layer, least recently used first.
+    fn resident(&self, layers: usize) -> Vec<Vec<u32>> {
+        (0..layers).map(|l| self.slots.resident(l)).collect()
     }
 }
 
@@ -212,10 +195,7 @@ fn replay_all<'a>(
     policy: &SimPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    let mut lru = Lru {
-        slots: config.slots,
-        layers: vec![Vec::new(); header.moe_layers],
-    };
+    let mut lru = Lru::new(header.moe_layers, config.slots);
     let mut selector = match policy {
         SimPolicy::SpecFit {
             cost,
@@ -347,11 +327,11 @@ fn choose(
             ..
         } => {
             let selector = selector.expect("built for SpecFit");
-            let resident = if *residency && lru.slots > 0 {
+            let resident = if *residency && lru.slots.slots() > 0 {
                 Some(ResidentSet::new(
                     header.moe_layers,
                     header.experts,
-                    &lru.layers,
+                    &lru.resident(header.moe_layers),
                 )?)
             } else {
                 None
@@ -476,10 +456,7 @@ pub fn calibrate_on(
     seed: u64,
 ) -> Result<specfit_selector::Calibration, SimError> {
     let mut rng = specfit_selector::synth::Rng::new(seed);
-    let mut lru = Lru {
-        slots: config.slots,
-        layers: vec![Vec::new(); header.moe_layers],
-    };
+    let mut lru = Lru::new(header.moe_layers, config.slots);
     let mut probes = Vec::with_capacity(steps.len());
     for (i, step) in steps.iter().enumerate() {
         let want = i % (max_nodes + 1);

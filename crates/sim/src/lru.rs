@@ -1,0 +1,145 @@
+//! The engine's per-layer expert slot cache (`specfit_engine::ExpertCache`), counted instead of
+//! copied: the same slots, the same eviction and the same order of events, so a replayed trace
+//! gets the hits and misses the engine got (a test in `crates/engine/tests/slot_model.rs` holds
+//! the two together on random route streams). It owns no timing.
+//!
+//! One call for `needed` (distinct, ascending) experts of a layer, as the engine runs it:
+//! 1. the resident ones are hits and are pinned; the missing ones queue, in order;
+//! 2. each queued expert takes the free slot that is empty, else least recently used (first
+//!    such slot), while one is free;
+//! 3. the hits are used (each becomes the most recent, in order) and unpinned; more reads start;
+//! 4. the reads finish in the order they started: each expert is used (most recent), its slot
+//!    freed, and more reads start.
+//!
+//! With 0 slots there is no cache: every needed expert is a miss.
+
+/// Per-layer slots of one cache.
+#[derive(Debug, Clone)]
+pub struct SlotLru {
+    slots: usize,
+    clock: u64,
+    layers: Vec<Layer>,
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    holds: Vec<Option<u32>>,
+    last_use: Vec<u64>,
+}
+
+impl SlotLru {
+    /// Empty slots: `slots` per layer (0 = no cache).
+    pub fn new(layers: usize, slots: usize) -> SlotLru {
+        SlotLru {
+            slots,
+            clock: 0,
+            layers: (0..layers)
+                .map(|_| Layer {
+                    holds: vec![None; slots],
+                    last_use: vec![0; slots],
+                })
+                .collect(),
+        }
+    }
+
+    /// Slots per layer.
+    pub fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The experts resident in `layer`, least recently used first.
+    pub fn resident(&self, layer: usize) -> Vec<u32> {
+        let l = &self.layers[layer];
+        let mut held: Vec<(u64, u32)> = l
+            .holds
+            .iter()
+            .zip(&l.last_use)
+            .filter_map(|(h, &t)| h.map(|e| (t, e)))
+            .collect();
+        held.sort_unstable();
+        held.into_iter().map(|(_, e)| e).collect()
+    }
+
+    /// One forward's use of `needed` (distinct, ascending) in `layer`: (hits, misses).
+    pub fn access_layer(&mut self, layer: usize, needed: &[u32]) -> (u64, u64) {
+        if self.slots == 0 {
+            return (0, needed.len() as u64);
+        }
+        let l = &mut self.layers[layer];
+        let slot_of = |l: &Layer, e: u32| l.holds.iter().position(|&h| h == Some(e));
+        let (hit, miss): (Vec<u32>, Vec<u32>) =
+            needed.iter().partition(|&&e| slot_of(l, e).is_some());
+        let mut busy = vec![false; self.slots];
+        for &e in &hit {
+            busy[slot_of(l, e).expect("resident")] = true;
+        }
+        let mut pending: std::collections::VecDeque<u32> = miss.iter().copied().collect();
+        let mut in_flight: std::collections::VecDeque<usize> = Default::default();
+        let launch = |l: &mut Layer,
+                      busy: &mut [bool],
+                      pending: &mut std::collections::VecDeque<u32>,
+                      in_flight: &mut std::collections::VecDeque<usize>| {
+            while let Some(&e) = pending.front() {
+                let Some(victim) = (0..busy.len())
+                    .filter(|&s| !busy[s])
+                    .min_by_key(|&s| (l.holds[s].is_some(), l.last_use[s]))
+                else {
+                    return;
+                };
+                pending.pop_front();
+                l.holds[victim] = Some(e);
+                busy[victim] = true;
+                in_flight.push_back(victim);
+            }
+        };
+        launch(l, &mut busy, &mut pending, &mut in_flight);
+        if !hit.is_empty() {
+            for &e in &hit {
+                self.clock += 1;
+                let s = slot_of(l, e).expect("pinned");
+                l.last_use[s] = self.clock;
+            }
+            for &e in &hit {
+                busy[slot_of(l, e).expect("pinned")] = false;
+            }
+            launch(l, &mut busy, &mut pending, &mut in_flight);
+        }
+        while let Some(s) = in_flight.pop_front() {
+            self.clock += 1;
+            l.last_use[s] = self.clock;
+            busy[s] = false;
+            launch(l, &mut busy, &mut pending, &mut in_flight);
+        }
+        (hit.len() as u64, miss.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hits_are_pinned_so_a_miss_evicts_another_expert_even_when_the_hit_is_older() {
+        // Two slots: A (older) and B. Needing {A, C}: A is a hit and pinned, C evicts B.
+        let mut lru = SlotLru::new(1, 2);
+        assert_eq!(lru.access_layer(0, &[1]), (0, 1));
+        assert_eq!(lru.access_layer(0, &[2]), (0, 1));
+        assert_eq!(lru.access_layer(0, &[0, 1]), (1, 1));
+        assert_eq!(lru.resident(0), vec![1, 0]);
+    }
+
+    #[test]
+    fn more_misses_than_slots_cycle_through_the_slots_in_order() {
+        let mut lru = SlotLru::new(1, 2);
+        assert_eq!(lru.access_layer(0, &[0, 1, 2, 3]), (0, 4));
+        assert_eq!(lru.resident(0), vec![2, 3]);
+        assert_eq!(lru.access_layer(0, &[3]), (1, 0));
+    }
+
+    #[test]
+    fn no_slots_means_every_expert_is_a_miss() {
+        let mut lru = SlotLru::new(2, 0);
+        assert_eq!(lru.access_layer(1, &[0, 5]), (0, 2));
+        assert_eq!(lru.access_layer(1, &[0, 5]), (0, 2));
+    }
+}

@@ -1,0 +1,127 @@
+//! Measured verify forwards for calibrating the cost model (`specfit calibrate`): random
+//! ancestor-closed subtrees of each size from chosen cache states. It does not fit.
+
+use super::*;
+
+/// The expert cache's state before each probed verify forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeCache {
+    /// Every other cycle starts from an emptied cache, the others from the LRU state decoding
+    /// left: both ends a calibration needs.
+    LruAndCleared,
+    /// The cache as decoding left it, never emptied (with every expert fitting in the slots,
+    /// the forwards become all-resident once the prompt's experts have been read).
+    Lru,
+}
+
+/// What [`probe`] measures.
+#[derive(Debug, Clone, Copy)]
+pub struct ProbePlan {
+    pub shape: TreeShape,
+    /// Node counts cycle through `0..=max_nodes` (starting at `seed mod (max_nodes + 1)`).
+    pub max_nodes: usize,
+    pub cycles: usize,
+    pub seed: u64,
+    pub cache: ProbeCache,
+}
+
+/// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProbeRow {
+    pub nodes: usize,
+    pub demand: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Read rounds ([`crate::experts::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
+    pub ms: f64,
+    /// Drafter forwards that drafted this cycle's levels past the first, and their time.
+    pub draft_forwards: usize,
+    pub draft_ms: f64,
+    /// Committed tokens fed back to the drafter after the verify, and the time it took.
+    pub fed: usize,
+    pub feed_ms: f64,
+    /// Tokens already in the target's KV cache (the context every verified token attends to).
+    pub context: usize,
+}
+
+/// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
+/// subtree of the drafted pool whose size cycles through `0..=max_nodes` (a random subset of
+/// each size), and measures each verify forward, from the cache states `plan.cache` names.
+/// Committed tokens follow the target's greedy choices, as in real decoding.
+pub fn probe(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+    plan: &ProbePlan,
+) -> Result<Vec<ProbeRow>, EngineError> {
+    let mut rng = specfit_selector::synth::Rng::new(plan.seed);
+    let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let mut rows = Vec::with_capacity(cycles);
+    for cycle in 0..cycles {
+        let n = kv.len();
+        let t0 = Instant::now();
+        let pool = draft_tree(target, drafter, &mut draft, n, plan.shape, &mut |_| {
+            Ok(true)
+        })?;
+        let draft_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let levels = pool.iter().map(|p| p.depth).max().unwrap_or(0);
+        // Sizes cycle through 0..=K, offset by the seed so that short probes of many prompts
+        // still cover every size.
+        let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
+        let chosen = random_subtree(&pool, want, &mut rng);
+        if plan.cache == ProbeCache::LruAndCleared && cycle % 2 == 1 {
+            experts.clear();
+        }
+        let tree = Tree {
+            root,
+            pool: &pool,
+            chosen: &chosen,
+        };
+        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
+        rows.push(ProbeRow {
+            nodes: chosen.len(),
+            demand: v.demand,
+            hits: v.copies.hits,
+            misses: v.copies.misses,
+            read_rounds: v.read_rounds,
+            ms: v.seconds * 1e3,
+            draft_forwards: levels.saturating_sub(1),
+            draft_ms,
+            fed: v.committed.len(),
+            feed_ms: 0.0,
+            context: n,
+        });
+        let t1 = Instant::now();
+        advance_drafter(target, drafter, &mut draft, n, &v)?;
+        rows.last_mut().expect("pushed").feed_ms = t1.elapsed().as_secs_f64() * 1e3;
+        root = *v.committed.last().expect("the bonus token");
+    }
+    Ok(rows)
+}
+
+/// A uniformly grown random ancestor-closed subtree of (at most) `size` nodes.
+pub(super) fn random_subtree(
+    pool: &[DraftNode],
+    size: usize,
+    rng: &mut specfit_selector::synth::Rng,
+) -> Vec<usize> {
+    let mut chosen = vec![false; pool.len()];
+    let mut picked = Vec::new();
+    while picked.len() < size {
+        let frontier: Vec<usize> = (0..pool.len())
+            .filter(|&i| !chosen[i] && pool[i].parent.is_none_or(|p| chosen[p]))
+            .collect();
+        if frontier.is_empty() {
+            break;
+        }
+        let i = frontier[rng.below(frontier.len())];
+        chosen[i] = true;
+        picked.push(i);
+    }
+    picked.sort_unstable();
+    picked
+}

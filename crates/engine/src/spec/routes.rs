@@ -1,0 +1,206 @@
+//! Where draft-node routes come from: the atlas (the target's routers on the pool, outside the
+//! timer), the route predictor, or none. It does not choose subtrees.
+
+use super::*;
+
+/// Expert routes of a pool, per MoE layer: the root's and each node's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolRoutes {
+    /// `[moe layer][k]`.
+    pub root: Vec<Vec<u32>>,
+    /// `[node][moe layer][k]`.
+    pub nodes: Vec<Vec<Vec<u32>>>,
+}
+
+/// Where a rule gets the routes of draft nodes (and the live slot contents) from.
+pub trait RouteSource {
+    /// Routes of the root and every node of `pool`.
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError>;
+    /// Experts resident in each MoE layer's slots right now.
+    fn resident(&self) -> Vec<Vec<u32>>;
+    /// Routing time spent so far, when routes are computed outside the timer.
+    fn atlas_seconds(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// The atlas: the target's own routers run on the draft pool (a full forward over root + pool on a
+/// copy of the KV cache, with all experts resident in a separate cache), outside the timer.
+pub struct Atlas {
+    cache: ExpertCache,
+    /// Time spent so far.
+    pub seconds: f64,
+    /// `corrupt:P`: each routed expert replaced by a random other one with probability P.
+    corrupt: Option<(f64, specfit_selector::synth::Rng)>,
+}
+
+impl Atlas {
+    /// An atlas over `cache`, which should hold every expert (it is only used for routing).
+    pub fn new(cache: ExpertCache) -> Atlas {
+        Atlas {
+            cache,
+            seconds: 0.0,
+            corrupt: None,
+        }
+    }
+
+    /// The paper's degraded-predictor experiment: every expert of every route (root and nodes)
+    /// is replaced, with probability `p`, by a uniformly random expert not already in the list.
+    pub fn with_corruption(mut self, p: f64, seed: u64) -> Atlas {
+        self.corrupt = Some((p, specfit_selector::synth::Rng::new(seed)));
+        self
+    }
+
+    /// One forward of the root and the whole pool after `kv` with every expert resident: the
+    /// routes of every token, and the output (for `logits`). The forward appends to `kv`, which
+    /// is then truncated back, so `kv` leaves as it came (no copy of a long cache per call: an
+    /// 8 MB copy per drafted level at a 1,000-token context also flushed the processor caches
+    /// the timed verify then ran in).
+    pub(super) fn route_pool(
+        &mut self,
+        target: &Qwen3Moe,
+        kv: &mut KvCache,
+        root: u32,
+        pool: &[DraftNode],
+        logits: Logits<'_>,
+    ) -> Result<(PoolRoutes, crate::batch::ForwardOutput), EngineError> {
+        let n = kv.len();
+        let mut tokens = vec![root];
+        let mut parents = vec![None];
+        let mut positions = vec![n];
+        for node in pool {
+            tokens.push(node.token);
+            parents.push(Some(node.parent.map_or(0, |p| p + 1)));
+            positions.push(n + node.depth);
+        }
+        let batch = Batch {
+            tokens: &tokens,
+            positions: Some(&positions),
+            mask: Mask::Tree(&parents),
+            taps: &[],
+            logits,
+        };
+        let out = target.forward(&batch, kv, &mut self.cache);
+        // Also after a failed forward, which may have appended to some layers only.
+        kv.truncate(n)?;
+        let out = out?;
+        let layers: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
+        let routes = PoolRoutes {
+            root: layers.iter().map(|l| l[0].clone()).collect(),
+            nodes: (1..tokens.len())
+                .map(|t| layers.iter().map(|l| l[t].clone()).collect())
+                .collect(),
+        };
+        Ok((routes, out))
+    }
+
+    pub(super) fn corrupt(&mut self, routes: &mut PoolRoutes, experts: usize) {
+        let Some((p, rng)) = self.corrupt.as_mut() else {
+            return;
+        };
+        for list in routes
+            .root
+            .iter_mut()
+            .chain(routes.nodes.iter_mut().flatten())
+        {
+            for i in 0..list.len() {
+                if rng.unit() < *p && list.len() < experts {
+                    let fresh = loop {
+                        let e = rng.below(experts) as u32;
+                        if !list.contains(&e) {
+                            break e;
+                        }
+                    };
+                    list[i] = fresh;
+                }
+            }
+        }
+    }
+}
+
+/// The atlas at one cycle: the committed cache and the root.
+pub(super) struct AtlasView<'a> {
+    pub(super) target: &'a Qwen3Moe,
+    pub(super) atlas: &'a mut Atlas,
+    /// Left as it came by every call.
+    pub(super) kv: &'a mut KvCache,
+    pub(super) root: u32,
+    pub(super) resident: Vec<Vec<u32>>,
+}
+
+impl RouteSource for AtlasView<'_> {
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        let start = Instant::now();
+        let (mut routes, _) =
+            self.atlas
+                .route_pool(self.target, &mut *self.kv, self.root, pool, Logits::None)?;
+        self.atlas
+            .corrupt(&mut routes, self.target.config().num_experts);
+        self.atlas.seconds += start.elapsed().as_secs_f64();
+        Ok(routes)
+    }
+
+    fn resident(&self) -> Vec<Vec<u32>> {
+        self.resident.clone()
+    }
+
+    fn atlas_seconds(&self) -> Option<f64> {
+        Some(self.atlas.seconds)
+    }
+}
+
+/// Where the specfit rules get draft-node routes from.
+pub enum Routes<'a> {
+    /// No routes (rules that need them fail).
+    None,
+    /// The target's routers on the pool, outside the timer.
+    Atlas(&'a mut Atlas),
+    /// The linear route predictor on the drafter's hidden states (inside the timer).
+    Predictor(&'a RoutePredictor),
+}
+
+/// Routes predicted from the drafter's hidden states.
+pub(super) struct PredictorView<'a> {
+    pub(super) predictor: &'a RoutePredictor,
+    pub(super) target: &'a Qwen3Moe,
+    pub(super) root: u32,
+    /// The drafter state at the committed position (it proposed the root's children).
+    pub(super) root_hidden: Vec<f32>,
+    pub(super) resident: Vec<Vec<u32>>,
+}
+
+impl RouteSource for PredictorView<'_> {
+    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        let h = self.target.config().hidden_size;
+        let predict = |hidden: &[f32], token: u32| {
+            self.predictor.predict(&crate::predictor::features(
+                hidden,
+                self.target.embed(),
+                token,
+                h,
+            ))
+        };
+        Ok(PoolRoutes {
+            root: predict(&self.root_hidden, self.root),
+            nodes: pool.iter().map(|n| predict(&n.hidden, n.token)).collect(),
+        })
+    }
+
+    fn resident(&self) -> Vec<Vec<u32>> {
+        self.resident.clone()
+    }
+}
+
+/// A source for rules that never ask for routes.
+pub struct NoRoutes;
+
+impl RouteSource for NoRoutes {
+    fn routes(&mut self, _pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+        Err(EngineError::BadMask {
+            reason: "this verify rule needs routes but no route source was given".into(),
+        })
+    }
+    fn resident(&self) -> Vec<Vec<u32>> {
+        Vec::new()
+    }
+}

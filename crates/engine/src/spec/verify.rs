@@ -1,0 +1,110 @@
+//! Verification: one target forward over the root and the chosen nodes with a tree mask, then
+//! the walk that draws the target's token at each node and accepts the longest matching path.
+//! It does not draft or choose.
+
+use super::*;
+
+/// What one verification covers: the root and the chosen nodes of the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Tree<'a> {
+    /// The last committed token, not yet seen by the target.
+    pub root: u32,
+    pub pool: &'a [DraftNode],
+    /// Chosen pool indices, ascending, ancestor-closed.
+    pub chosen: &'a [usize],
+}
+
+/// The outcome of verifying one tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verified {
+    /// Pool indices of the accepted draft nodes, root to leaf.
+    pub accepted: Vec<usize>,
+    /// Accepted draft tokens followed by the bonus token.
+    pub committed: Vec<u32>,
+    /// The target's drafter features (`[low | mid | high]`) of the root and accepted nodes.
+    pub features: Vec<f32>,
+    /// `Σ_l |∪ experts|` over the verified tokens (root included), from the target's routers.
+    pub demand: u64,
+    /// Expert copies of the verify forward.
+    pub copies: LayerStats,
+    /// Read rounds of the verify forward ([`crate::experts::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
+    /// Wall time of the verify forward.
+    pub seconds: f64,
+}
+
+/// Verifies `root` (at cache index and position `kv.len()`) plus the `chosen` pool nodes in one
+/// target forward with a tree mask, accepts the longest path whose tokens equal the target's
+/// argmax, and compacts `kv` to the prefix, the root and that path.
+pub fn verify(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    kv: &mut KvCache,
+    tree: Tree<'_>,
+    sampler: &mut Sampler,
+) -> Result<Verified, EngineError> {
+    let Tree { root, pool, chosen } = tree;
+    let n = kv.len();
+    let row_of = |node: usize| chosen.iter().position(|&c| c == node).map(|i| i + 1);
+    let mut tokens = vec![root];
+    let mut parents = vec![None];
+    let mut positions = vec![n];
+    for &c in chosen {
+        let parent = match pool[c].parent {
+            None => 0,
+            Some(p) => row_of(p).ok_or_else(|| EngineError::BadMask {
+                reason: format!("chosen node {c} without its parent {p}"),
+            })?,
+        };
+        tokens.push(pool[c].token);
+        parents.push(Some(parent));
+        positions.push(n + pool[c].depth);
+    }
+    // The drafter's taps plus the final residual stream: logits are computed only for the rows
+    // the walk below reads (the root, then each accepted node), not for every verified node.
+    let mut taps = drafter.taps().to_vec();
+    taps.push(target.final_tap());
+    let batch = Batch {
+        tokens: &tokens,
+        positions: Some(&positions),
+        mask: Mask::Tree(&parents),
+        taps: &taps,
+        logits: Logits::None,
+    };
+    let start = Instant::now();
+    let mut out = target.forward(&batch, kv, experts)?;
+    let h = target.config().hidden_size;
+    let residual = out.taps.pop().expect("the final tap");
+    // At each node draw the target's next token exactly as plain decoding would (one draw per
+    // emitted token); move to the verified child carrying it, or stop: it is the bonus token.
+    let mut path = vec![0usize];
+    let bonus = loop {
+        let here = *path.last().expect("non-empty");
+        let logits = target.logits_of(&residual[here * h..(here + 1) * h]);
+        let token = sampler.sample(&logits);
+        match (1..tokens.len()).find(|&r| parents[r] == Some(here) && tokens[r] == token) {
+            Some(r) => path.push(r),
+            None => break token,
+        }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    let demand = out.demand();
+    kv.compact(n, &path.iter().map(|&r| n + r).collect::<Vec<_>>())?;
+    let all = concat_taps(&out.taps, tokens.len(), h);
+    let features = path
+        .iter()
+        .flat_map(|&r| all[r * 3 * h..(r + 1) * 3 * h].iter().copied())
+        .collect();
+    let mut committed: Vec<u32> = path[1..].iter().map(|&r| tokens[r]).collect();
+    committed.push(bonus);
+    Ok(Verified {
+        accepted: path[1..].iter().map(|&r| chosen[r - 1]).collect(),
+        committed,
+        features,
+        demand,
+        read_rounds: out.copies.read_rounds(experts.read_width()),
+        copies: out.copies.total,
+        seconds,
+    })
+}

@@ -7,7 +7,7 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
-use super::simd::{self, F32x16, LANES};
+use super::simd::{self, tree, F32x16, LANES};
 use super::Isa;
 
 /// `e^x` with Cephes' `expf` reduction and polynomial, evaluated with fused multiply-adds
@@ -42,20 +42,6 @@ pub fn exp(x: f32) -> f32 {
     } else {
         y * scale
     }
-}
-
-/// The pairwise sum of 16 lanes.
-#[inline(always)]
-fn tree(a: &[f32; LANES]) -> f32 {
-    let mut s8 = [0.0f32; 8];
-    for l in 0..8 {
-        s8[l] = a[l] + a[l + 8];
-    }
-    let mut s4 = [0.0f32; 4];
-    for l in 0..4 {
-        s4[l] = s8[l] + s8[l + 4];
-    }
-    (s4[0] + s4[2]) + (s4[1] + s4[3])
 }
 
 /// Softmax of `scale · x` in place: `m = max`, `e_i = exp(scale·x_i − m)`, `Σ` in row order,
@@ -132,7 +118,6 @@ pub fn top_k(values: &[f32], k: usize) -> Vec<(u32, f32)> {
 macro_rules! isa_variant {
     ($m:ident, $v:ty, $($feat:literal)?) => {
         mod $m {
-            use super::simd;
             $(#[target_feature(enable = $feat)])?
             pub(super) unsafe fn softmax(x: &mut [f32], scale: f32) {
                 unsafe { super::softmax_body::<$v>(x, scale) }
@@ -147,29 +132,13 @@ macro_rules! isa_variant {
     };
 }
 
-isa_variant!(portable, simd::Portable,);
-#[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, simd::Avx2, "avx2,fma");
-#[cfg(target_arch = "x86_64")]
-isa_variant!(
-    avx512,
-    simd::Avx512,
-    "avx512f,avx512bw,avx512vl,avx512dq,fma"
-);
+per_isa!(isa_variant);
 
 /// The attention softmax of `scale · x`, in place (see `softmax_body`), compiled for `isa`.
 pub fn softmax_scaled_with(isa: Isa, x: &mut [f32], scale: f32) {
     assert!(isa.supported(), "{isa:?} not available");
     // SAFETY: the instruction set was checked above.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::softmax(x, scale),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::softmax(x, scale),
-            _ => portable::softmax(x, scale),
-        }
-    }
+    unsafe { dispatch!(isa, softmax(x, scale)) }
 }
 
 /// [`softmax_scaled_with`] on the detected instruction set.
@@ -181,15 +150,7 @@ pub fn softmax_scaled(x: &mut [f32], scale: f32) {
 pub fn exp_in_place_with(isa: Isa, x: &mut [f32]) {
     assert!(isa.supported(), "{isa:?} not available");
     // SAFETY: the instruction set was checked above.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::exp_slice(x),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::exp_slice(x),
-            _ => portable::exp_slice(x),
-        }
-    }
+    unsafe { dispatch!(isa, exp_slice(x)) }
 }
 
 #[cfg(test)]

@@ -26,6 +26,36 @@
 //! so bf16 storage halves the bytes read without changing any result. This module owns
 //! arithmetic only; it knows nothing of layers or tokens.
 
+/// Invokes `$m!(module, 16-lane type, target features)` once per instruction set: the same
+/// generic kernel body compiled for each.
+macro_rules! per_isa {
+    ($m:ident) => {
+        $m!(portable, $crate::kernels::simd::Portable,);
+        #[cfg(target_arch = "x86_64")]
+        $m!(avx2, $crate::kernels::simd::Avx2, "avx2,fma");
+        #[cfg(target_arch = "x86_64")]
+        $m!(
+            avx512,
+            $crate::kernels::simd::Avx512,
+            "avx512f,avx512bw,avx512vl,avx512dq,fma"
+        );
+    };
+}
+
+/// Calls `$f(args)` in the module `per_isa!` compiled for `$isa` (unsafe: the caller checks
+/// that the running CPU has that instruction set).
+macro_rules! dispatch {
+    ($isa:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $isa {
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::Isa::Avx512 => avx512::$f($($arg),*),
+            #[cfg(target_arch = "x86_64")]
+            $crate::kernels::Isa::Avx2 => avx2::$f($($arg),*),
+            _ => portable::$f($($arg),*),
+        }
+    };
+}
+
 pub mod math;
 pub mod packed;
 pub mod rowdot;
@@ -294,6 +324,15 @@ pub(crate) mod tests {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
+    /// A random `n × k` bf16 matrix and its exact f32 widening.
+    pub(crate) fn bf16_matrix(n: usize, k: usize, seed: &mut u64) -> (Vec<u16>, Vec<f32>) {
+        let w16: Vec<u16> = (0..n * k)
+            .map(|_| half::bf16::from_f32(lcg(seed)).to_bits())
+            .collect();
+        let w32 = w16.iter().map(|&b| bf16_to_f32(b)).collect();
+        (w16, w32)
+    }
+
     #[test]
     fn dot_matches_a_wide_reference_sum_closely() {
         let mut s = 1;
@@ -329,21 +368,6 @@ pub(crate) mod tests {
             );
             assert_eq!(bits(&one), bits(&all[r * n..(r + 1) * n]), "row {r}");
         }
-    }
-
-    #[test]
-    fn a_bf16_matrix_gives_the_bits_of_its_f32_widening() {
-        let mut s = 4;
-        let (n, k) = (19, 777);
-        let w16: Vec<u16> = (0..n * k)
-            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
-            .collect();
-        let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
-        let x: Vec<f32> = (0..3 * k).map(|_| lcg(&mut s)).collect();
-        let (mut a, mut b) = (vec![0.0; 3 * n], vec![0.0; 3 * n]);
-        matmul(&x, 3, WeightView::Bf16(&w16), n, k, &mut a);
-        matmul(&x, 3, WeightView::F32(&w32), n, k, &mut b);
-        assert_eq!(bits(&a), bits(&b));
     }
 
     #[test]

@@ -11,7 +11,7 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
-use super::simd::{self, Elem, F32x16};
+use super::simd::{Elem, F32x16};
 use super::{Isa, WeightBuf, WeightView};
 
 /// Columns per panel.
@@ -189,15 +189,7 @@ macro_rules! isa_variant {
     };
 }
 
-isa_variant!(portable, simd::Portable,);
-#[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, simd::Avx2, "avx2,fma");
-#[cfg(target_arch = "x86_64")]
-isa_variant!(
-    avx512,
-    simd::Avx512,
-    "avx512f,avx512bw,avx512vl,avx512dq,fma"
-);
+per_isa!(isa_variant);
 
 /// `out[r·ldo + 16·p + c] = Σ_kk x[r·ldx + kk] · panel_p[kk, c]` for every row `r < rows` and
 /// panel `p` in `panels`, compiled for `isa`.
@@ -220,29 +212,15 @@ pub unsafe fn gemm_raw(
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        match (isa, b) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, PanelSrc::F32 { base, ldb, pstride }) => {
-                avx512::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, PanelSrc::Bf16 { base, ldb, pstride }) => {
-                avx512::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, PanelSrc::F32 { base, ldb, pstride }) => {
-                avx2::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, PanelSrc::Bf16 { base, ldb, pstride }) => {
-                avx2::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
-            (_, PanelSrc::F32 { base, ldb, pstride }) => {
-                portable::gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
-            (_, PanelSrc::Bf16 { base, ldb, pstride }) => {
-                portable::gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            }
+        match b {
+            PanelSrc::F32 { base, ldb, pstride } => dispatch!(
+                isa,
+                gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            ),
+            PanelSrc::Bf16 { base, ldb, pstride } => dispatch!(
+                isa,
+                gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            ),
         }
     }
 }
@@ -454,8 +432,7 @@ impl SendSrc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::bf16_to_f32;
-    use crate::kernels::tests::{bits, lcg};
+    use crate::kernels::tests::{bf16_matrix, bits, lcg};
 
     /// The definition, one output at a time.
     fn oracle(x: &[f32], w: &[f32], n: usize, k: usize, rows: usize) -> Vec<f32> {
@@ -521,10 +498,7 @@ mod tests {
     fn bf16_panels_give_the_bits_of_their_f32_widening() {
         let mut s = 23;
         let (n, k) = (48, 65);
-        let w16: Vec<u16> = (0..n * k)
-            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
-            .collect();
-        let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
+        let (w16, w32) = bf16_matrix(n, k, &mut s);
         let a = PackedMatrix::pack(WeightView::Bf16(&w16), n, k);
         let b = PackedMatrix::pack(WeightView::F32(&w32), n, k);
         let x: Vec<f32> = (0..6 * k).map(|_| lcg(&mut s)).collect();

@@ -10,23 +10,8 @@
 // Index loops over fixed-size register blocks read (and vectorise) best as written.
 #![allow(clippy::needless_range_loop)]
 
-use super::simd::{self, Elem, F32x16, LANES};
+use super::simd::{self, tree, Elem, F32x16, LANES};
 use super::{Isa, WeightView};
-
-/// The pairwise sum of 16 lanes.
-#[inline(always)]
-fn tree(a: &[f32; LANES]) -> f32 {
-    let mut s8 = [0.0f32; 8];
-    for l in 0..8 {
-        s8[l] = a[l] + a[l + 8];
-    }
-    let mut s4 = [0.0f32; 4];
-    for l in 0..4 {
-        s4[l] = s8[l] + s8[l + 4];
-    }
-    let s2 = [s4[0] + s4[2], s4[1] + s4[3]];
-    s2[0] + s2[1]
-}
 
 /// `R` rows × `J` outputs: `out[r·ldo + j] = x[r·ldx ..] · w[j·ldw ..]` over `k`.
 ///
@@ -169,15 +154,7 @@ macro_rules! isa_variant {
     };
 }
 
-isa_variant!(portable, simd::Portable,);
-#[cfg(target_arch = "x86_64")]
-isa_variant!(avx2, simd::Avx2, "avx2,fma");
-#[cfg(target_arch = "x86_64")]
-isa_variant!(
-    avx512,
-    simd::Avx512,
-    "avx512f,avx512bw,avx512vl,avx512dq,fma"
-);
+per_isa!(isa_variant);
 
 /// `out[r·n + j] = x[r, :] · w[j, :]` for `j` in `cols`, compiled for `isa`.
 ///
@@ -200,26 +177,10 @@ pub unsafe fn matmul_raw(
     let xp = x.as_ptr();
     // SAFETY: the caller's contract.
     unsafe {
-        match (isa, w) {
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, WeightView::F32(w)) => {
-                avx512::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx512, WeightView::Bf16(w)) => {
-                avx512::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, WeightView::F32(w)) => {
-                avx2::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out)
-            }
-            #[cfg(target_arch = "x86_64")]
-            (Isa::Avx2, WeightView::Bf16(w)) => {
-                avx2::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
-            }
-            (_, WeightView::F32(w)) => portable::matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out),
-            (_, WeightView::Bf16(w)) => {
-                portable::matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out)
+        match w {
+            WeightView::F32(w) => dispatch!(isa, matmul_f32(xp, rows, w.as_ptr(), n, k, cols, out)),
+            WeightView::Bf16(w) => {
+                dispatch!(isa, matmul_bf16(xp, rows, w.as_ptr(), n, k, cols, out))
             }
         }
     }
@@ -255,8 +216,7 @@ pub fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::bf16_to_f32;
-    use crate::kernels::tests::{bits, lcg};
+    use crate::kernels::tests::{bf16_matrix, bits, lcg};
 
     /// The definition, one output at a time, with `f32::mul_add`.
     fn oracle(x: &[f32], w: &[f32]) -> f32 {
@@ -303,10 +263,7 @@ mod tests {
     fn bf16_weights_give_the_bits_of_their_widening_on_every_instruction_set() {
         let mut s = 12;
         let (n, k) = (21, 67);
-        let w16: Vec<u16> = (0..n * k)
-            .map(|_| half::bf16::from_f32(lcg(&mut s)).to_bits())
-            .collect();
-        let w32: Vec<f32> = w16.iter().map(|&b| bf16_to_f32(b)).collect();
+        let (w16, w32) = bf16_matrix(n, k, &mut s);
         let x: Vec<f32> = (0..5 * k).map(|_| lcg(&mut s)).collect();
         let mut want = vec![0.0; 5 * n];
         matmul_with(Isa::Portable, &x, 5, WeightView::F32(&w32), n, k, &mut want);

@@ -58,6 +58,21 @@ impl Elem for u16 {
     }
 }
 
+/// The pairwise sum of 16 lanes: `l + 8`, then `l + 4`, `l + 2`, `l + 1` (the end of the row
+/// order; see the kernels' module docs).
+#[inline(always)]
+pub fn tree(a: &[f32; LANES]) -> f32 {
+    let mut s8 = [0.0f32; 8];
+    for l in 0..8 {
+        s8[l] = a[l] + a[l + 8];
+    }
+    let mut s4 = [0.0f32; 4];
+    for l in 0..4 {
+        s4[l] = s8[l] + s8[l + 4];
+    }
+    (s4[0] + s4[2]) + (s4[1] + s4[3])
+}
+
 /// 16 elements from `p` of which only the first `n` exist; the rest load as zeros.
 ///
 /// # Safety

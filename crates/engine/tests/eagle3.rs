@@ -2,40 +2,11 @@
 //! logits and fed-back hidden states within 1e-4 relative, the same draft tokens, and the cached
 //! next step; then the target's taps feeding it end to end, and drafters that do not fit.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::*;
 
 use serde_json::Value;
 use specfit_engine::{Batch, DraftHidden, Eagle3, Mask, Qwen3Moe};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    match v {
-        Value::Array(a) => a.iter().flat_map(floats).collect(),
-        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
-        _ => panic!("not numeric"),
-    }
-}
-
-fn ints(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let d = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    d / want.iter().map(|v| v.abs()).fold(0.0, f32::max)
-}
 
 fn argmax(row: &[f32]) -> usize {
     specfit_engine::sampling::argmax(row) as usize
@@ -43,11 +14,11 @@ fn argmax(row: &[f32]) -> usize {
 
 #[test]
 fn the_drafter_matches_the_pytorch_reference_step_by_step() {
-    let dir = root().join("fixtures/eagle3/tiny");
+    let dir = drafter_dir();
     let r: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let (target, _) = Qwen3Moe::load(&root().join("fixtures/qwen3moe/eagle_target"), None).unwrap();
+    let (target, _) = Qwen3Moe::load(&target_dir(), None).unwrap();
     let drafter = Eagle3::load(&dir, target.config()).unwrap();
     assert_eq!(drafter.taps(), &[2, 4, 5]);
     let tokens = ints(&r["input_ids"]);
@@ -97,11 +68,11 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
 
 #[test]
 fn the_targets_taps_feed_the_drafter_end_to_end() {
-    let dir = root().join("fixtures/eagle3/tiny");
+    let dir = drafter_dir();
     let r: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
             .unwrap();
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
+    let tdir = target_dir();
     let (target, store) = Qwen3Moe::load(&tdir, None).unwrap();
     let cfg = target.config().clone();
     let mut cache = specfit_engine::ExpertCache::new(
@@ -153,9 +124,8 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
 
 #[test]
 fn drafters_that_do_not_fit_the_target_are_refused() {
-    let dir = root().join("fixtures/eagle3/tiny");
-    let base = specfit_engine::Qwen3MoeConfig::load(&root().join("fixtures/qwen3moe/eagle_target"))
-        .unwrap();
+    let dir = drafter_dir();
+    let base = specfit_engine::Qwen3MoeConfig::load(&target_dir()).unwrap();
     let refuse = |cfg: &specfit_engine::Qwen3MoeConfig| match Eagle3::load(&dir, cfg) {
         Ok(_) => panic!("a drafter that does not fit was accepted"),
         Err(e) => e.to_string(),

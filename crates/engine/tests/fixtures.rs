@@ -5,6 +5,9 @@
 //! cache equal all-resident bit for bit, a tree-masked forward equals the same tokens decoded one
 //! by one, and KV truncate/compact followed by more decoding equals a fresh run.
 
+mod common;
+use common::*;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -26,22 +29,6 @@ fn reference(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
 }
 
-fn floats(v: &Value) -> Vec<f32> {
-    match v {
-        Value::Array(a) => a.iter().flat_map(floats).collect(),
-        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
-        _ => panic!("not numeric: {v}"),
-    }
-}
-
-fn ints(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {
     let (model, store) =
         Qwen3Moe::load(dir, None).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -50,17 +37,6 @@ fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {
     let experts = cfg.num_experts;
     let cache = ExpertCache::new(Box::new(store), layers, experts, slots, mode).unwrap();
     (model, cache)
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let max_diff = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    let max_ref = want.iter().map(|v| v.abs()).fold(0.0, f32::max);
-    max_diff / max_ref
 }
 
 /// Prefill then `n` greedy steps; returns the tokens and every forward's output logits.
@@ -160,10 +136,6 @@ fn hidden_state_taps_match_the_residual_stream_entering_each_layer() {
         let err = rel_err(&out.taps[slot], &floats(&r["layer_inputs"][layer]));
         assert!(err <= 1e-4, "layer {layer}: {err:e}");
     }
-}
-
-fn bits(v: &[f32]) -> Vec<u32> {
-    v.iter().map(|x| x.to_bits()).collect()
 }
 
 #[test]
@@ -460,12 +432,6 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
         .to_string()
         .contains("this engine runs Qwen3MoeForCausalLM"));
     std::fs::remove_dir_all(&tmp).unwrap();
-}
-
-fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specfit-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 #[test]

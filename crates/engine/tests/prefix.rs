@@ -2,17 +2,13 @@
 //! prompt gives — plain and speculative, greedy and sampled, through sibling caches of any size —
 //! which the bench relies on to prefill each prompt once for every policy.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::*;
 
 use specfit_engine::spec::{generate_spec, generate_spec_from, Routes, SpecOptions, TopK};
 use specfit_engine::{
-    generate, generate_from, load_target, CacheMode, Eagle3, EngineError, GenerateOptions, Prefix,
-    Sampler, Sampling, Tier,
+    generate, generate_from, CacheMode, EngineError, GenerateOptions, Prefix, Sampler, Sampling,
 };
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 const PROMPTS: [&[u32]; 3] = [
     &[1, 243, 56, 119, 188, 74, 255, 15],
@@ -22,9 +18,7 @@ const PROMPTS: [&[u32]; 3] = [
 
 #[test]
 fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let (target, mut all) =
-        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let (target, mut all) = fixture_target(usize::MAX);
     let options = GenerateOptions {
         max_tokens: 24,
         stop: vec![],
@@ -74,11 +68,8 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 
 #[test]
 fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
-    let (target, mut all) =
-        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let (target, mut all) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
     for prompt in PROMPTS {
         for sampling in [
             Sampling::Greedy,
@@ -138,11 +129,8 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 
 #[test]
 fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
-    let (target, mut all) =
-        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let (target, mut all) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
     let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
     let err = generate_spec_from(
         &target,
@@ -162,9 +150,7 @@ fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
 
 #[test]
 fn an_empty_prompt_is_an_error_not_a_panic() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let (target, mut all) =
-        load_target(&tdir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let (target, mut all) = fixture_target(usize::MAX);
     let err = Prefix::new(&target, None, &mut all, &[]).unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
     let err = generate(

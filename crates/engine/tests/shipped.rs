@@ -3,35 +3,15 @@
 //! same greedy tokens — on the disk tier with a few slots as well as all in RAM. The reference
 //! comes from tools/fixtures/make_shipped_reference.py.
 
+mod common;
+use common::*;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use specfit_engine::{
     generate, load_target, Batch, CacheMode, GenerateOptions, Logits, Sampler, Sampling, Tier,
 };
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let diff = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f32::max);
-    diff / want.iter().map(|v| v.abs()).fold(0.0, f32::max)
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 #[test]
 fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
@@ -43,8 +23,8 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
     let (model, mut cache) =
         load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
     for case in reference["cases"].as_array().unwrap() {
-        let ids = u32s(&case["input_ids"]);
-        let rows: Vec<usize> = u32s(&case["logit_rows"])
+        let ids = ints(&case["input_ids"]);
+        let rows: Vec<usize> = ints(&case["logit_rows"])
             .into_iter()
             .map(|r| r as usize)
             .collect();
@@ -80,12 +60,12 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
         let routes: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
         for (layer, want) in case["topk_ids"].as_array().unwrap().iter().enumerate() {
             for (t, want) in want.as_array().unwrap().iter().enumerate() {
-                let want: BTreeSet<u32> = u32s(want).into_iter().collect();
+                let want: BTreeSet<u32> = ints(want).into_iter().collect();
                 let got: BTreeSet<u32> = routes[layer][t].iter().copied().collect();
                 assert_eq!(got, want, "{} layer {layer} token {t}", case["set"]);
             }
         }
-        let want = u32s(&case["greedy"]);
+        let want = ints(&case["greedy"]);
         for tier_slots in [None, Some(4)] {
             let (_, mut c) = match tier_slots {
                 None => load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap(),

@@ -1,47 +1,22 @@
 //! Lossless speculative decoding: on the fixture target and its EAGLE-3 drafter, tree decoding
 //! with any verify budget and any slot count commits exactly the tokens of plain greedy decoding.
 
-use std::path::{Path, PathBuf};
+mod common;
+use common::*;
 
 use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TopK, TreeShape};
-use specfit_engine::{generate, CacheMode, Eagle3, GenerateOptions, Sampler, Sampling};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The fixture target with `slots` LRU slots per layer, experts in RAM.
-fn fixture_target(slots: usize) -> (specfit_engine::Qwen3Moe, specfit_engine::ExpertCache) {
-    let dir = root().join("fixtures/qwen3moe/eagle_target");
-    specfit_engine::load_target(
-        &dir,
-        &specfit_engine::Tier::Ram,
-        slots,
-        CacheMode::Lru,
-        None,
-    )
-    .unwrap()
-}
+use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
 
 #[test]
 fn tree_decoding_commits_exactly_the_greedy_tokens() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
     let prompts: [&[u32]; 3] = [
         &[1, 243, 56, 119, 188, 74, 255, 15],
         &[1, 5],
         &[1, 100, 100, 100, 100, 100],
     ];
     for prompt in prompts {
-        let (target, mut cache) = specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Ram,
-            usize::MAX,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap();
-        let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+        let (target, mut cache) = fixture_target(usize::MAX);
+        let drafter = tiny_drafter(&target);
         let mut sampler = Sampler::new(Sampling::Greedy, 0);
         let want = generate(
             &target,
@@ -77,14 +52,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 },
             ),
         ] {
-            let (_, mut cache) = specfit_engine::load_target(
-                &tdir,
-                &specfit_engine::Tier::Ram,
-                slots,
-                CacheMode::Lru,
-                None,
-            )
-            .unwrap();
+            let (_, mut cache) = fixture_target(slots);
             let options = SpecOptions {
                 shape,
                 max_tokens: 30,
@@ -120,12 +88,8 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
 fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     use specfit_engine::spec::{verify, DraftNode, Tree};
     use specfit_engine::{Batch, Logits};
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
-    let (target, mut cache) =
-        specfit_engine::load_target(&tdir, &specfit_engine::Tier::Ram, 2, CacheMode::Lru, None)
-            .unwrap();
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let (target, mut cache) = fixture_target(2);
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let want = generate(
@@ -221,10 +185,9 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
-    let ddir = root().join("fixtures/eagle3/tiny");
     let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let want = generate(
@@ -311,10 +274,9 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
 
 #[test]
 fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_seed() {
-    let ddir = root().join("fixtures/eagle3/tiny");
     let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119];
     for (seed, temperature, top_p, budget) in [
         (0, 0.7, 1.0, 7),
@@ -365,17 +327,8 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
 #[test]
 fn speculative_sampling_reproduces_the_targets_distribution() {
     use specfit_engine::{Batch, Logits};
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
-    let (target, mut cache) = specfit_engine::load_target(
-        &tdir,
-        &specfit_engine::Tier::Ram,
-        usize::MAX,
-        CacheMode::Lru,
-        None,
-    )
-    .unwrap();
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 17, 9];
     let rule = Sampling::TopP {
         temperature: 1.0,
@@ -455,10 +408,9 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
 #[test]
 fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     use specfit_engine::spec::{record, Atlas};
-    let ddir = root().join("fixtures/eagle3/tiny");
     let load = fixture_target;
     let (target, mut cache) = load(2);
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119];
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let want = generate(
@@ -515,21 +467,13 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 
 #[test]
 fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
-    let tdir = root().join("fixtures/qwen3moe/eagle_target");
-    let ddir = root().join("fixtures/eagle3/tiny");
+    let tdir = target_dir();
     let tmp = std::env::temp_dir().join(format!("specfit-spec-disk-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let file = tmp.join("experts.specfit");
     specfit_engine::experts::convert(&tdir, &file, None).unwrap();
-    let (target, mut cache) = specfit_engine::load_target(
-        &tdir,
-        &specfit_engine::Tier::Ram,
-        usize::MAX,
-        CacheMode::Lru,
-        None,
-    )
-    .unwrap();
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let want = generate(
@@ -580,10 +524,9 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
-    let ddir = root().join("fixtures/eagle3/tiny");
     let load = fixture_target;
     let (target, _) = load(usize::MAX);
-    let drafter = Eagle3::load(&ddir, target.config()).unwrap();
+    let drafter = tiny_drafter(&target);
     let experts = target.config().num_experts;
     for (prompt, sampling) in [
         (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),

@@ -1,0 +1,75 @@
+//! Helpers shared by the engine's integration tests: the repository root, reference values read
+//! from JSON, error measures, temporary folders and the tiny fixture target and drafter. Each
+//! test file uses the part it needs.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use specfit_engine::{CacheMode, Eagle3, ExpertCache, Qwen3Moe, Tier};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Every number of a (nested) JSON array, as f32.
+pub fn floats(v: &Value) -> Vec<f32> {
+    match v {
+        Value::Array(a) => a.iter().flat_map(floats).collect(),
+        Value::Number(n) => vec![n.as_f64().unwrap() as f32],
+        _ => panic!("not numeric: {v}"),
+    }
+}
+
+/// A JSON array of token ids.
+pub fn ints(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// `max |got − want| / max |want|`.
+pub fn rel_err(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max);
+    max_diff / want.iter().map(|v| v.abs()).fold(0.0, f32::max)
+}
+
+/// Bit patterns, for exact comparisons that tell `-0.0` from `0.0`.
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// A fresh folder under the system temp dir, unique to this process and `tag`.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specfit-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The fixture target the tiny drafter was made for.
+pub fn target_dir() -> PathBuf {
+    root().join("fixtures/qwen3moe/eagle_target")
+}
+
+/// The tiny EAGLE-3 drafter fixture.
+pub fn drafter_dir() -> PathBuf {
+    root().join("fixtures/eagle3/tiny")
+}
+
+/// The fixture target with its experts in RAM behind `slots` LRU slots per layer.
+pub fn fixture_target(slots: usize) -> (Qwen3Moe, ExpertCache) {
+    specfit_engine::load_target(&target_dir(), &Tier::Ram, slots, CacheMode::Lru, None).unwrap()
+}
+
+/// The tiny drafter, loaded for `target`.
+pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
+    Eagle3::load(&drafter_dir(), target.config()).unwrap()
+}

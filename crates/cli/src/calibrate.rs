@@ -6,10 +6,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::spec::{probe, ProbeCache, ProbePlan, TreeShape};
+use specfit_engine::spec::{probe, ProbeCache, ProbePlan, ProbeRow, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{read_probes, CalibrationJson, DraftingJson};
 use specfit_selector::{calibrate, Calibration, Probe};
+use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
 
 use crate::files::{read_text, write_atomic};
 use crate::target::StoreArg;
@@ -260,7 +261,12 @@ pub fn measure(
         );
     }
     let mut file = CalibrationJson::new(&cal);
-    file.replay = Some(replay_fit(&replay_rows, &steps, plan.max_nodes)?);
+    file.replay = Some(replay_fit(
+        &replay_rows.iter().map(verify_row).collect::<Vec<_>>(),
+        &steps,
+        plan.max_nodes,
+        specfit_engine::experts::reads_in_flight(),
+    )?);
     let r = file.replay.as_ref().expect("just set");
     eprintln!(
         "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per token per cached token",
@@ -290,7 +296,9 @@ pub fn measure(
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
     stamp.insert("slots".into(), cache.slots_per_layer().into());
     file.target = Some(stamp);
-    file.drafting = Some(drafting_fit(&engine_rows)?);
+    file.drafting = Some(drafting_fit(
+        &engine_rows.iter().map(draft_row).collect::<Vec<_>>(),
+    )?);
     let d = file.drafting.as_ref().expect("just set");
     eprintln!(
         "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
@@ -299,84 +307,27 @@ pub fn measure(
     Ok(file)
 }
 
-/// Drafting costs from probe rows by NNLS: each drafted level past the first costs
-/// `ms_per_level + level_context_ms · c`, and feeding `t` committed tokens back costs
-/// `feed_ms + (feed_ms_per_token + feed_context_ms · c) · t` (`c` tokens cached).
-pub fn drafting_fit(rows: &[specfit_engine::spec::ProbeRow]) -> Result<DraftingJson> {
-    let levels: Vec<(Vec<f64>, f64)> = rows
-        .iter()
-        .filter(|r| r.draft_forwards > 0)
-        .map(|r| {
-            let f = r.draft_forwards as f64;
-            (vec![f, f * r.context as f64], r.draft_ms)
-        })
-        .collect();
-    let feeds: Vec<(Vec<f64>, f64)> = rows
-        .iter()
-        .map(|r| {
-            let t = r.fed as f64;
-            (vec![1.0, t, t * r.context as f64], r.feed_ms)
-        })
-        .collect();
-    let (level, _) = nnls_fit(&levels)?;
-    let (feed, _) = nnls_fit(&feeds)?;
-    Ok(DraftingJson {
-        ms_per_level: level[0],
-        level_context_ms: level[1],
-        feed_ms: feed[0],
-        feed_ms_per_token: feed[1],
-        feed_context_ms: feed[2],
-    })
+/// An engine probe row as the replay fit reads it.
+fn verify_row(r: &ProbeRow) -> VerifyRow {
+    VerifyRow {
+        nodes: r.nodes,
+        hits: r.hits,
+        misses: r.misses,
+        read_rounds: r.read_rounds,
+        context: r.context,
+        ms: r.ms,
+    }
 }
 
-/// A least-squares fit with non-negative coefficients of `ms ≈ row · x` and its quality (R²,
-/// median absolute error), by [`specfit_selector::nnls::nnls_scaled`]. Timing noise on a
-/// shared machine is one-sided (a preempted forward is only ever slower), so rows measured more
-/// than 5 median absolute errors above their prediction are dropped once and the fit repeated;
-/// the quality is reported on every row.
-pub fn nnls_fit(rows: &[(Vec<f64>, f64)]) -> Result<(Vec<f64>, (f64, f64))> {
-    let cols = rows.first().map_or(0, |r| r.0.len());
-    ensure!(
-        rows.len() > cols && cols > 0,
-        "too few measurements ({}) to fit {cols} costs",
-        rows.len()
-    );
-    let solve = |keep: &[bool]| -> Result<Vec<f64>> {
-        let kept: Vec<&(Vec<f64>, f64)> = rows
-            .iter()
-            .zip(keep)
-            .filter(|(_, &k)| k)
-            .map(|(r, _)| r)
-            .collect();
-        let a: Vec<f64> = kept.iter().flat_map(|r| r.0.iter().copied()).collect();
-        let b: Vec<f64> = kept.iter().map(|r| r.1).collect();
-        Ok(specfit_selector::nnls::nnls_scaled(
-            specfit_selector::nnls::Matrix {
-                data: &a,
-                rows: b.len(),
-                cols,
-            },
-            &b,
-        )?)
-    };
-    let predict = |x: &[f64]| -> Vec<f64> {
-        rows.iter()
-            .map(|r| r.0.iter().zip(x).map(|(a, b)| a * b).sum())
-            .collect()
-    };
-    let measured: Vec<f64> = rows.iter().map(|r| r.1).collect();
-    let mut x = solve(&vec![true; rows.len()])?;
-    let (_, median) = specfit_selector::calibrate::quality(&measured, &predict(&x));
-    let keep: Vec<bool> = measured
-        .iter()
-        .zip(predict(&x))
-        .map(|(m, p)| m - p <= 5.0 * median)
-        .collect();
-    if keep.iter().filter(|&&k| k).count() > cols {
-        x = solve(&keep)?;
+/// An engine probe row's drafting as the drafting fit reads it.
+fn draft_row(r: &ProbeRow) -> DraftRow {
+    DraftRow {
+        draft_forwards: r.draft_forwards,
+        draft_ms: r.draft_ms,
+        fed: r.fed,
+        feed_ms: r.feed_ms,
+        context: r.context,
     }
-    let quality = specfit_selector::calibrate::quality(&measured, &predict(&x));
-    Ok((x, quality))
 }
 
 fn print_fit(cal: &Calibration) {
@@ -392,24 +343,13 @@ fn print_fit(cal: &Calibration) {
     }
 }
 
-/// One timed plain-decoding forward.
-#[derive(Debug, Clone, Copy)]
-pub struct PlainStep {
-    pub hits: u64,
-    pub misses: u64,
-    /// Read rounds ([`specfit_engine::CopyStats::read_rounds`]).
-    pub read_rounds: usize,
-    pub context: usize,
-    pub ms: f64,
-}
-
 /// Prefills `prompt`, then times `n` greedy one-token forwards through `cache`.
 fn plain_steps(
     model: &Qwen3Moe,
     cache: &mut ExpertCache,
     prompt: &[u32],
     n: usize,
-) -> Result<Vec<PlainStep>> {
+) -> Result<Vec<PlainRow>> {
     use specfit_engine::{Batch, Logits};
     let mut kv = model.new_kv_cache();
     let batch = Batch {
@@ -424,7 +364,7 @@ fn plain_steps(
         let out = model.forward(&Batch::causal(&[next]), &mut kv, cache)?;
         let ms = t.elapsed().as_secs_f64() * 1e3;
         next = out.argmax(0);
-        steps.push(PlainStep {
+        steps.push(PlainRow {
             hits: out.copies.total.hits,
             misses: out.copies.total.misses,
             read_rounds: out.copies.read_rounds(cache.read_width()),
@@ -433,181 +373,4 @@ fn plain_steps(
         });
     }
     Ok(steps)
-}
-
-/// The replay model (see `ReplayJson`): verify probes fitted by NNLS on one-hot node counts,
-/// hits, misses, read rounds (per layer ⌈misses / reads in flight⌉, summed) and (verified tokens ×
-/// cached tokens); plain steps fitted apart on 1, hits, misses, read rounds and cached tokens.
-pub fn replay_fit(
-    probes: &[specfit_engine::spec::ProbeRow],
-    steps: &[PlainStep],
-    max_nodes: usize,
-) -> Result<specfit_selector::json::ReplayJson> {
-    let k = max_nodes.max(probes.iter().map(|p| p.nodes).max().unwrap_or(0));
-    let verify: Vec<(Vec<f64>, f64)> = probes
-        .iter()
-        .map(|p| {
-            let mut row = vec![0.0; k + 5];
-            row[p.nodes] = 1.0;
-            row[k + 1] = p.hits as f64;
-            row[k + 2] = p.misses as f64;
-            row[k + 3] = p.read_rounds as f64;
-            row[k + 4] = ((p.nodes + 1) * p.context) as f64;
-            (row, p.ms)
-        })
-        .collect();
-    let plain: Vec<(Vec<f64>, f64)> = steps
-        .iter()
-        .map(|s| {
-            let row = vec![
-                1.0,
-                s.hits as f64,
-                s.misses as f64,
-                s.read_rounds as f64,
-                s.context as f64,
-            ];
-            (row, s.ms)
-        })
-        .collect();
-    let (x, (r2, median_abs_err_ms)) = nnls_fit(&verify)?;
-    let (y, (plain_r2, plain_median)) = nnls_fit(&plain)?;
-    Ok(specfit_selector::json::ReplayJson {
-        intercepts: x[..=k].to_vec(),
-        ar_intercept: y[0],
-        beta_hit: x[k + 1],
-        beta_miss: x[k + 2],
-        read_round_ms: x[k + 3],
-        read_width: specfit_engine::experts::reads_in_flight(),
-        context_ms: x[k + 4],
-        r2,
-        median_abs_err_ms,
-        plain: Some(specfit_selector::json::PlainJson {
-            intercept: y[0],
-            beta_hit: y[1],
-            beta_miss: y[2],
-            read_round_ms: y[3],
-            context_ms: y[4],
-            r2: plain_r2,
-            median_abs_err_ms: plain_median,
-        }),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use specfit_engine::spec::ProbeRow;
-
-    fn close(a: f64, b: f64) -> bool {
-        (a - b).abs() <= 1e-6 * (1.0 + b.abs())
-    }
-
-    /// Probe rows and plain steps generated exactly by known coefficients, over a spread of node
-    /// counts, hits, misses, read rounds, contexts and drafting work.
-    fn synthetic() -> (Vec<ProbeRow>, Vec<PlainStep>) {
-        let mut probes = Vec::new();
-        let mut steps = Vec::new();
-        for i in 0..240usize {
-            let nodes = i % 8;
-            let (hits, misses) = ((i * 7 % 23) as u64, (i * 5 % 17) as u64);
-            let read_rounds = (misses as usize).min(8).max(usize::from(misses > 0))
-                - (i % 2).min(misses as usize / 9);
-            let context = 20 + (i * 37 % 900);
-            let ms = 0.5
-                + 0.2 * nodes as f64
-                + 0.01 * hits as f64
-                + 0.06 * misses as f64
-                + 0.08 * read_rounds as f64
-                + 0.001 * ((nodes + 1) * context) as f64;
-            let (forwards, fed) = (i % 5, 1 + i % 4);
-            probes.push(ProbeRow {
-                nodes,
-                demand: hits + misses,
-                hits,
-                misses,
-                read_rounds,
-                ms,
-                draft_forwards: forwards,
-                draft_ms: forwards as f64 * (0.4 + 2e-4 * context as f64),
-                fed,
-                feed_ms: 0.13 + fed as f64 * (0.04 + 1e-4 * context as f64),
-                context,
-            });
-            steps.push(PlainStep {
-                hits,
-                misses,
-                read_rounds,
-                context,
-                ms: 0.3
-                    + 0.005 * hits as f64
-                    + 0.05 * misses as f64
-                    + 0.07 * read_rounds as f64
-                    + 0.0012 * context as f64,
-            });
-        }
-        (probes, steps)
-    }
-
-    #[test]
-    fn the_replay_fit_recovers_the_coefficients_that_generated_the_rows() {
-        let (probes, steps) = synthetic();
-        let r = replay_fit(&probes, &steps, 7).unwrap();
-        for (n, a) in r.intercepts.iter().enumerate() {
-            assert!(close(*a, 0.5 + 0.2 * n as f64), "a[{n}] = {a}");
-        }
-        assert!(close(r.beta_hit, 0.01) && close(r.beta_miss, 0.06), "{r:?}");
-        assert!(
-            close(r.read_round_ms, 0.08) && close(r.context_ms, 0.001),
-            "{r:?}"
-        );
-        let p = r.plain.unwrap();
-        assert!(close(p.intercept, 0.3) && close(p.beta_hit, 0.005), "{p:?}");
-        assert!(
-            close(p.beta_miss, 0.05) && close(p.read_round_ms, 0.07),
-            "{p:?}"
-        );
-        assert!(
-            close(p.context_ms, 0.0012) && close(r.ar_intercept, 0.3),
-            "{p:?}"
-        );
-        assert!(r.r2 > 0.999999 && p.r2 > 0.999999);
-    }
-
-    #[test]
-    fn the_drafting_fit_recovers_level_and_feed_costs_with_their_context_terms() {
-        let (probes, _) = synthetic();
-        let d = drafting_fit(&probes).unwrap();
-        assert!(
-            close(d.ms_per_level, 0.4) && close(d.level_context_ms, 2e-4),
-            "{d:?}"
-        );
-        assert!(
-            close(d.feed_ms, 0.13) && close(d.feed_ms_per_token, 0.04),
-            "{d:?}"
-        );
-        assert!(close(d.feed_context_ms, 1e-4), "{d:?}");
-    }
-
-    #[test]
-    fn a_preempted_measurement_does_not_move_the_fit() {
-        let rows: Vec<(Vec<f64>, f64)> = (0..60)
-            .map(|i| {
-                let x = (i % 13) as f64;
-                (vec![1.0, x], 0.5 + 0.1 * x)
-            })
-            .collect();
-        let mut noisy = rows.clone();
-        noisy[17].1 += 40.0; // the thread was descheduled for 40 ms
-        let (x, (r2, _)) = nnls_fit(&noisy).unwrap();
-        assert!(close(x[0], 0.5) && close(x[1], 0.1), "{x:?}");
-        // The quality is still reported over every row, the outlier included.
-        assert!(r2 < 0.5, "{r2}");
-    }
-
-    #[test]
-    fn too_few_measurements_are_refused() {
-        let rows = vec![(vec![1.0, 2.0], 1.0), (vec![1.0, 3.0], 2.0)];
-        assert!(nnls_fit(&rows).is_err());
-        assert!(nnls_fit(&[]).is_err());
-    }
 }

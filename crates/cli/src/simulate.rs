@@ -64,7 +64,7 @@ pub fn run(args: &Args) -> Result<()> {
         (Some(path), _) => {
             let cal = CalibrationJson::parse(&read_text(path)?)
                 .with_context(|| format!("{}", path.display()))?;
-            let machine = crate::bench::validate::machine_cost(&cal).with_context(|| {
+            let machine = specfit_sim::machine::from_calibration(&cal).with_context(|| {
                 format!(
                     "{} has no residency-aware fit (probe rows need hits and misses)",
                     path.display()

@@ -154,6 +154,57 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
     })
 }
 
+/// A least-squares fit with non-negative coefficients of `ms ≈ row · x`, with its quality (R²,
+/// median absolute error), by [`crate::nnls::nnls_scaled`]. Timing noise on a shared machine is
+/// one-sided (a preempted forward is only ever slower), so rows measured more than 5 median
+/// absolute errors above their prediction are dropped once and the fit repeated; the quality is
+/// reported on every row. Rows are `(coefficients' multipliers, measured ms)`.
+pub fn fit_trimmed(rows: &[(Vec<f64>, f64)]) -> Result<(Vec<f64>, (f64, f64)), Error> {
+    let cols = rows.first().map_or(0, |r| r.0.len());
+    if rows.len() <= cols || cols == 0 {
+        return Err(Error::TooFewMeasurements {
+            rows: rows.len(),
+            coefficients: cols,
+        });
+    }
+    let solve = |keep: &[bool]| -> Result<Vec<f64>, Error> {
+        let kept: Vec<&(Vec<f64>, f64)> = rows
+            .iter()
+            .zip(keep)
+            .filter(|(_, &k)| k)
+            .map(|(r, _)| r)
+            .collect();
+        let a: Vec<f64> = kept.iter().flat_map(|r| r.0.iter().copied()).collect();
+        let b: Vec<f64> = kept.iter().map(|r| r.1).collect();
+        nnls_scaled(
+            Matrix {
+                data: &a,
+                rows: b.len(),
+                cols,
+            },
+            &b,
+        )
+    };
+    let predict = |x: &[f64]| -> Vec<f64> {
+        rows.iter()
+            .map(|r| r.0.iter().zip(x).map(|(a, b)| a * b).sum())
+            .collect()
+    };
+    let measured: Vec<f64> = rows.iter().map(|r| r.1).collect();
+    let mut x = solve(&vec![true; rows.len()])?;
+    let (_, median) = quality(&measured, &predict(&x));
+    let keep: Vec<bool> = measured
+        .iter()
+        .zip(predict(&x))
+        .map(|(m, p)| m - p <= 5.0 * median)
+        .collect();
+    if keep.iter().filter(|&&k| k).count() > cols {
+        x = solve(&keep)?;
+    }
+    let fit = quality(&measured, &predict(&x));
+    Ok((x, fit))
+}
+
 /// R² and the median absolute error of predictions against measurements (the fit quality
 /// every cost fit reports).
 pub fn quality(measured: &[f64], predicted: &[f64]) -> (f64, f64) {

@@ -120,6 +120,8 @@ pub enum Error {
         "probe row {row}: some rows carry hits/misses and some do not; give them on all rows or none"
     )]
     MixedResidency { row: usize },
+    #[error("too few measurements ({rows}) to fit {coefficients} costs")]
+    TooFewMeasurements { rows: usize, coefficients: usize },
     #[error("non-negative least squares did not converge in {iterations} iterations")]
     NnlsNoConvergence { iterations: usize },
     #[error(

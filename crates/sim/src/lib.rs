@@ -9,7 +9,9 @@
 //! and the next cycle starts after the committed tokens. What the policy *believes* the costs
 //! are (its selector's cost model) may differ from the true one.
 
+pub mod fit;
 pub mod lru;
+pub mod machine;
 pub mod synth;
 
 use specfit_selector::{stop, CostModel, Objective, Pool, PoolBuilder, ResidentSet, Selector};

@@ -10,7 +10,7 @@ use specfit_engine::spec::{record, Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::Objective;
-use specfit_sim::{simulate_many, Drafting, PlainCost, SimConfig, SimPolicy};
+use specfit_sim::{simulate_many, SimConfig, SimPolicy};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use super::plan::Config;
@@ -114,7 +114,7 @@ pub fn check(
     measured: &[Tally],
     m: &Machine<'_>,
 ) -> Result<SetValidation> {
-    let machine = machine_cost(m.calibration)?;
+    let machine = specfit_sim::machine::from_calibration(m.calibration)?;
     let mut checks = Vec::new();
     for (c, t) in configs.iter().zip(measured) {
         let Some(policy) = sim_policy(c, m)? else {
@@ -150,53 +150,5 @@ pub fn check(
         prompts: traces.len(),
         within_10_percent: checks.iter().filter(|c| c.error.abs() <= 0.10).count(),
         checks,
-    })
-}
-
-/// The simulated machine of a calibration (slots still to set): its replay fit (read
-/// latency, attention term, plain steps' own cost) and drafting costs when it has them, else its
-/// residency-aware fit alone.
-pub fn machine_cost(cal: &CalibrationJson) -> Result<SimConfig> {
-    let drafting = cal.drafting.map_or(Drafting::default(), |d| Drafting {
-        ms_per_level: d.ms_per_level,
-        feed_ms: d.feed_ms,
-        feed_ms_per_token: d.feed_ms_per_token,
-        level_context_ms: d.level_context_ms,
-        feed_context_ms: d.feed_context_ms,
-    });
-    // Required either way (a calibration without it is refused).
-    let residency_fit = cal.cost_model(true)?;
-    let Some(r) = &cal.replay else {
-        return Ok(SimConfig {
-            drafting,
-            ..SimConfig::verify_only(0, residency_fit)
-        });
-    };
-    let plain = match &r.plain {
-        Some(p) => PlainCost {
-            intercept: p.intercept,
-            beta_hit: p.beta_hit,
-            beta_miss: p.beta_miss,
-            read_round_ms: p.read_round_ms,
-            context_ms: p.context_ms,
-        },
-        // Older files: the plain-step intercept with the verify coefficients.
-        None => PlainCost {
-            intercept: r.ar_intercept,
-            beta_hit: r.beta_hit,
-            beta_miss: r.beta_miss,
-            read_round_ms: r.read_round_ms,
-            context_ms: r.context_ms,
-        },
-    };
-    let true_cost =
-        specfit_selector::CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
-    Ok(SimConfig {
-        drafting,
-        context_ms: r.context_ms,
-        read_round_ms: r.read_round_ms,
-        read_width: r.read_width.max(1),
-        plain: Some(plain),
-        ..SimConfig::verify_only(0, true_cost)
     })
 }

@@ -1,0 +1,254 @@
+//! Fits of the replay machine from measured forwards: the verify and plain-step cost models
+//! (`ReplayJson`) and the drafting costs (`DraftingJson`), by trimmed non-negative least squares
+//! ([`specfit_selector::calibrate::fit_trimmed`]). Measuring the rows is the engine's job
+//! (`specfit_engine::spec::probe`, `specfit calibrate`); this module only fits them.
+
+use specfit_selector::calibrate::fit_trimmed;
+use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson};
+
+use crate::SimError;
+
+/// One measured verify forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerifyRow {
+    /// Draft nodes verified (the root comes on top).
+    pub nodes: usize,
+    pub hits: u64,
+    pub misses: u64,
+    /// Per layer `⌈misses / reads in flight⌉`, summed.
+    pub read_rounds: usize,
+    /// Tokens already cached (every verified token attends to them).
+    pub context: usize,
+    pub ms: f64,
+}
+
+/// One measured plain-decoding forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlainRow {
+    pub hits: u64,
+    pub misses: u64,
+    pub read_rounds: usize,
+    pub context: usize,
+    pub ms: f64,
+}
+
+/// One cycle's drafting: the drafter forwards past the first level and the feeding of the
+/// committed tokens, with their times.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DraftRow {
+    pub draft_forwards: usize,
+    pub draft_ms: f64,
+    pub fed: usize,
+    pub feed_ms: f64,
+    pub context: usize,
+}
+
+/// The replay model (see `ReplayJson`): verify probes fitted on one-hot node counts, hits,
+/// misses, read rounds and (verified tokens × cached tokens); plain steps fitted apart on 1,
+/// hits, misses, read rounds and cached tokens. `read_width` is the reads in flight the rounds
+/// were counted with.
+pub fn replay_fit(
+    probes: &[VerifyRow],
+    steps: &[PlainRow],
+    max_nodes: usize,
+    read_width: usize,
+) -> Result<ReplayJson, SimError> {
+    let k = max_nodes.max(probes.iter().map(|p| p.nodes).max().unwrap_or(0));
+    let verify: Vec<(Vec<f64>, f64)> = probes
+        .iter()
+        .map(|p| {
+            let mut row = vec![0.0; k + 5];
+            row[p.nodes] = 1.0;
+            row[k + 1] = p.hits as f64;
+            row[k + 2] = p.misses as f64;
+            row[k + 3] = p.read_rounds as f64;
+            row[k + 4] = ((p.nodes + 1) * p.context) as f64;
+            (row, p.ms)
+        })
+        .collect();
+    let plain: Vec<(Vec<f64>, f64)> = steps
+        .iter()
+        .map(|s| {
+            let row = vec![
+                1.0,
+                s.hits as f64,
+                s.misses as f64,
+                s.read_rounds as f64,
+                s.context as f64,
+            ];
+            (row, s.ms)
+        })
+        .collect();
+    let (x, (r2, median_abs_err_ms)) = fit_trimmed(&verify)?;
+    let (y, (plain_r2, plain_median)) = fit_trimmed(&plain)?;
+    Ok(ReplayJson {
+        intercepts: x[..=k].to_vec(),
+        ar_intercept: y[0],
+        beta_hit: x[k + 1],
+        beta_miss: x[k + 2],
+        read_round_ms: x[k + 3],
+        read_width,
+        context_ms: x[k + 4],
+        r2,
+        median_abs_err_ms,
+        plain: Some(PlainJson {
+            intercept: y[0],
+            beta_hit: y[1],
+            beta_miss: y[2],
+            read_round_ms: y[3],
+            context_ms: y[4],
+            r2: plain_r2,
+            median_abs_err_ms: plain_median,
+        }),
+    })
+}
+
+/// Drafting costs: each drafted level past the first costs `ms_per_level + level_context_ms · c`,
+/// and feeding `t` committed tokens back costs `feed_ms + (feed_ms_per_token + feed_context_ms ·
+/// c) · t` (`c` tokens cached).
+pub fn drafting_fit(rows: &[DraftRow]) -> Result<DraftingJson, SimError> {
+    let levels: Vec<(Vec<f64>, f64)> = rows
+        .iter()
+        .filter(|r| r.draft_forwards > 0)
+        .map(|r| {
+            let f = r.draft_forwards as f64;
+            (vec![f, f * r.context as f64], r.draft_ms)
+        })
+        .collect();
+    let feeds: Vec<(Vec<f64>, f64)> = rows
+        .iter()
+        .map(|r| {
+            let t = r.fed as f64;
+            (vec![1.0, t, t * r.context as f64], r.feed_ms)
+        })
+        .collect();
+    let (level, _) = fit_trimmed(&levels)?;
+    let (feed, _) = fit_trimmed(&feeds)?;
+    Ok(DraftingJson {
+        ms_per_level: level[0],
+        level_context_ms: level[1],
+        feed_ms: feed[0],
+        feed_ms_per_token: feed[1],
+        feed_context_ms: feed[2],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specfit_selector::calibrate::fit_trimmed;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-6 * (1.0 + b.abs())
+    }
+
+    /// Probe rows and plain steps generated exactly by known coefficients, over a spread of node
+    /// counts, hits, misses, read rounds, contexts and drafting work.
+    fn synthetic() -> (Vec<VerifyRow>, Vec<PlainRow>, Vec<DraftRow>) {
+        let (mut probes, mut steps, mut drafts) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..240usize {
+            let nodes = i % 8;
+            let (hits, misses) = ((i * 7 % 23) as u64, (i * 5 % 17) as u64);
+            let read_rounds = (misses as usize).min(8).max(usize::from(misses > 0))
+                - (i % 2).min(misses as usize / 9);
+            let context = 20 + (i * 37 % 900);
+            let ms = 0.5
+                + 0.2 * nodes as f64
+                + 0.01 * hits as f64
+                + 0.06 * misses as f64
+                + 0.08 * read_rounds as f64
+                + 0.001 * ((nodes + 1) * context) as f64;
+            let (forwards, fed) = (i % 5, 1 + i % 4);
+            probes.push(VerifyRow {
+                nodes,
+                hits,
+                misses,
+                read_rounds,
+                context,
+                ms,
+            });
+            drafts.push(DraftRow {
+                draft_forwards: forwards,
+                draft_ms: forwards as f64 * (0.4 + 2e-4 * context as f64),
+                fed,
+                feed_ms: 0.13 + fed as f64 * (0.04 + 1e-4 * context as f64),
+                context,
+            });
+            steps.push(PlainRow {
+                hits,
+                misses,
+                read_rounds,
+                context,
+                ms: 0.3
+                    + 0.005 * hits as f64
+                    + 0.05 * misses as f64
+                    + 0.07 * read_rounds as f64
+                    + 0.0012 * context as f64,
+            });
+        }
+        (probes, steps, drafts)
+    }
+
+    #[test]
+    fn the_replay_fit_recovers_the_coefficients_that_generated_the_rows() {
+        let (probes, steps, _) = synthetic();
+        let r = replay_fit(&probes, &steps, 7, 8).unwrap();
+        for (n, a) in r.intercepts.iter().enumerate() {
+            assert!(close(*a, 0.5 + 0.2 * n as f64), "a[{n}] = {a}");
+        }
+        assert!(close(r.beta_hit, 0.01) && close(r.beta_miss, 0.06), "{r:?}");
+        assert!(
+            close(r.read_round_ms, 0.08) && close(r.context_ms, 0.001),
+            "{r:?}"
+        );
+        let p = r.plain.unwrap();
+        assert!(close(p.intercept, 0.3) && close(p.beta_hit, 0.005), "{p:?}");
+        assert!(
+            close(p.beta_miss, 0.05) && close(p.read_round_ms, 0.07),
+            "{p:?}"
+        );
+        assert!(
+            close(p.context_ms, 0.0012) && close(r.ar_intercept, 0.3),
+            "{p:?}"
+        );
+        assert!(r.r2 > 0.999999 && p.r2 > 0.999999);
+    }
+
+    #[test]
+    fn the_drafting_fit_recovers_level_and_feed_costs_with_their_context_terms() {
+        let (_, _, drafts) = synthetic();
+        let d = drafting_fit(&drafts).unwrap();
+        assert!(
+            close(d.ms_per_level, 0.4) && close(d.level_context_ms, 2e-4),
+            "{d:?}"
+        );
+        assert!(
+            close(d.feed_ms, 0.13) && close(d.feed_ms_per_token, 0.04),
+            "{d:?}"
+        );
+        assert!(close(d.feed_context_ms, 1e-4), "{d:?}");
+    }
+
+    #[test]
+    fn a_preempted_measurement_does_not_move_the_fit() {
+        let rows: Vec<(Vec<f64>, f64)> = (0..60)
+            .map(|i| {
+                let x = (i % 13) as f64;
+                (vec![1.0, x], 0.5 + 0.1 * x)
+            })
+            .collect();
+        let mut noisy = rows.clone();
+        noisy[17].1 += 40.0; // the thread was descheduled for 40 ms
+        let (x, (r2, _)) = fit_trimmed(&noisy).unwrap();
+        assert!(close(x[0], 0.5) && close(x[1], 0.1), "{x:?}");
+        // The quality is still reported over every row, the outlier included.
+        assert!(r2 < 0.5, "{r2}");
+    }
+
+    #[test]
+    fn too_few_measurements_are_refused() {
+        let rows = vec![(vec![1.0, 2.0], 1.0), (vec![1.0, 3.0], 2.0)];
+        assert!(fit_trimmed(&rows).is_err());
+        assert!(fit_trimmed(&[]).is_err());
+    }
+}

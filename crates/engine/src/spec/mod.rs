@@ -26,8 +26,8 @@ pub use draft::top_children;
 use draft::{advance_drafter, draft_tree};
 pub(crate) use draft::{concat_taps, feed_drafter};
 pub use probe::{probe, ProbeCache, ProbePlan, ProbeRow};
+use routes::route_source;
 pub use routes::{Atlas, NoRoutes, PoolRoutes, RouteSource, Routes};
-use routes::{AtlasView, PredictorView};
 pub use verify::{verify, Tree, Verified};
 pub use walk::{collect_route_samples, record};
 
@@ -302,77 +302,103 @@ fn decode(
             continue;
         }
         let n = kv.len(); // the root will sit at cache index / position n
-        let t0 = Instant::now();
+        let started = Instant::now();
         let resident: Vec<Vec<u32>> = (0..target.config().moe_layers().len())
             .map(|l| experts.resident(l))
             .collect();
-        let atlas_before = atlas.as_ref().map_or(0.0, |a| a.seconds);
-        let (pool, chosen, t1, atlas_mid) = {
-            let mut source: Box<dyn RouteSource + '_> = match atlas.as_deref_mut() {
-                Some(a) => Box::new(AtlasView {
-                    target,
-                    atlas: a,
-                    kv: &mut kv,
-                    root,
-                    resident,
-                }),
-                None => match predictor {
-                    Some(predictor) => Box::new(PredictorView {
-                        predictor,
-                        target,
-                        root,
-                        root_hidden: draft.hidden.clone(),
-                        resident,
-                    }),
-                    None => Box::new(NoRoutes),
-                },
-            };
-            let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |p| {
-                rule.keep_drafting(p, source.as_mut())
-            })?;
-            let t1 = Instant::now();
-            let atlas_mid = source.atlas_seconds();
-            let chosen = rule.choose(&pool, source.as_mut())?;
-            (pool, chosen, t1, atlas_mid)
+        let (pool, chosen, times) = {
+            let mut source = route_source(
+                target,
+                atlas.as_deref_mut(),
+                predictor,
+                &mut kv,
+                (root, &draft.hidden),
+                resident,
+            );
+            let phase = Phase { started, shape, n };
+            draft_and_choose(target, drafter, &mut draft, phase, rule, source.as_mut())?
         };
-        let t2 = Instant::now();
-        let atlas_after = atlas.as_ref().map_or(0.0, |a| a.seconds);
-        // Routes from the atlas are computed outside the timer, as in the paper.
-        report.atlas_seconds += atlas_after - atlas_before;
-        report.draft_seconds -= atlas_mid.unwrap_or(atlas_before) - atlas_before;
-        report.select_seconds -= atlas_after - atlas_mid.unwrap_or(atlas_before);
+        report.draft_seconds += times.draft;
+        report.select_seconds += times.select;
+        report.atlas_seconds += times.outside;
+        let t = Instant::now();
         let tree = Tree {
             root,
             pool: &pool,
             chosen: &chosen,
         };
         let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
-        report.verify_seconds += t2.elapsed().as_secs_f64();
-        report.draft_seconds += (t1 - t0).as_secs_f64();
-        report.select_seconds += (t2 - t1).as_secs_f64();
+        report.verify_seconds += t.elapsed().as_secs_f64();
         report.cycles += 1;
         report.verified_nodes += chosen.len();
         report.committed += v.committed.len();
         // The drafter learns the accepted tokens from the target's features along the path.
         advance_drafter(target, drafter, &mut draft, n, &v)?;
-        let committed = v.committed;
-        for tok in committed {
-            if report.tokens.len() >= max_tokens {
-                break;
-            }
-            report.tokens.push(tok);
-            if let Some(sink) = &options.on_token {
-                (sink.0)(tok);
-            }
-            root = tok;
-            if stop.contains(&tok) {
-                break;
-            }
-        }
+        root = emit(&mut report, &v.committed, options).unwrap_or(root);
     }
     report.decode_seconds = decode.elapsed().as_secs_f64() - report.atlas_seconds;
     report.copies = experts.stats().since(&stats_before).total;
     Ok(report)
+}
+
+/// Where a cycle's drafting starts: its start time, the tree shape and the root's position.
+struct Phase {
+    started: Instant,
+    shape: TreeShape,
+    n: usize,
+}
+
+/// Seconds of a cycle's drafting and selection inside the clock, and its routing outside it.
+struct PhaseTimes {
+    draft: f64,
+    select: f64,
+    outside: f64,
+}
+
+/// Drafts the pool (asking `rule` after each level whether to go on), then lets `rule` choose
+/// the subtree to verify, both on `source`'s routes. Routing outside the clock (the atlas) is
+/// taken out of the phase it happened in.
+fn draft_and_choose(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    draft: &mut DraftState,
+    phase: Phase,
+    rule: &mut dyn Verify,
+    source: &mut dyn RouteSource,
+) -> Result<(Vec<DraftNode>, Vec<usize>, PhaseTimes), EngineError> {
+    let before = source.outside_clock_seconds();
+    let pool = draft_tree(target, drafter, draft, phase.n, phase.shape, &mut |p| {
+        rule.keep_drafting(p, &mut *source)
+    })?;
+    let (drafted, mid) = (Instant::now(), source.outside_clock_seconds());
+    let chosen = rule.choose(&pool, &mut *source)?;
+    let (chosen_at, after) = (Instant::now(), source.outside_clock_seconds());
+    let times = PhaseTimes {
+        draft: (drafted - phase.started).as_secs_f64() - (mid - before),
+        select: (chosen_at - drafted).as_secs_f64() - (after - mid),
+        outside: after - before,
+    };
+    Ok((pool, chosen, times))
+}
+
+/// Appends committed tokens to the output (up to `max_tokens`, through a stop token), telling
+/// the sink of each; returns the last one appended.
+fn emit(report: &mut SpecReport, committed: &[u32], options: &SpecOptions) -> Option<u32> {
+    let mut last = None;
+    for &tok in committed {
+        if report.tokens.len() >= options.max_tokens {
+            break;
+        }
+        report.tokens.push(tok);
+        if let Some(sink) = &options.on_token {
+            (sink.0)(tok);
+        }
+        last = Some(tok);
+        if options.stop.contains(&tok) {
+            break;
+        }
+    }
+    last
 }
 
 /// Prefills the target over `prompt` (with the drafter's taps) and the drafter with the same

@@ -18,9 +18,38 @@ pub trait RouteSource {
     fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError>;
     /// Experts resident in each MoE layer's slots right now.
     fn resident(&self) -> Vec<Vec<u32>>;
-    /// Routing time spent so far, when routes are computed outside the timer.
-    fn atlas_seconds(&self) -> Option<f64> {
-        None
+    /// Routing time spent so far outside the clock (the atlas, as in the paper); 0 for sources
+    /// whose routing counts as decoding time.
+    fn outside_clock_seconds(&self) -> f64 {
+        0.0
+    }
+}
+
+/// The route source of one cycle: the atlas when given, else the predictor, else none.
+pub(super) fn route_source<'a>(
+    target: &'a Qwen3Moe,
+    atlas: Option<&'a mut Atlas>,
+    predictor: Option<&'a RoutePredictor>,
+    kv: &'a mut KvCache,
+    (root, root_hidden): (u32, &[f32]),
+    resident: Vec<Vec<u32>>,
+) -> Box<dyn RouteSource + 'a> {
+    match (atlas, predictor) {
+        (Some(atlas), _) => Box::new(AtlasView {
+            target,
+            atlas,
+            kv,
+            root,
+            resident,
+        }),
+        (None, Some(predictor)) => Box::new(PredictorView {
+            predictor,
+            target,
+            root,
+            root_hidden: root_hidden.to_vec(),
+            resident,
+        }),
+        (None, None) => Box::new(NoRoutes),
     }
 }
 
@@ -119,13 +148,13 @@ impl Atlas {
 }
 
 /// The atlas at one cycle: the committed cache and the root.
-pub(super) struct AtlasView<'a> {
-    pub(super) target: &'a Qwen3Moe,
-    pub(super) atlas: &'a mut Atlas,
+struct AtlasView<'a> {
+    target: &'a Qwen3Moe,
+    atlas: &'a mut Atlas,
     /// Left as it came by every call.
-    pub(super) kv: &'a mut KvCache,
-    pub(super) root: u32,
-    pub(super) resident: Vec<Vec<u32>>,
+    kv: &'a mut KvCache,
+    root: u32,
+    resident: Vec<Vec<u32>>,
 }
 
 impl RouteSource for AtlasView<'_> {
@@ -144,8 +173,8 @@ impl RouteSource for AtlasView<'_> {
         self.resident.clone()
     }
 
-    fn atlas_seconds(&self) -> Option<f64> {
-        Some(self.atlas.seconds)
+    fn outside_clock_seconds(&self) -> f64 {
+        self.atlas.seconds
     }
 }
 
@@ -160,13 +189,13 @@ pub enum Routes<'a> {
 }
 
 /// Routes predicted from the drafter's hidden states.
-pub(super) struct PredictorView<'a> {
-    pub(super) predictor: &'a RoutePredictor,
-    pub(super) target: &'a Qwen3Moe,
-    pub(super) root: u32,
+struct PredictorView<'a> {
+    predictor: &'a RoutePredictor,
+    target: &'a Qwen3Moe,
+    root: u32,
     /// The drafter state at the committed position (it proposed the root's children).
-    pub(super) root_hidden: Vec<f32>,
-    pub(super) resident: Vec<Vec<u32>>,
+    root_hidden: Vec<f32>,
+    resident: Vec<Vec<u32>>,
 }
 
 impl RouteSource for PredictorView<'_> {

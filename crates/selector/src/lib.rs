@@ -49,6 +49,7 @@ pub mod objective;
 pub mod pool;
 pub mod search;
 pub mod stop;
+pub mod subtree;
 pub mod synth;
 
 #[cfg(test)]

@@ -451,25 +451,9 @@ impl Selector {
 /// already taken so the result is ancestor-closed even if a child is more probable than its
 /// parent (with path probabilities, which never grow along a path, it is the plain top-k).
 pub fn top_k(pool: &Pool, k: usize) -> Vec<usize> {
-    let mut taken = vec![false; pool.len()];
-    let mut chosen = Vec::with_capacity(k);
-    for _ in 0..k {
-        let next = (0..pool.len())
-            .filter(|&i| !taken[i] && pool.parent(i).is_none_or(|p| taken[p]))
-            .fold(None, |best: Option<usize>, i| match best {
-                Some(b) if pool.prob(b) >= pool.prob(i) => Some(b),
-                _ => Some(i),
-            });
-        match next {
-            Some(i) => {
-                taken[i] = true;
-                chosen.push(i);
-            }
-            None => break,
-        }
-    }
-    chosen.sort_unstable();
-    chosen
+    let parents: Vec<Option<usize>> = (0..pool.len()).map(|i| pool.parent(i)).collect();
+    let probs: Vec<f64> = (0..pool.len()).map(|i| pool.prob(i)).collect();
+    crate::subtree::top_k_closed(&parents, &probs, k)
 }
 
 /// Number of ancestor-closed subtrees with at most `k` nodes (the empty one included): the size

@@ -463,20 +463,12 @@ pub fn calibrate_on(
     for (i, step) in steps.iter().enumerate() {
         let want = i % (max_nodes + 1);
         // A random ancestor-closed subtree of `want` nodes.
-        let mut chosen: Vec<usize> = Vec::new();
-        while chosen.len() < want {
-            let frontier: Vec<usize> = (0..step.nodes.len())
-                .filter(|&c| {
-                    !chosen.contains(&c)
-                        && (step.nodes[c].parent == -1
-                            || chosen.contains(&(step.nodes[c].parent as usize)))
-                })
-                .collect();
-            if frontier.is_empty() {
-                break;
-            }
-            chosen.push(frontier[rng.below(frontier.len())]);
-        }
+        let parents: Vec<Option<usize>> = step
+            .nodes
+            .iter()
+            .map(|n| usize::try_from(n.parent).ok())
+            .collect();
+        let chosen = specfit_selector::subtree::random_closed(&parents, want, &mut rng);
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
         let (hits, misses, _) = lru.access(&union, config.read_width);

@@ -92,22 +92,11 @@ impl Verify for TopK {
         pool: &[DraftNode],
         _routes: &mut dyn RouteSource,
     ) -> Result<Vec<usize>, EngineError> {
-        let mut order: Vec<usize> = (0..pool.len()).collect();
-        order.sort_by(|&a, &b| pool[b].prob.total_cmp(&pool[a].prob).then(a.cmp(&b)));
-        let mut chosen = vec![false; pool.len()];
-        let mut picked = Vec::new();
-        // Greedy among nodes whose parent is chosen, so the set is ancestor-closed.
-        while picked.len() < self.0 {
-            let next = order
-                .iter()
-                .copied()
-                .find(|&i| !chosen[i] && pool[i].parent.is_none_or(|p| chosen[p]));
-            let Some(i) = next else { break };
-            chosen[i] = true;
-            picked.push(i);
-        }
-        picked.sort_unstable();
-        Ok(picked)
+        let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+        let probs: Vec<f64> = pool.iter().map(|n| n.prob).collect();
+        Ok(specfit_selector::subtree::top_k_closed(
+            &parents, &probs, self.0,
+        ))
     }
 }
 

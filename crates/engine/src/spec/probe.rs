@@ -109,19 +109,6 @@ pub(super) fn random_subtree(
     size: usize,
     rng: &mut specfit_selector::synth::Rng,
 ) -> Vec<usize> {
-    let mut chosen = vec![false; pool.len()];
-    let mut picked = Vec::new();
-    while picked.len() < size {
-        let frontier: Vec<usize> = (0..pool.len())
-            .filter(|&i| !chosen[i] && pool[i].parent.is_none_or(|p| chosen[p]))
-            .collect();
-        if frontier.is_empty() {
-            break;
-        }
-        let i = frontier[rng.below(frontier.len())];
-        chosen[i] = true;
-        picked.push(i);
-    }
-    picked.sort_unstable();
-    picked
+    let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+    specfit_selector::subtree::random_closed(&parents, size, rng)
 }

@@ -94,14 +94,12 @@ impl Atlas {
         logits: Logits<'_>,
     ) -> Result<(PoolRoutes, crate::batch::ForwardOutput), EngineError> {
         let n = kv.len();
-        let mut tokens = vec![root];
-        let mut parents = vec![None];
-        let mut positions = vec![n];
-        for node in pool {
-            tokens.push(node.token);
-            parents.push(Some(node.parent.map_or(0, |p| p + 1)));
-            positions.push(n + node.depth);
-        }
+        let all: Vec<usize> = (0..pool.len()).collect();
+        let super::verify::TreeRows {
+            tokens,
+            parents,
+            positions,
+        } = super::verify::tree_rows(root, n, pool, &all)?;
         let batch = Batch {
             tokens: &tokens,
             positions: Some(&positions),

@@ -46,21 +46,11 @@ pub fn verify(
 ) -> Result<Verified, EngineError> {
     let Tree { root, pool, chosen } = tree;
     let n = kv.len();
-    let row_of = |node: usize| chosen.iter().position(|&c| c == node).map(|i| i + 1);
-    let mut tokens = vec![root];
-    let mut parents = vec![None];
-    let mut positions = vec![n];
-    for &c in chosen {
-        let parent = match pool[c].parent {
-            None => 0,
-            Some(p) => row_of(p).ok_or_else(|| EngineError::BadMask {
-                reason: format!("chosen node {c} without its parent {p}"),
-            })?,
-        };
-        tokens.push(pool[c].token);
-        parents.push(Some(parent));
-        positions.push(n + pool[c].depth);
-    }
+    let TreeRows {
+        tokens,
+        parents,
+        positions,
+    } = tree_rows(root, n, pool, chosen)?;
     // The drafter's taps plus the final residual stream: logits are computed only for the rows
     // the walk below reads (the root, then each accepted node), not for every verified node.
     let mut taps = drafter.taps().to_vec();
@@ -107,4 +97,41 @@ pub fn verify(
         copies: out.copies.total,
         seconds,
     })
+}
+
+/// The rows of a tree forward: the root at position `n`, then each chosen pool node (ascending)
+/// at `n + depth`, each attending to its parent's row.
+pub(super) struct TreeRows {
+    pub tokens: Vec<u32>,
+    /// `parents[r]`: the parent's row (`None` for the root: its parent is the last cached token).
+    pub parents: Vec<Option<usize>>,
+    pub positions: Vec<usize>,
+}
+
+/// [`TreeRows`] for `root` (at cache index and position `n`) and `chosen` (ascending, ancestor-
+/// closed: a node whose parent is not chosen is an error).
+pub(super) fn tree_rows(
+    root: u32,
+    n: usize,
+    pool: &[DraftNode],
+    chosen: &[usize],
+) -> Result<TreeRows, EngineError> {
+    let row_of = |node: usize| chosen.iter().position(|&c| c == node).map(|i| i + 1);
+    let mut rows = TreeRows {
+        tokens: vec![root],
+        parents: vec![None],
+        positions: vec![n],
+    };
+    for &c in chosen {
+        let parent = match pool[c].parent {
+            None => 0,
+            Some(p) => row_of(p).ok_or_else(|| EngineError::BadMask {
+                reason: format!("chosen node {c} without its parent {p}"),
+            })?,
+        };
+        rows.tokens.push(pool[c].token);
+        rows.parents.push(Some(parent));
+        rows.positions.push(n + pool[c].depth);
+    }
+    Ok(rows)
 }

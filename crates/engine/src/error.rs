@@ -55,6 +55,13 @@ pub enum EngineError {
     PositionCount { tokens: usize, positions: usize },
     #[error("mask: {reason}")]
     BadMask { reason: String },
+    #[error("selector: {0}")]
+    /// The error is part of the message, not a chained source, so it prints once.
+    Selector(specfit_selector::Error),
+    #[error("routes: {reason}")]
+    NoRoutes { reason: String },
+    #[error("drafter input: {reason}")]
+    BadDraftInput { reason: String },
     #[error("KV cache: {reason}")]
     BadCacheEdit { reason: String },
     #[error("drafter {field} = {drafter} does not fit the target ({target})")]

@@ -39,9 +39,7 @@ impl std::fmt::Debug for SpecFitRule {
 }
 
 fn selector_error(e: specfit_selector::Error) -> EngineError {
-    EngineError::BadMask {
-        reason: format!("selector: {e}"),
-    }
+    EngineError::Selector(e)
 }
 
 impl SpecFitRule {

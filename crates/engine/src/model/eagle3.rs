@@ -290,7 +290,7 @@ impl Eagle3 {
             DraftHidden::Target(f) if f.len() == t * self.fc.inp => self.fc.forward(f, t),
             DraftHidden::Own(x) if x.len() == t * h => x.to_vec(),
             DraftHidden::Target(f) | DraftHidden::Own(f) => {
-                return Err(EngineError::BadMask {
+                return Err(EngineError::BadDraftInput {
                     reason: format!("hidden input has {} values for {t} tokens", f.len()),
                 })
             }

@@ -223,7 +223,7 @@ pub struct NoRoutes;
 
 impl RouteSource for NoRoutes {
     fn routes(&mut self, _pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
-        Err(EngineError::BadMask {
+        Err(EngineError::NoRoutes {
             reason: "this verify rule needs routes but no route source was given".into(),
         })
     }

@@ -34,8 +34,10 @@ pub struct Verified {
 }
 
 /// Verifies `root` (at cache index and position `kv.len()`) plus the `chosen` pool nodes in one
-/// target forward with a tree mask, accepts the longest path whose tokens equal the target's
-/// argmax, and compacts `kv` to the prefix, the root and that path.
+/// target forward with a tree mask, then walks down from the root: at each node it draws the
+/// target's next token with `sampler` exactly as plain decoding would (the argmax when greedy)
+/// and follows the verified child carrying it; the first token no child carries is the bonus
+/// token. `kv` is compacted to the prefix, the root and the accepted path.
 pub fn verify(
     target: &Qwen3Moe,
     drafter: &Eagle3,

@@ -147,20 +147,19 @@ pub fn run(args: &Args) -> Result<()> {
                 &prompt.tokens,
             )?;
             // Configurations run in a fresh seeded random order per prompt, so that none always
-            // runs first after the prefill or always after the same other configuration (what one
-            // leaves behind — the disk's queue and rate limiter, processor caches — would
-            // otherwise bias the next: with a fixed cyclic order `ar` always followed the
-            // no-cache run and measured up to 15% slow). Every output is then checked against
-            // `ar`'s (config 0).
+            // runs first after the prefill or always after the same other configuration: what one
+            // leaves behind (the disk's queue and rate limiter, processor caches) would otherwise
+            // bias the next (BENCHMARKS.md). Every output is then checked against `ar`'s
+            // (config 0).
             let n = configs.len();
             let order = run_order(n, index as u64);
             let mut outcomes: Vec<Option<(Outcome, Vec<f64>)>> = (0..n).map(|_| None).collect();
             for i in order {
                 let runner = &mut runners[i];
-                // Each run reads and computes from freshly placed slot memory: on this VM the
-                // speed of an arena depends on where it landed (up to 30% per read), and an arena
-                // kept for the whole run would bias its configuration throughout. Outside the
-                // timer; equal-sized arenas rotate among the configurations.
+                // Each run reads and computes from freshly placed slot memory: on a virtual
+                // machine the speed of an arena can depend on where it landed, and an arena kept
+                // for the whole run would bias its configuration throughout. Outside the timer;
+                // equal-sized arenas rotate among the configurations.
                 runner.cache.relocate();
                 let before = runner.rule.select_us().len();
                 let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
@@ -527,7 +526,7 @@ mod tests {
 
     #[test]
     fn the_reference_configuration_follows_many_different_ones() {
-        // With a fixed cyclic order `ar` (config 0) always ran right after the same config.
+        // A fixed cyclic order would run `ar` (config 0) right after the same config every time.
         let mut before_ar = std::collections::BTreeSet::new();
         for seed in 0..40 {
             let order = run_order(21, seed);

@@ -34,10 +34,9 @@ impl AlignedBuf {
 
     /// A zeroed buffer of `len` bytes on whole 2 MiB pages, advised to the kernel as
     /// transparent huge pages (`MADV_HUGEPAGE`, Linux; elsewhere, with THP off, or with
-    /// `SPECFIT_HUGE_PAGES=0` it is a plain 2 MiB-aligned buffer). Expert slots live here: on the
-    /// measured VM, O_DIRECT reads into 4 KiB pages took ~175 µs per 64 KiB block against
-    /// ~100 µs into huge pages, and which of two equal 4 KiB-paged caches was slower changed
-    /// from process to process (BENCHMARKS.md, `examples/cache_twins.rs`).
+    /// `SPECFIT_HUGE_PAGES=0` it is a plain 2 MiB-aligned buffer). Expert slots live here: O_DIRECT
+    /// reads into huge pages are faster and steadier than into 4 KiB pages (measurements in
+    /// BENCHMARKS.md, "Expert slots on huge pages"; `examples/cache_twins.rs`).
     pub fn huge_zeroed(len: usize) -> AlignedBuf {
         let size = len.max(1).div_ceil(HUGE_PAGE) * HUGE_PAGE;
         let layout = Layout::from_size_align(size, HUGE_PAGE).expect("valid layout");

@@ -41,8 +41,14 @@ pub struct Args {
     /// With --drafter: which draft nodes to verify each cycle.
     #[arg(long, value_enum, default_value = "eagle3")]
     policy: Policy,
-    /// Draft nodes verified per cycle by the eagle3 policy (K).
-    #[arg(long, default_value_t = 7)]
+    /// K: draft nodes verified per cycle by the eagle3 policy, at most by the specfit ones
+    /// (`--budget` is accepted too).
+    #[arg(
+        long = "max-nodes",
+        alias = "budget",
+        value_name = "K",
+        default_value_t = 7
+    )]
     budget: usize,
     /// Children per expanded draft node, and nodes expanded per level.
     #[arg(long, default_value_t = 2)]

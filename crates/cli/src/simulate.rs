@@ -50,8 +50,13 @@ pub struct Args {
     /// Slots per MoE layer to simulate (0 = cleared every forward); default 100/50/25/12.5/0% of the experts.
     #[arg(long, value_delimiter = ',')]
     slots: Option<Vec<usize>>,
-    /// Verify budget K.
-    #[arg(long, default_value_t = 7)]
+    /// K: most draft nodes verified per cycle (`--budget` is accepted too).
+    #[arg(
+        long = "max-nodes",
+        alias = "budget",
+        value_name = "K",
+        default_value_t = 7
+    )]
     budget: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,

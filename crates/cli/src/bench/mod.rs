@@ -64,8 +64,14 @@ pub struct Args {
     /// Most new tokens per prompt.
     #[arg(long, default_value_t = 28)]
     max_tokens: usize,
-    /// Draft nodes verified per cycle by eagle3 and at most by specfit (K).
-    #[arg(long, default_value_t = 7)]
+    /// K: draft nodes verified per cycle by eagle3 and at most by specfit (`--budget` is
+    /// accepted too).
+    #[arg(
+        long = "max-nodes",
+        alias = "budget",
+        value_name = "K",
+        default_value_t = 7
+    )]
     budget: usize,
     /// A short run: 8 prompts per set, at most 32 new tokens, the main policies at the default and no-cache
     /// points only.
@@ -265,7 +271,7 @@ fn run_order(n: usize, seed: u64) -> Vec<usize> {
 /// sets and configurations.
 fn setup(args: &Args) -> Result<Setup> {
     ensure!(args.max_tokens > 0, "--max-tokens must be positive");
-    ensure!(args.budget > 0, "--budget must be positive");
+    ensure!(args.budget > 0, "--max-nodes must be positive");
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
     let default_slots = args
         .slots

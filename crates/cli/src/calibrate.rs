@@ -343,34 +343,21 @@ fn print_fit(cal: &Calibration) {
     }
 }
 
-/// Prefills `prompt`, then times `n` greedy one-token forwards through `cache`.
+/// [`specfit_engine::spec::plain_steps`] as the replay fit reads them.
 fn plain_steps(
     model: &Qwen3Moe,
     cache: &mut ExpertCache,
     prompt: &[u32],
     n: usize,
 ) -> Result<Vec<PlainRow>> {
-    use specfit_engine::{Batch, Logits};
-    let mut kv = model.new_kv_cache();
-    let batch = Batch {
-        logits: Logits::Last,
-        ..Batch::causal(prompt)
-    };
-    let mut next = model.forward(&batch, &mut kv, cache)?.argmax(0);
-    let mut steps = Vec::with_capacity(n);
-    for _ in 0..n {
-        let context = kv.len();
-        let t = std::time::Instant::now();
-        let out = model.forward(&Batch::causal(&[next]), &mut kv, cache)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        next = out.argmax(0);
-        steps.push(PlainRow {
-            hits: out.copies.total.hits,
-            misses: out.copies.total.misses,
-            read_rounds: out.copies.read_rounds(cache.read_width()),
-            context,
-            ms,
-        });
-    }
-    Ok(steps)
+    Ok(specfit_engine::spec::plain_steps(model, cache, prompt, n)?
+        .into_iter()
+        .map(|s| PlainRow {
+            hits: s.hits,
+            misses: s.misses,
+            read_rounds: s.read_rounds,
+            context: s.context,
+            ms: s.ms,
+        })
+        .collect())
 }

@@ -25,7 +25,7 @@ mod walk;
 pub use draft::top_children;
 use draft::{advance_drafter, draft_tree};
 pub(crate) use draft::{concat_taps, feed_drafter};
-pub use probe::{probe, ProbeCache, ProbePlan, ProbeRow};
+pub use probe::{plain_steps, probe, PlainStep, ProbeCache, ProbePlan, ProbeRow};
 use routes::route_source;
 pub use routes::{Atlas, NoRoutes, PoolRoutes, RouteSource, Routes};
 pub use verify::{verify, Tree, Verified};

@@ -112,3 +112,46 @@ pub(super) fn random_subtree(
     let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
     specfit_selector::subtree::random_closed(&parents, size, rng)
 }
+
+/// One timed plain-decoding forward (`specfit calibrate`'s plain-step rows).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlainStep {
+    pub hits: u64,
+    pub misses: u64,
+    /// Read rounds ([`crate::experts::CopyStats::read_rounds`]).
+    pub read_rounds: usize,
+    /// Tokens already cached.
+    pub context: usize,
+    pub ms: f64,
+}
+
+/// Prefills `prompt`, then times `n` greedy one-token forwards through `cache`.
+pub fn plain_steps(
+    target: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    n: usize,
+) -> Result<Vec<PlainStep>, EngineError> {
+    let mut kv = target.new_kv_cache();
+    let batch = Batch {
+        logits: Logits::Last,
+        ..Batch::causal(prompt)
+    };
+    let mut next = target.forward(&batch, &mut kv, cache)?.argmax(0);
+    let mut steps = Vec::with_capacity(n);
+    for _ in 0..n {
+        let context = kv.len();
+        let t = Instant::now();
+        let out = target.forward(&Batch::causal(&[next]), &mut kv, cache)?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        next = out.argmax(0);
+        steps.push(PlainStep {
+            hits: out.copies.total.hits,
+            misses: out.copies.total.misses,
+            read_rounds: out.copies.read_rounds(cache.read_width()),
+            context,
+            ms,
+        });
+    }
+    Ok(steps)
+}

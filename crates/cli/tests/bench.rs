@@ -1,0 +1,114 @@
+//! `specfit bench` end to end: calibration on the shipped models, every policy lossless, and bad
+//! arguments.
+
+mod common;
+use common::*;
+
+#[test]
+fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
+    let cal = temp("bench-cal.json");
+    let out = specfit(
+        &[
+            "calibrate",
+            "--store",
+            "ram",
+            "--cycles",
+            "4",
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("paper form R²"), "{stderr}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert_eq!(saved["target"]["tier"], "ram");
+    assert_eq!(saved["max_nodes"], 7);
+
+    let dir = temp("bench-out");
+    let run = specfit(
+        &[
+            "bench",
+            "--quick",
+            "--store",
+            "ram",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "10",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("summarization") && stdout.contains("math_reasoning"));
+    assert!(stdout.contains("lossless: every policy's output equals plain decoding's"));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["format"], "specfit-bench");
+    assert_eq!(report["lossless"], true);
+    let sets = report["sets"].as_array().unwrap();
+    assert_eq!(sets.len(), 2);
+    for set in sets {
+        assert_eq!(set["prompts"], 2);
+        let rows = set["rows"].as_array().unwrap();
+        let labels: Vec<&str> = rows.iter().map(|r| r["label"].as_str().unwrap()).collect();
+        for want in ["ar", "eagle3", "eagle3 (vanilla)", "specfit"] {
+            assert!(labels.contains(&want), "{want} missing from {labels:?}");
+        }
+        for r in rows {
+            assert_eq!(r["lossless_prompts"], r["prompts"]);
+            assert!(r["decoded_tokens"].as_u64().unwrap() > 0);
+            assert!(r["tok_s"].as_f64().unwrap() > 0.0);
+            let wait = r["copy_wait_share"].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&wait), "{r}");
+            // Every drafting policy commits at least one token per cycle.
+            assert!(r["tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{r}");
+        }
+        let ar = rows.iter().find(|r| r["label"] == "ar").unwrap();
+        assert_eq!(ar["speedup_vs_ar"], 1.0);
+        assert_eq!(ar["nodes_per_cycle"], 0.0);
+    }
+    // The simulator check ran on both sets (2 prompts each).
+    assert_eq!(report["validation"].as_array().unwrap().len(), 2);
+    for v in report["validation"].as_array().unwrap() {
+        let checks = v["checks"].as_array().unwrap();
+        let within = checks
+            .iter()
+            .filter(|c| c["error"].as_f64().unwrap().abs() <= 0.10)
+            .count();
+        assert_eq!(v["within_10_percent"].as_u64().unwrap() as usize, within);
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| policy | slots | tok/s |"));
+    let svg = std::fs::read_to_string(dir.join("chart.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("decode tok/s"));
+}
+
+#[test]
+fn bench_rejects_unknown_prompt_sets_rows_and_bad_slot_counts_with_one_line() {
+    for args in [
+        &["bench", "--prompts", "no_such_set", "--quick"][..],
+        &["bench", "--slots", "0", "--quick"][..],
+        &["bench", "--slots", "65", "--quick"][..],
+        &["bench", "--max-tokens", "0", "--quick"][..],
+        &["bench", "--calibration", "/nonexistent/cal.json", "--quick"][..],
+        &["bench", "--only", "ar,no-such-policy", "--quick"][..],
+    ] {
+        let out = specfit(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    }
+}

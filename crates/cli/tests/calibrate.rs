@@ -1,0 +1,359 @@
+//! `specfit calibrate` and `specfit probe` end to end: fits of synthetic, engine-measured and
+//! committed probe rows, drafting costs measured elsewhere, and bad probe files.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+
+#[test]
+fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
+    let probes = temp("probes.jsonl");
+    let cal = temp("calibration.json");
+    let p = probes.to_str().unwrap();
+    let gen = specfit(
+        &[
+            "synth",
+            "probes",
+            "--noise",
+            "0",
+            "--beta-hit",
+            "0.211",
+            "--beta-miss",
+            "0.211",
+            "--out",
+            p,
+        ],
+        None,
+    );
+    assert!(gen.status.success());
+    let out = specfit(
+        &["calibrate", "--probes", p, "--out", cal.to_str().unwrap()],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert!((file["cost"]["beta"].as_f64().unwrap() - 0.211).abs() < 1e-9);
+    let a: Vec<f64> = file["cost"]["intercepts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    for (n, an) in a.iter().enumerate() {
+        assert!(
+            (an - (130.0 + 2.0 * n as f64)).abs() < 1e-6,
+            "a[{n}] = {an}"
+        );
+    }
+    assert!(file["fit"]["r2"].as_f64().unwrap() > 0.999_999);
+    // The calibration drives selection in place of the pools' own cost.
+    let sel = specfit(
+        &[
+            "select",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--residency-cost",
+            "--quiet",
+        ],
+        None,
+    );
+    assert!(
+        sel.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sel.stderr)
+    );
+}
+
+#[test]
+fn bad_probe_files_exit_with_status_two() {
+    let probes = temp("bad-probes.jsonl");
+    std::fs::write(
+        &probes,
+        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 2, \"demand\": 10, \"ms\": 5}\n",
+    )
+    .unwrap();
+    fails_with(
+        &["calibrate", "--probes", probes.to_str().unwrap()],
+        None,
+        "no probe row has nodes = 1",
+    );
+    std::fs::write(
+        &probes,
+        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5, \"speed\": 1}\n",
+    )
+    .unwrap();
+    fails_with(
+        &["calibrate", "--probes", probes.to_str().unwrap()],
+        None,
+        "line 1, column",
+    );
+    let cal = temp("bad-calibration.json");
+    std::fs::write(&cal, "{\"format\": \"x\"}").unwrap();
+    fails_with(
+        &["select", "--calibration", cal.to_str().unwrap()],
+        None,
+        "missing field",
+    );
+}
+
+#[test]
+fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
+    let probes = temp("engine-probes.jsonl");
+    let cal = temp("engine-cal.json");
+    let run = specfit(
+        &[
+            "probe",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56,119",
+            "--cycles",
+            "48",
+            "--slots",
+            "2",
+            "--out",
+            probes.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(&probes)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 48);
+    assert!(
+        (0..=7).all(|n| rows.iter().any(|r| r["nodes"] == n)),
+        "every node count 0..=7 is probed"
+    );
+    // Every distinct (layer, expert) the forward needs is either a hit or a copy, exactly once.
+    assert!(rows.iter().all(
+        |r| r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap()
+            == r["demand"].as_u64().unwrap()
+    ));
+    let fit = specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--model",
+            m,
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        fit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fit.stderr)
+    );
+    let base = [
+        "generate",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1,243,56,119",
+        "--max-tokens",
+        "20",
+        "--ignore-eos",
+        "--slots",
+        "2",
+    ];
+    let plain = specfit(&base, None);
+    let spec = specfit(
+        &[
+            &base[..],
+            &[
+                "--drafter",
+                d,
+                "--policy",
+                "specfit",
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        spec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spec.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+    assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
+    // The calibration is stamped with the target's shape: another target refuses it.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let other = root.join("fixtures/qwen3moe/topk_norm");
+    let wrong = specfit(
+        &[
+            "generate",
+            "--model",
+            other.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "8",
+            "--drafter",
+            d,
+            "--policy",
+            "specfit",
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("was measured on a target of shape"));
+}
+
+#[test]
+fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_replays() {
+    let cal = temp("h200-cal.json");
+    let out = specfit(
+        &[
+            "calibrate",
+            "--probes",
+            "docs/gpu/h200-probes.jsonl",
+            "--out",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let committed = read(&root.join("docs/gpu/specfit-calibration.h200.json"));
+    let refit = read(&cal);
+    // Equal up to the last bits another processor's floating point may change.
+    fn close(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+        use serde_json::Value::*;
+        match (a, b) {
+            (Number(x), Number(y)) => {
+                let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0)
+            }
+            (Array(x), Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| close(p, q)),
+            (Object(x), Object(y)) => {
+                x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| close(v, w)))
+            }
+            _ => a == b,
+        }
+    }
+    for key in [
+        "cost",
+        "cost_residency",
+        "fit",
+        "fit_residency",
+        "max_nodes",
+    ] {
+        assert!(
+            close(&committed[key], &refit[key]),
+            "{key}: {} vs {}",
+            committed[key],
+            refit[key]
+        );
+    }
+    let out = specfit(
+        &[
+            "simulate",
+            "--synthetic",
+            "summarization",
+            "--calibration",
+            "docs/gpu/specfit-calibration.h200.json",
+            "--slots",
+            "48",
+            "--positions",
+            "120",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 4);
+}
+
+#[test]
+fn calibrate_stores_drafting_costs_measured_elsewhere_and_refuses_bad_ones() {
+    let drafting = temp("drafting.json");
+    std::fs::write(
+        &drafting,
+        r#"{"ms_per_level": 1.5, "feed_ms": 0.25, "feed_ms_per_token": 0.125}"#,
+    )
+    .unwrap();
+    let cal = temp("h200-drafting-cal.json");
+    let args = |d: &std::path::Path| {
+        vec![
+            "calibrate".to_string(),
+            "--probes".into(),
+            "docs/gpu/h200-probes.jsonl".into(),
+            "--drafting".into(),
+            d.to_str().unwrap().into(),
+            "--out".into(),
+            cal.to_str().unwrap().into(),
+        ]
+    };
+    let run = |d: &std::path::Path| {
+        let a = args(d);
+        specfit(&a.iter().map(String::as_str).collect::<Vec<_>>(), None)
+    };
+    let out = run(&drafting);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    assert_eq!(file["drafting"]["ms_per_level"], 1.5);
+    assert_eq!(file["drafting"]["feed_ms_per_token"], 0.125);
+    assert_eq!(file["drafting"]["level_context_ms"], 0.0);
+    for bad in [
+        r#"{"ms_per_level": -1.0, "feed_ms": 0.25, "feed_ms_per_token": 0.125}"#,
+        r#"{"ms_per_level": 1.0, "feed_ms": 0.25}"#,
+        r#"{"ms_per_level": 1.0, "feed_ms": 0.25, "feed_ms_per_token": 0.1, "extra": 1}"#,
+        "not json",
+    ] {
+        std::fs::write(&drafting, bad).unwrap();
+        let out = run(&drafting);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim().lines().count(),
+            1,
+            "{bad}"
+        );
+    }
+    // --drafting only goes with rows fitted from a file.
+    let out = specfit(&["calibrate", "--drafting", "x.json"], None);
+    assert_eq!(out.status.code(), Some(2));
+}

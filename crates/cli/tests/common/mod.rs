@@ -1,0 +1,87 @@
+//! Helpers shared by the `specfit` binary's end-to-end tests: running the binary from the
+//! repository root, temporary files, one-line error checks, and fixture checkpoints with a
+//! tokenizer.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+pub fn specfit(args: &[&str], stdin: Option<&str>) -> Output {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_specfit"));
+    cmd.args(args)
+        .current_dir(root)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn specfit");
+    if let Some(text) = stdin {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().unwrap()
+}
+
+pub fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specfit-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+pub fn fails_with(args: &[&str], stdin: Option<&str>, want: &str) {
+    let out = specfit(args, stdin);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{args:?}: one line, got {stderr:?}"
+    );
+    assert!(
+        stderr.contains(want),
+        "{args:?}: got {stderr:?}, want {want:?}"
+    );
+    assert!(!stderr.contains("panicked"));
+}
+
+/// A copy of a fixture checkpoint with a word-level tokenizer over its 256 ids: 0–2 are the
+/// ChatML specials, id `i` ≥ 3 is the word `w{i}`.
+pub fn fixture_with_tokenizer(name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures/qwen3moe")
+        .join(name);
+    let dir = temp(&format!("model-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let mut vocab = serde_json::Map::new();
+    for (i, s) in specials.iter().enumerate() {
+        vocab.insert(s.to_string(), serde_json::json!(i));
+    }
+    for i in 3..256 {
+        vocab.insert(format!("w{i}"), serde_json::json!(i));
+    }
+    let added: Vec<_> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| serde_json::json!({"id": i, "content": s, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<|endoftext|>"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+    let cfg = serde_json::json!({"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n"});
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    dir
+}

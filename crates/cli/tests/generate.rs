@@ -1,0 +1,355 @@
+//! `specfit forward` and `specfit generate` end to end: logits against transformers, plain and
+//! speculative decoding printing the same tokens, and the errors a new user hits.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+use std::process::Output;
+
+#[test]
+fn forward_writes_the_transformers_logits_and_greedy_tokens() {
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe/topk_norm");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(model.join("reference.json")).unwrap())
+            .unwrap();
+    let ids: Vec<String> = reference["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.to_string())
+        .collect();
+    let out = temp("forward.json");
+    let run = specfit(
+        &[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            &ids.join(","),
+            "--greedy",
+            "8",
+            "--slots",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let got: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(got["tokens"], reference["greedy"]["tokens"]);
+    assert_eq!(got["routes"][0][0], reference["routes"]["topk_ids"][0][0]);
+    let bad = specfit(
+        &[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            "1,256",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr)
+        .contains("token id 256 at position 1 is outside the vocabulary"));
+}
+
+#[test]
+fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
+    let dir = fixture_with_tokenizer("topk_norm");
+    let d = dir.to_str().unwrap();
+    let prompt = "<|im_start|> w243 w56 w119 w188 w74 w255 w15 w15 w216 w31 w187";
+    let conv = specfit(&["convert", "--model", d], None);
+    assert!(
+        conv.status.success(),
+        "{}",
+        String::from_utf8_lossy(&conv.stderr)
+    );
+    for extra in [
+        vec![],
+        vec!["--store", "disk", "--slots", "2"],
+        vec!["--slots", "3", "--clear-cache"],
+    ] {
+        let mut args = vec![
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "20",
+        ];
+        args.extend(extra.iter());
+        let out = specfit(&args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        // transformers' greedy tokens are 41 175 100 51 216 41 2(eos) 228.
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "w41 w175 w100 w51 w216 w41",
+            "{args:?}"
+        );
+        assert!(stderr.contains("7 tokens"), "{stderr}");
+        assert!(stderr.contains("misses"), "{stderr}");
+    }
+    let chat = specfit(
+        &[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "w5 w6",
+            "--chat",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "4",
+        ],
+        None,
+    );
+    assert!(
+        chat.status.success(),
+        "{}",
+        String::from_utf8_lossy(&chat.stderr)
+    );
+    let no_tok = specfit(
+        &[
+            "generate",
+            "--model",
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../../fixtures/qwen3moe/topk_norm")
+                .to_str()
+                .unwrap(),
+            "--prompt",
+            "x",
+        ],
+        None,
+    );
+    assert_eq!(no_tok.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&no_tok.stderr).contains("tokenizer.json"));
+}
+
+#[test]
+fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let base = [
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt-ids",
+        "1,243,56,119,188",
+        "--max-tokens",
+        "24",
+        "--ignore-eos",
+        "--slots",
+        "2",
+    ];
+    let plain = specfit(&base, None);
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let mut spec_args = base.to_vec();
+    spec_args.extend(["--drafter", drafter.to_str().unwrap(), "--budget", "5"]);
+    let spec = specfit(&spec_args, None);
+    let stderr = String::from_utf8_lossy(&spec.stderr);
+    assert!(spec.status.success(), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+    assert!(stderr.contains("draft nodes verified"), "{stderr}");
+    // SpecFit policies with a calibration stay lossless too.
+    let probes = temp("spec-probes.jsonl");
+    let cal = temp("spec-cal.json");
+    assert!(specfit(
+        &["synth", "probes", "--out", probes.to_str().unwrap()],
+        None
+    )
+    .status
+    .success());
+    // A calibration that does not name its target is refused, not trusted.
+    let unstamped = temp("spec-cal-unstamped.json");
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--out",
+            unstamped.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let refused = specfit(
+        &[
+            &spec_args[..],
+            &[
+                "--policy",
+                "specfit",
+                "--calibration",
+                unstamped.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("does not name the target"), "{why}");
+    assert_eq!(why.trim().lines().count(), 1, "{why}");
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    for policy in ["specfit", "specfit-lambda", "specfit-resident"] {
+        let run = specfit(
+            &[
+                &spec_args[..],
+                &["--policy", policy, "--calibration", cal.to_str().unwrap()],
+            ]
+            .concat(),
+            None,
+        );
+        assert!(
+            run.status.success(),
+            "{policy}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&run.stdout).trim(),
+            String::from_utf8_lossy(&plain.stdout).trim(),
+            "{policy}"
+        );
+    }
+    let corrupt = specfit(
+        &[
+            &spec_args[..],
+            &[
+                "--policy",
+                "specfit",
+                "--routes",
+                "corrupt:0.6",
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        corrupt.status.success(),
+        "{}",
+        String::from_utf8_lossy(&corrupt.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&corrupt.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+    let missing = specfit(&[&spec_args[..], &["--policy", "specfit"]].concat(), None);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("needs --calibration"));
+    // Sampling: the same seed gives the same tokens with and without speculation.
+    let sampling = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "11"];
+    let plain_sampled = specfit(&[&base[..], &sampling[..]].concat(), None);
+    let spec_sampled = specfit(&[&spec_args[..], &sampling[..]].concat(), None);
+    assert!(
+        spec_sampled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spec_sampled.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&spec_sampled.stdout).trim(),
+        String::from_utf8_lossy(&plain_sampled.stdout).trim()
+    );
+}
+
+#[test]
+fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_the_context() {
+    let model = "fixtures/qwen3moe/eagle_target";
+    let one_line = |out: &Output, needle: &str| {
+        assert_eq!(out.status.code(), Some(2));
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(why.contains(needle), "{why}");
+        assert_eq!(why.trim().lines().count(), 1, "{why}");
+    };
+    // Never converted: the error says what to run, once.
+    let missing = temp("never-converted.specfit");
+    let out = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--store",
+            "disk",
+            "--experts",
+            missing.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+        ],
+        None,
+    );
+    one_line(&out, "specfit convert");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr)
+            .matches("No such file")
+            .count(),
+        0
+    );
+    // The fixture has 128 positions: 2 prompt tokens + 127 is one too many, 126 fit.
+    let too_long = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "127",
+        ],
+        None,
+    );
+    one_line(&too_long, "max_position_embeddings");
+    let fits = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "126",
+            "--ignore-eos",
+        ],
+        None,
+    );
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+}

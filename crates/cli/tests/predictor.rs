@@ -1,0 +1,133 @@
+//! `specfit train-predictor` end to end: a route predictor that beats chance and drives SpecFit
+//! losslessly.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+
+#[test]
+fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
+    // On the shipped target and drafter, trained on a few calibration questions and scored on
+    // held-out ones.
+    let d = "models/drafter";
+    let pred = temp("predictor.safetensors");
+    let train = specfit(
+        &[
+            "train-predictor",
+            "--prompts",
+            "data/calibration/gsm8k_train.jsonl",
+            "--limit",
+            "10",
+            "--positions",
+            "6",
+            "--out",
+            pred.to_str().unwrap(),
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&train.stderr).to_string();
+    assert!(train.status.success(), "{stderr}");
+    // "held-out X (chance Y)": the head must beat guessing.
+    let held: f64 = stderr
+        .split(", held-out ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let chance: f64 = stderr
+        .split("(chance ")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(held > chance + 0.1, "{stderr}");
+    let probes = temp("pred-probes.jsonl");
+    let cal = temp("pred-cal.json");
+    assert!(specfit(
+        &["synth", "probes", "--out", probes.to_str().unwrap()],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--model",
+            "models/target",
+            "--out",
+            cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let base = [
+        "generate",
+        "--prompt-ids",
+        "1,243,56,119",
+        "--max-tokens",
+        "20",
+        "--ignore-eos",
+        "--slots",
+        "2",
+    ];
+    let plain = specfit(&base, None);
+    let routes = format!("predictor:{}", pred.display());
+    let spec = specfit(
+        &[
+            &base[..],
+            &[
+                "--drafter",
+                d,
+                "--policy",
+                "specfit",
+                "--routes",
+                &routes,
+                "--calibration",
+                cal.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+        None,
+    );
+    assert!(
+        spec.status.success(),
+        "{}",
+        String::from_utf8_lossy(&spec.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&spec.stdout).trim(),
+        String::from_utf8_lossy(&plain.stdout).trim()
+    );
+    // A predictor for another shape is refused.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let other = root.join("fixtures/qwen3moe/topk_norm");
+    let wrong = specfit(
+        &[
+            "generate",
+            "--model",
+            other.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2",
+            "--drafter",
+            d,
+            "--policy",
+            "specfit",
+            "--routes",
+            &routes,
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(wrong.status.code(), Some(2));
+}

@@ -1,0 +1,203 @@
+//! `specfit record` and `specfit simulate` end to end: traces the reader accepts, replay under
+//! every policy, paper-scale synthetic traces.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+
+#[test]
+fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let model = root.join("fixtures/qwen3moe/eagle_target");
+    let drafter = root.join("fixtures/eagle3/tiny");
+    let out = temp("trace.jsonl");
+    let run = specfit(
+        &[
+            "record",
+            "--model",
+            model.to_str().unwrap(),
+            "--drafter",
+            drafter.to_str().unwrap(),
+            "--prompt-ids",
+            "1,243,56,119",
+            "--max-tokens",
+            "6",
+            "--slots",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (header, steps) = specfit_trace::read(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        (
+            header.moe_layers,
+            header.experts,
+            header.top_k,
+            header.vocab
+        ),
+        (8, 4, 2, 256)
+    );
+    assert_eq!(steps.len(), 6);
+    assert!(steps
+        .iter()
+        .all(|s| s.nodes.len() == 18 && s.root_routes.len() == 8));
+}
+
+#[test]
+fn simulate_replays_a_recorded_trace_under_every_policy() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let (model, drafter) = (
+        root.join("fixtures/qwen3moe/eagle_target"),
+        root.join("fixtures/eagle3/tiny"),
+    );
+    let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
+    let (trace, probes, cal) = (
+        temp("sim-trace.jsonl"),
+        temp("sim-probes.jsonl"),
+        temp("sim-cal.json"),
+    );
+    assert!(specfit(
+        &[
+            "record",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56",
+            "--max-tokens",
+            "30",
+            "--out",
+            trace.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "probe",
+            "--model",
+            m,
+            "--drafter",
+            d,
+            "--prompt-ids",
+            "1,243,56",
+            "--cycles",
+            "32",
+            "--slots",
+            "2",
+            "--out",
+            probes.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            probes.to_str().unwrap(),
+            "--out",
+            cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let out = specfit(
+        &[
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--slots",
+            "4,2,0",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(table.lines().count(), 2 + 3 * 4, "{table}");
+    assert!(table
+        .lines()
+        .filter(|l| l.contains("| ar |"))
+        .all(|l| l.contains("| 1.00 |")));
+    // A calibration without hit/miss counts cannot drive the simulated machine.
+    let plain = temp("sim-plain.jsonl");
+    std::fs::write(&plain, "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 1, \"demand\": 12, \"ms\": 6}\n{\"nodes\": 0, \"demand\": 11, \"ms\": 5.5}\n").unwrap();
+    let plain_cal = temp("sim-plain-cal.json");
+    assert!(specfit(
+        &[
+            "calibrate",
+            "--probes",
+            plain.to_str().unwrap(),
+            "--out",
+            plain_cal.to_str().unwrap()
+        ],
+        None
+    )
+    .status
+    .success());
+    let refused = specfit(
+        &[
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--calibration",
+            plain_cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("no residency-aware fit"));
+}
+
+#[test]
+fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
+    let out = specfit(
+        &[
+            "simulate",
+            "--synthetic",
+            "gsm8k",
+            "--preset",
+            "a100",
+            "--slots",
+            "48,0",
+            "--positions",
+            "120",
+        ],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("eagle3 top-7 accepts"), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).lines().count(),
+        2 + 2 * 4
+    );
+    let bad = specfit(
+        &["simulate", "--synthetic", "poetry", "--preset", "a100"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    let bad = specfit(
+        &["simulate", "--synthetic", "gsm8k", "--preset", "tpu"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -27,15 +27,7 @@ fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
         None,
     );
     assert!(gen.status.success());
-    let out = specfit(
-        &["calibrate", "--probes", p, "--out", cal.to_str().unwrap()],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&["calibrate", "--probes", p, "--out", cal.to_str().unwrap()]);
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
     assert!((file["cost"]["beta"].as_f64().unwrap() - 0.211).abs() < 1e-9);
@@ -53,21 +45,13 @@ fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
     }
     assert!(file["fit"]["r2"].as_f64().unwrap() > 0.999_999);
     // The calibration drives selection in place of the pools' own cost.
-    let sel = specfit(
-        &[
-            "select",
-            "--calibration",
-            cal.to_str().unwrap(),
-            "--residency-cost",
-            "--quiet",
-        ],
-        None,
-    );
-    assert!(
-        sel.status.success(),
-        "{}",
-        String::from_utf8_lossy(&sel.stderr)
-    );
+    ok(&[
+        "select",
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--residency-cost",
+        "--quiet",
+    ]);
 }
 
 #[test]
@@ -110,29 +94,21 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
     let probes = temp("engine-probes.jsonl");
     let cal = temp("engine-cal.json");
-    let run = specfit(
-        &[
-            "probe",
-            "--model",
-            m,
-            "--drafter",
-            d,
-            "--prompt-ids",
-            "1,243,56,119",
-            "--cycles",
-            "48",
-            "--slots",
-            "2",
-            "--out",
-            probes.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ok(&[
+        "probe",
+        "--model",
+        m,
+        "--drafter",
+        d,
+        "--prompt-ids",
+        "1,243,56,119",
+        "--cycles",
+        "48",
+        "--slots",
+        "2",
+        "--out",
+        probes.to_str().unwrap(),
+    ]);
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(&probes)
         .unwrap()
         .lines()
@@ -148,23 +124,15 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         |r| r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap()
             == r["demand"].as_u64().unwrap()
     ));
-    let fit = specfit(
-        &[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--model",
-            m,
-            "--out",
-            cal.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        fit.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fit.stderr)
-    );
+    ok(&[
+        "calibrate",
+        "--probes",
+        probes.to_str().unwrap(),
+        "--model",
+        m,
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
     let base = [
         "generate",
         "--model",
@@ -178,26 +146,18 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         "2",
     ];
     let plain = specfit(&base, None);
-    let spec = specfit(
+    let spec = ok(&[
+        &base[..],
         &[
-            &base[..],
-            &[
-                "--drafter",
-                d,
-                "--policy",
-                "specfit",
-                "--calibration",
-                cal.to_str().unwrap(),
-            ],
-        ]
-        .concat(),
-        None,
-    );
-    assert!(
-        spec.status.success(),
-        "{}",
-        String::from_utf8_lossy(&spec.stderr)
-    );
+            "--drafter",
+            d,
+            "--policy",
+            "specfit",
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+    ]
+    .concat());
     assert_eq!(
         String::from_utf8_lossy(&spec.stdout).trim(),
         String::from_utf8_lossy(&plain.stdout).trim()
@@ -231,21 +191,13 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
 #[test]
 fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_replays() {
     let cal = temp("h200-cal.json");
-    let out = specfit(
-        &[
-            "calibrate",
-            "--probes",
-            "docs/gpu/h200-probes.jsonl",
-            "--out",
-            cal.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&[
+        "calibrate",
+        "--probes",
+        "docs/gpu/h200-probes.jsonl",
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
     let read = |p: &std::path::Path| -> serde_json::Value {
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     };
@@ -281,25 +233,17 @@ fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_re
             refit[key]
         );
     }
-    let out = specfit(
-        &[
-            "simulate",
-            "--synthetic",
-            "summarization",
-            "--calibration",
-            "docs/gpu/specfit-calibration.h200.json",
-            "--slots",
-            "48",
-            "--positions",
-            "120",
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = ok(&[
+        "simulate",
+        "--synthetic",
+        "summarization",
+        "--calibration",
+        "docs/gpu/specfit-calibration.h200.json",
+        "--slots",
+        "48",
+        "--positions",
+        "120",
+    ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 4);
 }
 

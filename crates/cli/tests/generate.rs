@@ -20,27 +20,19 @@ fn forward_writes_the_transformers_logits_and_greedy_tokens() {
         .map(|v| v.to_string())
         .collect();
     let out = temp("forward.json");
-    let run = specfit(
-        &[
-            "forward",
-            "--model",
-            model.to_str().unwrap(),
-            "--tokens",
-            &ids.join(","),
-            "--greedy",
-            "8",
-            "--slots",
-            "2",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ok(&[
+        "forward",
+        "--model",
+        model.to_str().unwrap(),
+        "--tokens",
+        &ids.join(","),
+        "--greedy",
+        "8",
+        "--slots",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     let got: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(got["tokens"], reference["greedy"]["tokens"]);
@@ -67,12 +59,7 @@ fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
     let dir = fixture_with_tokenizer("topk_norm");
     let d = dir.to_str().unwrap();
     let prompt = "<|im_start|> w243 w56 w119 w188 w74 w255 w15 w15 w216 w31 w187";
-    let conv = specfit(&["convert", "--model", d], None);
-    assert!(
-        conv.status.success(),
-        "{}",
-        String::from_utf8_lossy(&conv.stderr)
-    );
+    ok(&["convert", "--model", d]);
     for extra in [
         vec![],
         vec!["--store", "disk", "--slots", "2"],
@@ -100,28 +87,20 @@ fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
         assert!(stderr.contains("7 tokens"), "{stderr}");
         assert!(stderr.contains("misses"), "{stderr}");
     }
-    let chat = specfit(
-        &[
-            "generate",
-            "--model",
-            d,
-            "--prompt",
-            "w5 w6",
-            "--chat",
-            "--max-tokens",
-            "3",
-            "--temperature",
-            "0.8",
-            "--seed",
-            "4",
-        ],
-        None,
-    );
-    assert!(
-        chat.status.success(),
-        "{}",
-        String::from_utf8_lossy(&chat.stderr)
-    );
+    ok(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "w5 w6",
+        "--chat",
+        "--max-tokens",
+        "3",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "4",
+    ]);
     let no_tok = specfit(
         &[
             "generate",
@@ -156,12 +135,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
         "--slots",
         "2",
     ];
-    let plain = specfit(&base, None);
-    assert!(
-        plain.status.success(),
-        "{}",
-        String::from_utf8_lossy(&plain.stderr)
-    );
+    let plain = ok(&base);
     let mut spec_args = base.to_vec();
     spec_args.extend(["--drafter", drafter.to_str().unwrap(), "--budget", "5"]);
     let spec = specfit(&spec_args, None);
@@ -175,26 +149,16 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     // SpecFit policies with a calibration stay lossless too.
     let probes = temp("spec-probes.jsonl");
     let cal = temp("spec-cal.json");
-    assert!(specfit(
-        &["synth", "probes", "--out", probes.to_str().unwrap()],
-        None
-    )
-    .status
-    .success());
+    ok(&["synth", "probes", "--out", probes.to_str().unwrap()]);
     // A calibration that does not name its target is refused, not trusted.
     let unstamped = temp("spec-cal-unstamped.json");
-    assert!(specfit(
-        &[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--out",
-            unstamped.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
+    ok(&[
+        "calibrate",
+        "--probes",
+        probes.to_str().unwrap(),
+        "--out",
+        unstamped.to_str().unwrap(),
+    ]);
     let refused = specfit(
         &[
             &spec_args[..],
@@ -212,20 +176,15 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(why.contains("does not name the target"), "{why}");
     assert_eq!(why.trim().lines().count(), 1, "{why}");
-    assert!(specfit(
-        &[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--model",
-            model.to_str().unwrap(),
-            "--out",
-            cal.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
+    ok(&[
+        "calibrate",
+        "--probes",
+        probes.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
     for policy in ["specfit", "specfit-lambda", "specfit-resident"] {
         let run = specfit(
             &[
@@ -246,26 +205,18 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
             "{policy}"
         );
     }
-    let corrupt = specfit(
+    let corrupt = ok(&[
+        &spec_args[..],
         &[
-            &spec_args[..],
-            &[
-                "--policy",
-                "specfit",
-                "--routes",
-                "corrupt:0.6",
-                "--calibration",
-                cal.to_str().unwrap(),
-            ],
-        ]
-        .concat(),
-        None,
-    );
-    assert!(
-        corrupt.status.success(),
-        "{}",
-        String::from_utf8_lossy(&corrupt.stderr)
-    );
+            "--policy",
+            "specfit",
+            "--routes",
+            "corrupt:0.6",
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+    ]
+    .concat());
     assert_eq!(
         String::from_utf8_lossy(&corrupt.stdout).trim(),
         String::from_utf8_lossy(&plain.stdout).trim()
@@ -276,12 +227,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     // Sampling: the same seed gives the same tokens with and without speculation.
     let sampling = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "11"];
     let plain_sampled = specfit(&[&base[..], &sampling[..]].concat(), None);
-    let spec_sampled = specfit(&[&spec_args[..], &sampling[..]].concat(), None);
-    assert!(
-        spec_sampled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&spec_sampled.stderr)
-    );
+    let spec_sampled = ok(&[&spec_args[..], &sampling[..]].concat());
     assert_eq!(
         String::from_utf8_lossy(&spec_sampled.stdout).trim(),
         String::from_utf8_lossy(&plain_sampled.stdout).trim()
@@ -334,22 +280,14 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
         None,
     );
     one_line(&too_long, "max_position_embeddings");
-    let fits = specfit(
-        &[
-            "generate",
-            "--model",
-            model,
-            "--prompt-ids",
-            "1,2",
-            "--max-tokens",
-            "126",
-            "--ignore-eos",
-        ],
-        None,
-    );
-    assert!(
-        fits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fits.stderr)
-    );
+    ok(&[
+        "generate",
+        "--model",
+        model,
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "126",
+        "--ignore-eos",
+    ]);
 }

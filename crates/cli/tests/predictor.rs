@@ -50,26 +50,16 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     assert!(held > chance + 0.1, "{stderr}");
     let probes = temp("pred-probes.jsonl");
     let cal = temp("pred-cal.json");
-    assert!(specfit(
-        &["synth", "probes", "--out", probes.to_str().unwrap()],
-        None
-    )
-    .status
-    .success());
-    assert!(specfit(
-        &[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--model",
-            "models/target",
-            "--out",
-            cal.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
+    ok(&["synth", "probes", "--out", probes.to_str().unwrap()]);
+    ok(&[
+        "calibrate",
+        "--probes",
+        probes.to_str().unwrap(),
+        "--model",
+        "models/target",
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
     let base = [
         "generate",
         "--prompt-ids",
@@ -82,28 +72,20 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     ];
     let plain = specfit(&base, None);
     let routes = format!("predictor:{}", pred.display());
-    let spec = specfit(
+    let spec = ok(&[
+        &base[..],
         &[
-            &base[..],
-            &[
-                "--drafter",
-                d,
-                "--policy",
-                "specfit",
-                "--routes",
-                &routes,
-                "--calibration",
-                cal.to_str().unwrap(),
-            ],
-        ]
-        .concat(),
-        None,
-    );
-    assert!(
-        spec.status.success(),
-        "{}",
-        String::from_utf8_lossy(&spec.stderr)
-    );
+            "--drafter",
+            d,
+            "--policy",
+            "specfit",
+            "--routes",
+            &routes,
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+    ]
+    .concat());
     assert_eq!(
         String::from_utf8_lossy(&spec.stdout).trim(),
         String::from_utf8_lossy(&plain.stdout).trim()

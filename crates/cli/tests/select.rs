@@ -6,12 +6,7 @@ use common::*;
 
 #[test]
 fn select_runs_on_the_shipped_example_pools_with_no_arguments() {
-    let out = specfit(&["select"], None);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = ok(&["select"]);
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<serde_json::Value> = stdout
         .lines()

@@ -12,29 +12,21 @@ fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
     let model = root.join("fixtures/qwen3moe/eagle_target");
     let drafter = root.join("fixtures/eagle3/tiny");
     let out = temp("trace.jsonl");
-    let run = specfit(
-        &[
-            "record",
-            "--model",
-            model.to_str().unwrap(),
-            "--drafter",
-            drafter.to_str().unwrap(),
-            "--prompt-ids",
-            "1,243,56,119",
-            "--max-tokens",
-            "6",
-            "--slots",
-            "2",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        None,
-    );
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ok(&[
+        "record",
+        "--model",
+        model.to_str().unwrap(),
+        "--drafter",
+        drafter.to_str().unwrap(),
+        "--prompt-ids",
+        "1,243,56,119",
+        "--max-tokens",
+        "6",
+        "--slots",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     let (header, steps) = specfit_trace::read(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(
         (
@@ -64,73 +56,50 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
         temp("sim-probes.jsonl"),
         temp("sim-cal.json"),
     );
-    assert!(specfit(
-        &[
-            "record",
-            "--model",
-            m,
-            "--drafter",
-            d,
-            "--prompt-ids",
-            "1,243,56",
-            "--max-tokens",
-            "30",
-            "--out",
-            trace.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
-    assert!(specfit(
-        &[
-            "probe",
-            "--model",
-            m,
-            "--drafter",
-            d,
-            "--prompt-ids",
-            "1,243,56",
-            "--cycles",
-            "32",
-            "--slots",
-            "2",
-            "--out",
-            probes.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
-    assert!(specfit(
-        &[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--out",
-            cal.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
-    let out = specfit(
-        &[
-            "simulate",
-            "--trace",
-            trace.to_str().unwrap(),
-            "--calibration",
-            cal.to_str().unwrap(),
-            "--slots",
-            "4,2,0",
-        ],
-        None,
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&[
+        "record",
+        "--model",
+        m,
+        "--drafter",
+        d,
+        "--prompt-ids",
+        "1,243,56",
+        "--max-tokens",
+        "30",
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    ok(&[
+        "probe",
+        "--model",
+        m,
+        "--drafter",
+        d,
+        "--prompt-ids",
+        "1,243,56",
+        "--cycles",
+        "32",
+        "--slots",
+        "2",
+        "--out",
+        probes.to_str().unwrap(),
+    ]);
+    ok(&[
+        "calibrate",
+        "--probes",
+        probes.to_str().unwrap(),
+        "--out",
+        cal.to_str().unwrap(),
+    ]);
+    let out = ok(&[
+        "simulate",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--calibration",
+        cal.to_str().unwrap(),
+        "--slots",
+        "4,2,0",
+    ]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(table.lines().count(), 2 + 3 * 4, "{table}");
     assert!(table
@@ -141,18 +110,13 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
     let plain = temp("sim-plain.jsonl");
     std::fs::write(&plain, "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 1, \"demand\": 12, \"ms\": 6}\n{\"nodes\": 0, \"demand\": 11, \"ms\": 5.5}\n").unwrap();
     let plain_cal = temp("sim-plain-cal.json");
-    assert!(specfit(
-        &[
-            "calibrate",
-            "--probes",
-            plain.to_str().unwrap(),
-            "--out",
-            plain_cal.to_str().unwrap()
-        ],
-        None
-    )
-    .status
-    .success());
+    ok(&[
+        "calibrate",
+        "--probes",
+        plain.to_str().unwrap(),
+        "--out",
+        plain_cal.to_str().unwrap(),
+    ]);
     let refused = specfit(
         &[
             "simulate",

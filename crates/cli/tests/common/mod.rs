@@ -28,6 +28,17 @@ pub fn specfit(args: &[&str], stdin: Option<&str>) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// Runs `specfit args` and asserts it succeeded (showing its stderr if not).
+pub fn ok(args: &[&str]) -> Output {
+    let out = specfit(args, None);
+    assert!(
+        out.status.success(),
+        "specfit {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("specfit-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

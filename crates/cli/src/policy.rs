@@ -11,6 +11,7 @@ use specfit_engine::spec::{Atlas, TopK, Verify};
 use specfit_engine::{Eagle3, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{CostModel, ExpertCost, Objective, Selector};
+use specfit_sim::SimPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -178,6 +179,31 @@ pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn Verify>> {
 }
 
 /// The cost model with its per-expert charge multiplied by `scale`.
+/// The simulator's form of a policy: `eagle3` verifies the `top_k` most probable nodes; the
+/// SpecFit policies search up to `max_nodes` believing `cost` under `objective`, with the
+/// draft-stop rule (the simulator has no plain bursts: `specfit-adaptive` replays as `specfit`).
+pub fn sim_policy(
+    policy: Policy,
+    (top_k, max_nodes): (usize, usize),
+    cost: CostModel,
+    objective: Objective,
+) -> SimPolicy {
+    match policy {
+        Policy::Ar => SimPolicy::Ar,
+        Policy::Eagle3 => SimPolicy::TopK(top_k),
+        Policy::Specfit
+        | Policy::SpecfitLambda
+        | Policy::SpecfitResident
+        | Policy::SpecfitAdaptive => SimPolicy::SpecFit {
+            cost,
+            objective,
+            max_nodes,
+            stop_rule: true,
+            residency: policy == Policy::SpecfitResident,
+        },
+    }
+}
+
 pub fn scale_beta(cost: &CostModel, scale: f64) -> Result<CostModel> {
     let expert = match cost.expert() {
         ExpertCost::Uniform { beta } => ExpertCost::Uniform { beta: beta * scale },

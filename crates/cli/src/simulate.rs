@@ -15,6 +15,7 @@ use specfit_sim::{
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
+use crate::policy::{sim_policy, Policy};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -132,27 +133,26 @@ pub fn run(args: &Args) -> Result<()> {
             believed.clone()
         };
         let policies: Vec<(&str, SimPolicy)> = vec![
-            ("ar", SimPolicy::Ar),
-            ("eagle3", SimPolicy::TopK(k)),
+            (
+                "ar",
+                sim_policy(Policy::Ar, (k, k), believed.clone(), Objective::Ratio),
+            ),
+            (
+                "eagle3",
+                sim_policy(Policy::Eagle3, (k, k), believed.clone(), Objective::Ratio),
+            ),
             (
                 "specfit",
-                SimPolicy::SpecFit {
-                    cost: believed,
-                    objective: Objective::Ratio,
-                    max_nodes: k,
-                    stop_rule: true,
-                    residency: false,
-                },
+                sim_policy(Policy::Specfit, (k, k), believed, Objective::Ratio),
             ),
             (
                 "specfit-resident",
-                SimPolicy::SpecFit {
-                    cost: machine.true_cost.clone(),
-                    objective: Objective::Ratio,
-                    max_nodes: k,
-                    stop_rule: true,
-                    residency: true,
-                },
+                sim_policy(
+                    Policy::SpecfitResident,
+                    (k, k),
+                    machine.true_cost.clone(),
+                    Objective::Ratio,
+                ),
             ),
         ];
         let results: Vec<(&str, specfit_sim::SimReport)> = policies

@@ -80,29 +80,19 @@ fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
         return Ok(None);
     }
     let cal = m.calibration;
-    let max_nodes = m.budget.min(cal.max_nodes);
-    Ok(Some(match c.policy {
-        Policy::Ar => SimPolicy::Ar,
-        Policy::Eagle3 => SimPolicy::TopK(m.budget),
-        Policy::Specfit
-        | Policy::SpecfitLambda
-        | Policy::SpecfitResident
-        | Policy::SpecfitAdaptive => {
-            let residency = c.policy == Policy::SpecfitResident;
-            let objective = if c.policy == Policy::SpecfitLambda {
-                Objective::lambda(policy::default_lambda(cal, m.model)?)?
-            } else {
-                Objective::Ratio
-            };
-            SimPolicy::SpecFit {
-                cost: policy::scale_beta(&cal.cost_model(residency)?, c.beta_scale)?,
-                objective,
-                max_nodes,
-                stop_rule: true,
-                residency,
-            }
-        }
-    }))
+    let residency = c.policy == Policy::SpecfitResident;
+    let objective = if c.policy == Policy::SpecfitLambda {
+        Objective::lambda(policy::default_lambda(cal, m.model)?)?
+    } else {
+        Objective::Ratio
+    };
+    let cost = policy::scale_beta(&cal.cost_model(residency)?, c.beta_scale)?;
+    Ok(Some(policy::sim_policy(
+        c.policy,
+        (m.budget, m.budget.min(cal.max_nodes)),
+        cost,
+        objective,
+    )))
 }
 
 /// Replays every trace under every configuration and compares with `measured` (the tallies of

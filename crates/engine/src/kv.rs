@@ -188,3 +188,93 @@ impl KvCache {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The naive model: per layer, one `(key row, value row)` per token, in cache order.
+    type Naive = Vec<Vec<(Vec<f32>, Vec<f32>)>>;
+
+    fn check(kv: &KvCache, naive: &Naive, heads: usize, d: usize) {
+        assert_eq!(kv.len(), naive[0].len());
+        for (layer, rows) in naive.iter().enumerate() {
+            for (t, (k, v)) in rows.iter().enumerate() {
+                for h in 0..heads {
+                    for c in 0..d {
+                        assert_eq!(kv.key(layer, t, h, c), k[h * d + c], "key l{layer} t{t}");
+                        assert_eq!(
+                            kv.value(layer, t, h, c),
+                            v[h * d + c],
+                            "value l{layer} t{t}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pushes_truncations_and_compactions_keep_every_key_and_value_where_a_plain_list_would() {
+        let (layers, heads, d) = (2, 3, 5); // head_dim not a multiple of 16: padded value rows
+        let mut kv = KvCache::new(layers, heads, d);
+        let mut naive: Naive = vec![Vec::new(); layers];
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        let mut stamp = 0.0f32;
+        for _ in 0..200 {
+            match next() % 4 {
+                // A forward of 1..=20 tokens (crossing tile boundaries).
+                0 | 1 => {
+                    let t = 1 + next() % 20;
+                    for (layer, rows) in naive.iter_mut().enumerate() {
+                        let mut k = Vec::new();
+                        let mut v = Vec::new();
+                        for _ in 0..t {
+                            let kr: Vec<f32> = (0..heads * d).map(|i| stamp + i as f32).collect();
+                            let vr: Vec<f32> = kr.iter().map(|x| -x).collect();
+                            stamp += 1000.0;
+                            k.extend(&kr);
+                            v.extend(&vr);
+                            rows.push((kr, vr));
+                        }
+                        kv.push(layer, &k, &v);
+                    }
+                    kv.commit(t);
+                }
+                2 => {
+                    let len = next() % (kv.len() + 1);
+                    kv.truncate(len).unwrap();
+                    naive.iter_mut().for_each(|r| r.truncate(len));
+                }
+                _ => {
+                    let from = next() % (kv.len() + 1);
+                    let keep: Vec<usize> = (from..kv.len()).filter(|_| next() % 2 == 0).collect();
+                    kv.compact(from, &keep).unwrap();
+                    for rows in naive.iter_mut() {
+                        let kept: Vec<_> = keep.iter().map(|&i| rows[i].clone()).collect();
+                        rows.truncate(from);
+                        rows.extend(kept);
+                    }
+                }
+            }
+            check(&kv, &naive, heads, d);
+        }
+    }
+
+    #[test]
+    fn bad_edits_are_errors_and_leave_the_cache_as_it_was() {
+        let mut kv = KvCache::new(1, 1, 4);
+        kv.push(0, &[1.0; 12], &[2.0; 12]);
+        kv.commit(3);
+        assert!(kv.truncate(4).is_err());
+        assert!(kv.compact(1, &[2, 1]).is_err());
+        assert!(kv.compact(2, &[1]).is_err());
+        assert!(kv.compact(0, &[3]).is_err());
+        assert_eq!(kv.len(), 3);
+        assert_eq!(kv.key(0, 2, 0, 3), 1.0);
+    }
+}

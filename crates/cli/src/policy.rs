@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use specfit_engine::policy::SpecFitRule;
 use specfit_engine::predictor::RoutePredictor;
-use specfit_engine::spec::{Atlas, TopK, Verify};
+use specfit_engine::spec::{Atlas, SpecRule, TopK};
 use specfit_engine::{Eagle3, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{CostModel, ExpertCost, Objective, Selector};
@@ -156,7 +156,7 @@ pub struct RuleSpec<'a> {
 }
 
 /// The verify rule of a policy: top-K for `ar`/`eagle3`, SpecFit's selector otherwise.
-pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn Verify>> {
+pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn SpecRule>> {
     let residency = spec.policy == Policy::SpecfitResident;
     let objective = match spec.policy {
         Policy::Ar => return Ok(Box::new(TopK(0))),

@@ -37,8 +37,8 @@ pub struct TargetArgs {
     /// Where routed experts rest.
     #[arg(long, value_enum, default_value = "ram")]
     pub store: StoreArg,
-    /// Disk expert file (default: MODEL/experts.specfit).
-    #[arg(long)]
+    /// Disk expert file (default: MODEL/experts.specfit; `--experts` is accepted too).
+    #[arg(long = "expert-file", alias = "experts", value_name = "FILE")]
     pub experts: Option<PathBuf>,
     /// Expert slots per MoE layer (default: all experts resident).
     #[arg(long)]

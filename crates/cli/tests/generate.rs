@@ -252,7 +252,7 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
             model,
             "--store",
             "disk",
-            "--experts",
+            "--expert-file",
             missing.to_str().unwrap(),
             "--prompt-ids",
             "1,2",

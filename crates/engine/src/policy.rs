@@ -8,7 +8,7 @@ use std::time::Instant;
 use specfit_selector::{stop, Pool, PoolBuilder, ResidentSet, Selector};
 
 use crate::error::EngineError;
-use crate::spec::{DraftNode, PoolRoutes, RouteSource, Verify};
+use crate::spec::{DraftNode, PoolRoutes, RouteSource, SpecRule};
 
 /// The SpecFit rule.
 pub struct SpecFitRule {
@@ -92,7 +92,7 @@ impl SpecFitRule {
     }
 }
 
-impl Verify for SpecFitRule {
+impl SpecRule for SpecFitRule {
     fn keep_drafting(
         &mut self,
         pool: &[DraftNode],

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use specfit_engine::spec::{generate_spec_from, Atlas, Routes, SpecOptions, Verify};
+use specfit_engine::spec::{generate_spec_from, Atlas, Routes, SpecOptions, SpecRule};
 use specfit_engine::{
     generate_from, CacheMode, Eagle3, ExpertCache, GenerateOptions, GenerationConfig, Prefix,
     Qwen3Moe, Sampler, Sampling, Tokenizer,
@@ -113,7 +113,7 @@ struct Setup {
 /// One configuration's live state: its own cache and rule.
 struct Runner {
     cache: ExpertCache,
-    rule: Box<dyn Verify>,
+    rule: Box<dyn SpecRule>,
 }
 
 pub fn run(args: &Args) -> Result<()> {

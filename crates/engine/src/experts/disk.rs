@@ -244,7 +244,7 @@ impl DiskStore {
         };
         let plain = File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => bad(
-                "no expert file here: write it once with `specfit convert --model MODEL` (or pass --experts FILE)".into(),
+                "no expert file here: write it once with `specfit convert --model MODEL` (or pass --expert-file FILE)".into(),
             ),
             _ => EngineError::io(path)(e),
         })?;

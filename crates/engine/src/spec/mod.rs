@@ -1,5 +1,5 @@
 //! EAGLE-3 tree speculative decoding on the offloaded engine: draft a tree with the drafter
-//! (EAGLE-2/3 dynamic expansion), let a [`Verify`] rule choose the part to verify, verify it in
+//! (EAGLE-2/3 dynamic expansion), let a [`SpecRule`] choose the part to verify, verify it in
 //! one target forward with a tree mask (copying only the experts it misses), then walk down from
 //! the root drawing the target's token at each node exactly as plain decoding draws it (argmax
 //! when greedy; one temperature/top-p draw per emitted token otherwise) and follow the verified
@@ -55,9 +55,10 @@ pub struct DraftNode {
     pub hidden: Vec<f32>,
 }
 
-/// Which drafted nodes to verify: given the pool (parents before children), the chosen
-/// ancestor-closed node indices, ascending. Empty = verify the root alone.
-pub trait Verify {
+/// A speculative decoding rule: how deep to draft, which drafted nodes to verify (given the pool,
+/// parents before children: the chosen ancestor-closed node indices, ascending; empty = the root
+/// alone) and when to decode plainly instead. The verify forward itself is [`verify`].
+pub trait SpecRule {
     /// Called after each drafted level with the pool so far; `false` stops drafting.
     fn keep_drafting(
         &mut self,
@@ -86,7 +87,7 @@ pub trait Verify {
 #[derive(Debug, Clone, Copy)]
 pub struct TopK(pub usize);
 
-impl Verify for TopK {
+impl SpecRule for TopK {
     fn choose(
         &mut self,
         pool: &[DraftNode],
@@ -185,7 +186,7 @@ pub fn generate_spec(
     experts: &mut ExpertCache,
     routes: Routes<'_>,
     prompt: &[u32],
-    rule: &mut dyn Verify,
+    rule: &mut dyn SpecRule,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
     let from = Start::Prompt(prompt);
@@ -201,7 +202,7 @@ pub fn generate_spec_from(
     experts: &mut ExpertCache,
     routes: Routes<'_>,
     prefix: &Prefix,
-    rule: &mut dyn Verify,
+    rule: &mut dyn SpecRule,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
     let from = Start::Prefix(prefix);
@@ -222,7 +223,7 @@ fn start_and_decode(
     experts: &mut ExpertCache,
     routes: Routes<'_>,
     from: Start<'_>,
-    rule: &mut dyn Verify,
+    rule: &mut dyn SpecRule,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
     if options.max_tokens == 0 {
@@ -253,7 +254,7 @@ fn decode(
     (mut kv, mut root, mut draft): (KvCache, u32, DraftState),
     mut sampler: Sampler,
     (prefill_seconds, stats_before): (f64, crate::experts::CopyStats),
-    rule: &mut dyn Verify,
+    rule: &mut dyn SpecRule,
     options: &SpecOptions,
 ) -> Result<SpecReport, EngineError> {
     let (shape, max_tokens, stop) = (options.shape, options.max_tokens, &options.stop[..]);
@@ -352,7 +353,7 @@ fn draft_and_choose(
     drafter: &Eagle3,
     draft: &mut DraftState,
     phase: Phase,
-    rule: &mut dyn Verify,
+    rule: &mut dyn SpecRule,
     source: &mut dyn RouteSource,
 ) -> Result<(Vec<DraftNode>, Vec<usize>, PhaseTimes), EngineError> {
     let before = source.outside_clock_seconds();

@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{ensure, Context, Result};
 use specfit_engine::spec::{probe, ProbeCache, ProbePlan, ProbeRow, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
-use specfit_selector::json::{read_probes, CalibrationJson, DraftingJson};
+use specfit_selector::json::{
+    read_probe_json, read_probes, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
+};
 use specfit_selector::{calibrate, Calibration, Probe};
 use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
 
@@ -81,7 +83,10 @@ pub fn run(args: &Args) -> Result<()> {
             // Bad drafting costs are refused before any fitting is printed.
             let drafting = args.drafting.as_deref().map(read_drafting).transpose()?;
             let mut file = from_rows(probes, args.model.as_deref())?;
-            file.drafting = drafting;
+            // Drafting costs measured elsewhere replace any the rows gave.
+            if drafting.is_some() {
+                file.drafting = drafting;
+            }
             (file, args.out.clone())
         }
         None => {
@@ -124,13 +129,21 @@ fn read_drafting(path: &Path) -> Result<DraftingJson> {
     Ok(d)
 }
 
-/// Fits probe rows read from a file.
+/// Fits probe rows read from a file: every fit `specfit calibrate` makes when the file carries the
+/// replay model's rows (as `specfit probe` writes them), else the paper and residency forms.
 fn from_rows(probes: &Path, model: Option<&Path>) -> Result<CalibrationJson> {
     let text = read_text(probes)?;
-    let rows = read_probes(&text).with_context(|| format!("{}", probes.display()))?;
-    let cal = calibrate(&rows).with_context(|| format!("{}", probes.display()))?;
-    print_fit(&cal);
-    let mut file = CalibrationJson::new(&cal);
+    let at = || format!("{}", probes.display());
+    let all = read_probe_json(&text).with_context(at)?;
+    let mut file = match measured_from(&all) {
+        Some(measured) => fit_rows(&measured, 0).with_context(at)?,
+        None => {
+            let rows = read_probes(&text).with_context(at)?;
+            let cal = calibrate(&rows).with_context(at)?;
+            print_fit(&cal);
+            CalibrationJson::new(&cal)
+        }
+    };
     if let Some(dir) = model {
         file.target = Some(target_stamp(&specfit_engine::Qwen3MoeConfig::load(dir)?));
     }
@@ -160,6 +173,8 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let plan = Plan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,
+        shape: TreeShape::default(),
+        seed: 0,
     };
     let file = measure(&model, &drafter, &mut cache, &prompts, &plan)?;
     Ok((
@@ -192,81 +207,98 @@ pub fn read_prompts(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>>
 pub struct Plan {
     pub cycles: usize,
     pub max_nodes: usize,
+    /// The drafted pools' shape.
+    pub shape: TreeShape,
+    /// Prompt `i` probes with seed `seed + i`.
+    pub seed: u64,
 }
 
-/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
-/// the result is stamped with the model's shape, tier and slot count.
-pub fn measure(
+/// Everything `specfit calibrate` measures, and what `specfit probe` writes: verify forwards from
+/// the LRU and from emptied caches (every fit), all-resident verify forwards (the replay fit
+/// only) and plain-decoding steps (the replay model's plain-step fit).
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub verify: Vec<ProbeRow>,
+    pub resident: Vec<ProbeRow>,
+    pub plain: Vec<PlainRow>,
+    /// Reads in flight the read rounds were counted with.
+    pub read_width: usize,
+}
+
+/// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
+/// `plan.seed + i`, in every cache state).
+pub fn measure_rows(
     model: &Qwen3Moe,
     drafter: &Eagle3,
     cache: &mut ExpertCache,
     prompts: &[Vec<u32>],
     plan: &Plan,
-) -> Result<CalibrationJson> {
+) -> Result<Measured> {
     ensure!(plan.cycles > 0, "--cycles must be positive");
-    // Prompt `i` probes with seed `i`, in every cache state.
     let probe_plan = |i: usize, cache: ProbeCache| ProbePlan {
-        shape: TreeShape::default(),
+        shape: plan.shape,
         max_nodes: plan.max_nodes,
         cycles: plan.cycles,
-        seed: i as u64,
+        seed: plan.seed + i as u64,
         cache,
     };
-    let mut rows = Vec::new();
-    let mut engine_rows = Vec::new();
+    let mut m = Measured {
+        read_width: specfit_engine::experts::reads_in_flight(),
+        ..Measured::default()
+    };
     for (i, prompt) in prompts.iter().enumerate() {
-        for r in probe(
-            model,
-            drafter,
-            cache,
-            prompt,
-            &probe_plan(i, ProbeCache::LruAndCleared),
-        )? {
-            engine_rows.push(r);
-            rows.push(Probe {
-                nodes: r.nodes,
-                demand: r.demand,
-                ms: r.ms,
-                hits_misses: Some((r.hits, r.misses)),
-            });
-        }
+        let plan = probe_plan(i, ProbeCache::LruAndCleared);
+        m.verify
+            .extend(probe(model, drafter, cache, prompt, &plan)?);
     }
-    let cal = calibrate(&rows)?;
-    print_fit(&cal);
-    let mut steps = Vec::new();
     for prompt in prompts {
-        steps.extend(plain_steps(model, cache, prompt, 16)?);
+        m.plain.extend(plain_steps(model, cache, prompt, 16)?);
     }
     // Plain steps with every expert copied (the no-cache end of the sweep) tell the per-layer
     // read latency apart from the per-copy cost.
     let mut cleared = cache.sibling(usize::MAX, specfit_engine::CacheMode::ClearEveryForward)?;
     for prompt in prompts.iter().skip(1).step_by(3) {
-        steps.extend(plain_steps(model, &mut cleared, prompt, 16)?);
+        m.plain
+            .extend(plain_steps(model, &mut cleared, prompt, 16)?);
     }
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
     let mut resident = cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru)?;
-    let mut replay_rows = engine_rows.clone();
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
         // A first pass reads the prompt's experts in; the second's forwards are then (almost
         // all) all-resident, and only those are kept.
         let lru = probe_plan(i, ProbeCache::Lru);
         probe(model, drafter, &mut resident, prompt, &lru)?;
         let warm = probe(model, drafter, &mut resident, prompt, &lru)?;
-        replay_rows.extend(warm.into_iter().filter(|r| r.misses == 0));
-        steps.extend(
+        m.resident
+            .extend(warm.into_iter().filter(|r| r.misses == 0));
+        m.plain.extend(
             plain_steps(model, &mut resident, prompt, 16)?
                 .into_iter()
                 .filter(|s| s.misses == 0),
         );
     }
+    Ok(m)
+}
+
+/// Fits measured rows: the paper and residency forms on the verify rows, the replay model on
+/// verify, resident and plain rows, and the drafting costs; prints each fit's quality.
+pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
+    let rows: Vec<Probe> = m
+        .verify
+        .iter()
+        .map(|r| Probe {
+            nodes: r.nodes,
+            demand: r.demand,
+            ms: r.ms,
+            hits_misses: Some((r.hits, r.misses)),
+        })
+        .collect();
+    let cal = calibrate(&rows)?;
+    print_fit(&cal);
     let mut file = CalibrationJson::new(&cal);
-    file.replay = Some(replay_fit(
-        &replay_rows.iter().map(verify_row).collect::<Vec<_>>(),
-        &steps,
-        plan.max_nodes,
-        specfit_engine::experts::reads_in_flight(),
-    )?);
+    let replay_rows: Vec<VerifyRow> = m.verify.iter().chain(&m.resident).map(verify_row).collect();
+    file.replay = Some(replay_fit(&replay_rows, &m.plain, max_nodes, m.read_width)?);
     let r = file.replay.as_ref().expect("just set");
     eprintln!(
         "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per token per cached token",
@@ -282,7 +314,7 @@ pub fn measure(
     if let Some(p) = &r.plain {
         eprintln!(
             "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per cached token",
-            steps.len(),
+            m.plain.len(),
             p.r2,
             p.median_abs_err_ms,
             p.intercept,
@@ -292,12 +324,8 @@ pub fn measure(
             p.context_ms
         );
     }
-    let mut stamp = target_stamp(model.config());
-    stamp.insert("tier".into(), crate::target::tier_key(cache).into());
-    stamp.insert("slots".into(), cache.slots_per_layer().into());
-    file.target = Some(stamp);
     file.drafting = Some(drafting_fit(
-        &engine_rows.iter().map(draft_row).collect::<Vec<_>>(),
+        &m.verify.iter().map(draft_row).collect::<Vec<_>>(),
     )?);
     let d = file.drafting.as_ref().expect("just set");
     eprintln!(
@@ -305,6 +333,92 @@ pub fn measure(
         d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
     );
     Ok(file)
+}
+
+/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
+/// the result is stamped with the model's shape, tier and slot count.
+pub fn measure(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prompts: &[Vec<u32>],
+    plan: &Plan,
+) -> Result<CalibrationJson> {
+    let measured = measure_rows(model, drafter, cache, prompts, plan)?;
+    let mut file = fit_rows(&measured, plan.max_nodes)?;
+    let mut stamp = target_stamp(model.config());
+    stamp.insert("tier".into(), crate::target::tier_key(cache).into());
+    stamp.insert("slots".into(), cache.slots_per_layer().into());
+    file.target = Some(stamp);
+    Ok(file)
+}
+
+/// `m` as JSON Lines: `specfit probe`'s output and `specfit calibrate --probes`'s input. Every
+/// row carries the cost fits' columns (`nodes`, `demand`, `ms`, `hits`, `misses`) plus what the
+/// replay and drafting fits need; `kind` marks resident verify forwards and plain steps.
+pub fn rows_jsonl(m: &Measured) -> String {
+    let verify = |r: &ProbeRow, kind: &str| {
+        serde_json::json!({
+            "kind": kind, "nodes": r.nodes, "demand": r.demand, "ms": r.ms, "hits": r.hits,
+            "misses": r.misses, "read_rounds": r.read_rounds, "read_width": m.read_width,
+            "context": r.context, "draft_forwards": r.draft_forwards, "draft_ms": r.draft_ms,
+            "fed": r.fed, "feed_ms": r.feed_ms,
+        })
+    };
+    let plain = |p: &PlainRow| {
+        serde_json::json!({
+            "kind": "plain", "nodes": 0, "demand": p.hits + p.misses, "ms": p.ms, "hits": p.hits,
+            "misses": p.misses, "read_rounds": p.read_rounds, "read_width": m.read_width,
+            "context": p.context,
+        })
+    };
+    let rows = m
+        .verify
+        .iter()
+        .map(|r| verify(r, "verify"))
+        .chain(m.resident.iter().map(|r| verify(r, "resident")))
+        .chain(m.plain.iter().map(plain));
+    rows.map(|r| format!("{r}\n")).collect()
+}
+
+/// The measured rows of a probe file when every row carries what the replay fit needs and
+/// there are plain steps (files written by `specfit probe`); `None` otherwise.
+fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
+    let mut m = Measured::default();
+    for (kind, r, _) in rows {
+        let (read_rounds, context, read_width) = (r.read_rounds?, r.context?, r.read_width?);
+        m.read_width = read_width;
+        let (hits, misses) = (r.hits?, r.misses?);
+        match kind {
+            ProbeKind::Plain => m.plain.push(PlainRow {
+                hits,
+                misses,
+                read_rounds,
+                context,
+                ms: r.ms,
+            }),
+            ProbeKind::Verify | ProbeKind::Resident => {
+                let row = ProbeRow {
+                    nodes: r.nodes,
+                    demand: r.demand,
+                    hits,
+                    misses,
+                    read_rounds,
+                    ms: r.ms,
+                    draft_forwards: r.draft_forwards?,
+                    draft_ms: r.draft_ms?,
+                    fed: r.fed?,
+                    feed_ms: r.feed_ms?,
+                    context,
+                };
+                match kind {
+                    ProbeKind::Verify => m.verify.push(row),
+                    _ => m.resident.push(row),
+                }
+            }
+        }
+    }
+    (!m.plain.is_empty() && !m.verify.is_empty()).then_some(m)
 }
 
 /// An engine probe row as the replay fit reads it.

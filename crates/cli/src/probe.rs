@@ -1,13 +1,12 @@
-//! `specfit probe`: measures verify forwards on this engine — random ancestor-closed subtrees of
-//! drafted pools of every size `0..=K`, from the normal LRU cache state and from an emptied
-//! cache — and writes them as probe rows for `specfit calibrate`.
+//! `specfit probe`: measures on this engine exactly what `specfit calibrate` measures — verify
+//! forwards of random ancestor-closed subtrees of every size `0..=K` from the LRU and from emptied
+//! caches, all-resident verify forwards and plain steps, with their drafting times — and writes
+//! them as probe rows, which `specfit calibrate --probes` fits into the same calibration.
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
-use serde_json::json;
-use specfit_engine::spec::{probe, ProbeCache, ProbePlan, TreeShape};
+use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, Tokenizer};
 
 use crate::files::{read_text, write_atomic};
@@ -60,28 +59,23 @@ pub fn run(args: &Args) -> Result<()> {
         (None, None) => anyhow::bail!("give --prompts FILE or --prompt-ids"),
     };
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt");
-    let mut text = String::new();
-    let mut rows = 0;
-    for (i, prompt) in prompts.iter().enumerate() {
-        let plan = ProbePlan {
-            shape: TreeShape {
-                branching: args.branching,
-                levels: args.levels,
-            },
-            max_nodes: args.max_nodes,
-            cycles: args.cycles,
-            cache: ProbeCache::LruAndCleared,
-            seed: args.seed + i as u64,
-        };
-        for r in probe(&model, &drafter, &mut cache, prompt, &plan)? {
-            let row = json!({"nodes": r.nodes, "demand": r.demand, "ms": r.ms, "hits": r.hits, "misses": r.misses});
-            writeln!(text, "{row}")?;
-            rows += 1;
-        }
-    }
+    let plan = crate::calibrate::Plan {
+        cycles: args.cycles,
+        max_nodes: args.max_nodes,
+        shape: TreeShape {
+            branching: args.branching,
+            levels: args.levels,
+        },
+        seed: args.seed,
+    };
+    let measured = crate::calibrate::measure_rows(&model, &drafter, &mut cache, &prompts, &plan)?;
+    let text = crate::calibrate::rows_jsonl(&measured);
     write_atomic(&args.out, text.as_bytes())?;
     eprintln!(
-        "{rows} probe rows ({} prompts) -> {}",
+        "{} verify, {} all-resident and {} plain-step rows ({} prompts) -> {}",
+        measured.verify.len(),
+        measured.resident.len(),
+        measured.plain.len(),
         prompts.len(),
         args.out.display()
     );

@@ -114,9 +114,13 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(rows.len(), 48);
+    // What `specfit calibrate` measures: 48 verify forwards, and 16 plain steps per prompt.
+    let kind = |k: &str| rows.iter().filter(|r| r["kind"] == k).count();
+    assert_eq!((kind("verify"), kind("plain")), (48, 16));
     assert!(
-        (0..=7).all(|n| rows.iter().any(|r| r["nodes"] == n)),
+        (0..=7).all(|n| rows
+            .iter()
+            .any(|r| r["kind"] == "verify" && r["nodes"] == n)),
         "every node count 0..=7 is probed"
     );
     // Every distinct (layer, expert) the forward needs is either a hit or a copy, exactly once.
@@ -133,6 +137,13 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         "--out",
         cal.to_str().unwrap(),
     ]);
+    // The file fits into the whole calibration, replay model and drafting costs included.
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    for key in ["cost", "cost_residency", "replay", "drafting", "target"] {
+        assert!(file[key].is_object(), "{key} missing: {file}");
+    }
+    assert!(file["replay"]["plain"].is_object(), "{file}");
     let base = [
         "generate",
         "--model",

@@ -114,6 +114,8 @@ pub enum Error {
         field: &'static str,
         value: f64,
     },
+    #[error("probe row {row}: kind = {kind:?}: expected \"verify\", \"resident\" or \"plain\"")]
+    UnknownProbeKind { row: usize, kind: String },
     #[error("probe row {row}: \"hits\" and \"misses\" must be given together")]
     HalfResidency { row: usize },
     #[error(

@@ -241,10 +241,16 @@ impl ResultJson {
     }
 }
 
-/// One probe row as written in the file.
+/// One probe row as written in the file: a verify forward (the cost fits' rows) and, in files
+/// written by `specfit probe`, what the replay model also needs. `kind` tells verify forwards
+/// from the LRU and emptied caches (`"verify"`, the default: every fit) from all-resident verify
+/// forwards (`"resident"`: the replay fit only) and plain-decoding steps (`"plain"`, with
+/// `nodes` = 0: the replay model's plain-step fit).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeJson {
+    #[serde(default)]
+    pub kind: Option<String>,
     pub nodes: usize,
     pub demand: u64,
     pub ms: f64,
@@ -252,9 +258,49 @@ pub struct ProbeJson {
     pub hits: Option<u64>,
     #[serde(default)]
     pub misses: Option<u64>,
+    /// Per layer `⌈misses / read_width⌉`, summed.
+    #[serde(default)]
+    pub read_rounds: Option<usize>,
+    /// Reads in flight at once when the rounds were counted.
+    #[serde(default)]
+    pub read_width: Option<usize>,
+    /// Tokens already cached.
+    #[serde(default)]
+    pub context: Option<usize>,
+    /// Drafter forwards past the first level, and their time.
+    #[serde(default)]
+    pub draft_forwards: Option<usize>,
+    #[serde(default)]
+    pub draft_ms: Option<f64>,
+    /// Committed tokens fed back to the drafter, and the time it took.
+    #[serde(default)]
+    pub fed: Option<usize>,
+    #[serde(default)]
+    pub feed_ms: Option<f64>,
+}
+
+/// What a probe row measured (its `kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeKind {
+    Verify,
+    Resident,
+    Plain,
 }
 
 impl ProbeJson {
+    /// The row's kind; an unknown one is an error naming row `row` (0-based).
+    pub fn probe_kind(&self, row: usize) -> Result<ProbeKind, Error> {
+        match self.kind.as_deref() {
+            None | Some("verify") => Ok(ProbeKind::Verify),
+            Some("resident") => Ok(ProbeKind::Resident),
+            Some("plain") => Ok(ProbeKind::Plain),
+            Some(other) => Err(Error::UnknownProbeKind {
+                row,
+                kind: other.to_string(),
+            }),
+        }
+    }
+
     /// Validates row `row` (0-based) into a probe.
     pub fn into_probe(self, row: usize) -> Result<Probe, Error> {
         let hits_misses = match (self.hits, self.misses) {
@@ -521,12 +567,25 @@ pub fn read_pools<'a>(
     })
 }
 
-/// Reads every probe row of `text`.
+/// Reads the verify rows of a probe file (rows of other kinds are skipped).
 pub fn read_probes(text: &str) -> Result<Vec<Probe>, Error> {
-    let mut probes = Vec::new();
+    Ok(read_probe_json(text)?
+        .into_iter()
+        .filter(|(kind, _, _)| *kind == ProbeKind::Verify)
+        .map(|(_, _, probe)| probe)
+        .collect())
+}
+
+/// Every row of a probe file as written, with its kind and its validated probe (the replay and
+/// drafting fits read the rows; [`read_probes`] keeps the verify rows' probes).
+pub fn read_probe_json(text: &str) -> Result<Vec<(ProbeKind, ProbeJson, Probe)>, Error> {
+    let mut rows = Vec::new();
     for item in read_values::<ProbeJson>(text) {
         let (line, row) = item?;
-        probes.push(row.into_probe(probes.len()).map_err(|e| e.at_line(line))?);
+        let index = rows.len();
+        let kind = row.probe_kind(index).map_err(|e| e.at_line(line))?;
+        let probe = row.clone().into_probe(index).map_err(|e| e.at_line(line))?;
+        rows.push((kind, row, probe));
     }
-    Ok(probes)
+    Ok(rows)
 }

@@ -162,6 +162,14 @@ fn probe_rows_are_validated_with_their_lines() {
         .to_string()
         .contains("\"hits\" and \"misses\" must be given together"));
     assert!(read_probes("{\"nodes\": -1, \"demand\": 1, \"ms\": 1}").is_err());
+    // Rows of other kinds are validated too but are not verify forwards.
+    let kinds = "{\"nodes\": 0, \"demand\": 4, \"ms\": 1, \"kind\": \"plain\"}\n{\"nodes\": 2, \"demand\": 9, \"ms\": 3}\n";
+    assert_eq!(read_probes(kinds).unwrap().len(), 1);
+    let unknown = "{\"nodes\": 0, \"demand\": 4, \"ms\": 1, \"kind\": \"warm\"}";
+    assert_eq!(
+        read_probes(unknown).unwrap_err().to_string(),
+        "line 1: probe row 0: kind = \"warm\": expected \"verify\", \"resident\" or \"plain\""
+    );
 }
 
 #[test]

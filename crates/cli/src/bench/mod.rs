@@ -437,6 +437,8 @@ fn calibration(
     let plan = crate::calibrate::Plan {
         cycles: 32,
         max_nodes: args.budget,
+        shape: specfit_engine::spec::TreeShape::default(),
+        seed: 0,
     };
     let cal = crate::calibrate::measure(model, drafter, &mut cache, &prompts, &plan)?;
     let json = serde_json::to_string_pretty(&cal)? + "\n";

@@ -185,7 +185,7 @@ pub fn run(args: &Args) -> Result<()> {
         "experts ({}, {} slots/layer{}): per decoded token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies took {:.0}% of decode time",
         cache.tier(),
         cache.slots_per_layer(),
-        if args.target.clear_cache { ", cleared every forward" } else { "" },
+        if args.target.no_cache() { ", cleared every forward" } else { "" },
         d.hits as f64 / decoded,
         d.misses as f64 / decoded,
         d.bytes_copied as f64 / decoded / (1 << 20) as f64,

@@ -40,10 +40,11 @@ pub struct TargetArgs {
     /// Disk expert file (default: MODEL/experts.specfit; `--experts` is accepted too).
     #[arg(long = "expert-file", alias = "experts", value_name = "FILE")]
     pub experts: Option<PathBuf>,
-    /// Expert slots per MoE layer (default: all experts resident).
+    /// Expert slots per MoE layer (default: all experts resident; 0: no cache, every routed
+    /// expert copied every forward, as with --clear-cache).
     #[arg(long)]
     pub slots: Option<usize>,
-    /// Empty the slots before every forward (the paper's "vanilla" baseline).
+    /// Empty the slots before every forward (the paper's "vanilla" baseline; same as --slots 0).
     #[arg(long)]
     pub clear_cache: bool,
     /// Storage dtype of the matrices (default: the checkpoint's; bf16 is widened exactly).
@@ -65,6 +66,11 @@ impl TargetArgs {
         Ok(specfit_engine::spec::Atlas::new(all))
     }
 
+    /// Whether the slots are emptied before every forward (`--clear-cache` or `--slots 0`).
+    pub fn no_cache(&self) -> bool {
+        self.clear_cache || self.slots == Some(0)
+    }
+
     /// Loads the model and its expert cache.
     pub fn load(&self) -> Result<(Qwen3Moe, ExpertCache)> {
         let tier = match self.store {
@@ -75,12 +81,17 @@ impl TargetArgs {
                     .unwrap_or_else(|| specfit_engine::default_expert_file(&self.model)),
             ),
         };
-        let mode = if self.clear_cache {
+        // No cache (`--clear-cache` or `--slots 0`): every expert fits, and the slots are emptied
+        // before every forward.
+        let mode = if self.no_cache() {
             CacheMode::ClearEveryForward
         } else {
             CacheMode::Lru
         };
-        let slots = self.slots.unwrap_or(usize::MAX);
+        let slots = match self.slots {
+            Some(0) | None => usize::MAX,
+            Some(s) => s,
+        };
         load_target(
             &self.model,
             &tier,

@@ -291,3 +291,31 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
         "--ignore-eos",
     ]);
 }
+
+#[test]
+fn slots_zero_means_no_cache_like_clear_cache() {
+    let base = [
+        "generate",
+        "--model",
+        "fixtures/qwen3moe/eagle_target",
+        "--prompt-ids",
+        "1,243,56",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+    ];
+    let zero = ok(&[&base[..], &["--slots", "0"]].concat());
+    let cleared = ok(&[&base[..], &["--clear-cache"]].concat());
+    assert_eq!(zero.stdout, cleared.stdout);
+    // The copy counts, without the timing.
+    let stats = |o: &Output| {
+        let line = String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .find(|l| l.starts_with("experts"))
+            .unwrap()
+            .to_string();
+        line.split("; waiting").next().unwrap().to_string()
+    };
+    assert_eq!(stats(&zero), stats(&cleared));
+    assert!(stats(&zero).contains(" 0.0 hits"), "{}", stats(&zero));
+}

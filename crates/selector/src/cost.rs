@@ -5,8 +5,8 @@
 //! selected nodes route to in layer `l`. This module owns the formula and the resident sets; it
 //! does not search and does not fit the coefficients (that is `calibrate`).
 
+use crate::bitset;
 use crate::error::{Error, Owner};
-use crate::mask;
 
 /// How experts are charged.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -138,8 +138,8 @@ impl ResidentSet {
         experts: usize,
         per_layer: &[R],
     ) -> Result<ResidentSet, Error> {
-        let mut bits = vec![0; mask::words_for(layers, experts)];
-        mask::fill_routes(&mut bits, Owner::Resident, layers, experts, per_layer)?;
+        let mut bits = vec![0; bitset::words_for(layers, experts)];
+        bitset::fill_routes(&mut bits, Owner::Resident, layers, experts, per_layer)?;
         Ok(ResidentSet {
             layers,
             experts,
@@ -152,7 +152,7 @@ impl ResidentSet {
         ResidentSet {
             layers,
             experts,
-            bits: vec![0; mask::words_for(layers, experts)],
+            bits: vec![0; bitset::words_for(layers, experts)],
         }
     }
 
@@ -229,8 +229,8 @@ mod tests {
 
     #[test]
     fn full_and_empty_resident_sets_cover_all_or_no_bits() {
-        assert_eq!(mask::count(ResidentSet::full(3, 100).bits()), 300);
-        assert_eq!(mask::count(ResidentSet::empty(3, 100).bits()), 0);
+        assert_eq!(bitset::count(ResidentSet::full(3, 100).bits()), 300);
+        assert_eq!(bitset::count(ResidentSet::empty(3, 100).bits()), 0);
         let r = ResidentSet::new(2, 4, &[vec![1u32], vec![]]).unwrap();
         assert!(r.check_shape(2, 4).is_ok());
         assert!(r.check_shape(2, 5).is_err());

@@ -38,12 +38,12 @@
 //! # Ok::<(), specfit_selector::Error>(())
 //! ```
 
+mod bitset;
 pub mod calibrate;
 pub mod cost;
 mod error;
 #[cfg(feature = "json")]
 pub mod json;
-mod mask;
 pub mod nnls;
 pub mod objective;
 pub mod pool;
@@ -55,10 +55,10 @@ pub mod synth;
 #[cfg(test)]
 mod tests;
 
+pub use bitset::{words_for, MAX_EXPERTS};
 pub use calibrate::{calibrate, Calibration, Fit, Probe};
 pub use cost::{CostModel, ExpertCost, ResidentSet};
 pub use error::{Error, Owner};
-pub use mask::{words_for, MAX_EXPERTS};
 pub use objective::Objective;
 pub use pool::{NodeSpec, Pool, PoolBuilder, PoolSpec, MAX_POOL_NODES};
 pub use search::{count_subtrees, top_k, SearchStats, Selection, Selector, MAX_SELECT};

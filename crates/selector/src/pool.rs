@@ -5,8 +5,8 @@
 //! This module owns the tree and the route bitsets; which subtree to verify is `search`'s job and
 //! what verifying costs is `cost`'s.
 
+use crate::bitset::{self, MAX_EXPERTS};
 use crate::error::{Error, Owner};
-use crate::mask::{self, MAX_EXPERTS};
 
 /// Most draft nodes a pool may hold (the exact search enumerates subtrees of at most
 /// [`crate::MAX_SELECT`] of them).
@@ -88,7 +88,7 @@ impl PoolBuilder {
                 max: MAX_EXPERTS,
             });
         }
-        let words = mask::words_for(layers, experts);
+        let words = bitset::words_for(layers, experts);
         Ok(PoolBuilder {
             pool: Pool {
                 layers,
@@ -108,7 +108,7 @@ impl PoolBuilder {
     pub fn root_routes<R: AsRef<[u32]>>(&mut self, routes: &[R]) -> Result<&mut Self, Error> {
         let p = &mut self.pool;
         let mut bits = vec![0; p.words];
-        mask::fill_routes(&mut bits, Owner::Root, p.layers, p.experts, routes)?;
+        bitset::fill_routes(&mut bits, Owner::Root, p.layers, p.experts, routes)?;
         p.root_mask = bits;
         p.root_routed = true;
         Ok(self)
@@ -144,7 +144,7 @@ impl PoolBuilder {
         }
         let start = p.masks.len();
         p.masks.resize(start + p.words, 0);
-        let filled = mask::fill_routes(
+        let filled = bitset::fill_routes(
             &mut p.masks[start..],
             Owner::Node(index),
             p.layers,
@@ -219,24 +219,24 @@ impl Pool {
     }
 
     /// The root's flat route bitset (all zero when not given).
-    pub fn root_mask(&self) -> &[u64] {
+    pub fn root_bits(&self) -> &[u64] {
         &self.root_mask
     }
 
     /// Node `i`'s flat route bitset.
-    pub fn mask(&self, i: usize) -> &[u64] {
+    pub fn expert_bits(&self, i: usize) -> &[u64] {
         &self.masks[i * self.words..(i + 1) * self.words]
     }
 
     /// Node `i`'s routes as sorted expert id lists, one per layer.
     pub fn routes(&self, i: usize) -> Vec<Vec<u32>> {
-        mask::to_routes(self.mask(i), self.layers, self.experts)
+        bitset::to_routes(self.expert_bits(i), self.layers, self.experts)
     }
 
     /// The root's routes as sorted expert id lists (`None` when not given).
     pub fn root_routes(&self) -> Option<Vec<Vec<u32>>> {
         self.root_routed
-            .then(|| mask::to_routes(&self.root_mask, self.layers, self.experts))
+            .then(|| bitset::to_routes(&self.root_mask, self.layers, self.experts))
     }
 
     /// The pool as plain data.

@@ -20,9 +20,9 @@
 //! The fixed baselines (`topk`, `all`, `none`) are evaluated directly. This module does not
 //! decide when to stop drafting (`stop`) and does not fit costs (`calibrate`).
 
+use crate::bitset::{self, Kernels};
 use crate::cost::{CostModel, ResidentSet};
 use crate::error::Error;
-use crate::mask::{self, Kernels};
 use crate::objective::{plain_reward, quantize, reward, Objective};
 use crate::pool::Pool;
 
@@ -210,13 +210,13 @@ impl Selector {
 
     /// Direct evaluation of a node set: union, demand split, reward, time, objective.
     fn evaluate_unchecked(&self, pool: &Pool, nodes: &[usize]) -> Selection {
-        let mut union = pool.root_mask().to_vec();
+        let mut union = pool.root_bits().to_vec();
         for &i in nodes {
-            for (u, m) in union.iter_mut().zip(pool.mask(i)) {
+            for (u, m) in union.iter_mut().zip(pool.expert_bits(i)) {
                 *u |= m;
             }
         }
-        let demand = mask::count(&union);
+        let demand = bitset::count(&union);
         let hits: u32 = union
             .iter()
             .zip(&self.resident)
@@ -267,12 +267,12 @@ impl Selector {
     fn search(&mut self, pool: &Pool) -> Selection {
         self.prepare(pool);
         let root_hits: u32 = pool
-            .root_mask()
+            .root_bits()
             .iter()
             .zip(&self.resident)
             .map(|(u, r)| (u & r).count_ones())
             .sum();
-        let root_demand = mask::count(pool.root_mask());
+        let root_demand = bitset::count(pool.root_bits());
         let (hits, misses) = self.split(root_hits, root_demand - root_hits);
         self.best = Best {
             objective: self
@@ -335,7 +335,7 @@ impl Selector {
         }
         self.unions.clear();
         self.unions.resize((k + 1) * w, 0);
-        self.unions[..w].copy_from_slice(pool.root_mask());
+        self.unions[..w].copy_from_slice(pool.root_bits());
         self.frontiers.resize_with(k + 1, Vec::new);
         self.frontiers[0].clear();
         let roots = &self.child_list[self.child_start[0] as usize..self.child_start[1] as usize];
@@ -361,9 +361,9 @@ impl Selector {
             let out = if n < k { Some(&mut upper[..w]) } else { None };
             let (dh, dm) = if RES {
                 self.kernels
-                    .marginal_res(pool.mask(v), union, &self.resident, out)
+                    .marginal_res(pool.expert_bits(v), union, &self.resident, out)
             } else {
-                (0, self.kernels.marginal(pool.mask(v), union, out))
+                (0, self.kernels.marginal(pool.expert_bits(v), union, out))
             };
             let (rq2, h2, m2) = (rq + self.q[v], hits + dh, misses + dm);
             self.picked[level] = v as u32;

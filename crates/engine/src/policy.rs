@@ -25,6 +25,9 @@ pub struct SpecFitRule {
     pub adaptive: bool,
     empty_streak: u32,
     burst: usize,
+    /// When the stop rule ended drafting: the pool's size and the subtree it chose, which is
+    /// what `choose` would compute again on the same pool.
+    stopped: Option<(usize, Vec<usize>)>,
 }
 
 /// The longest plain burst of an adaptive rule.
@@ -54,6 +57,7 @@ impl SpecFitRule {
             adaptive: false,
             empty_streak: 0,
             burst: 0,
+            stopped: None,
         }
     }
 
@@ -102,7 +106,10 @@ impl SpecRule for SpecFitRule {
             return Ok(true);
         }
         let (p, selection) = self.select(pool, routes)?;
-        Ok(stop::decide(&p, selection).keep_drafting())
+        let decision = stop::decide(&p, selection);
+        let keep = decision.keep_drafting();
+        self.stopped = (!keep).then_some((pool.len(), decision.selection.nodes));
+        Ok(keep)
     }
 
     fn choose(
@@ -110,7 +117,11 @@ impl SpecRule for SpecFitRule {
         pool: &[DraftNode],
         routes: &mut dyn RouteSource,
     ) -> Result<Vec<usize>, EngineError> {
-        let nodes = self.select(pool, routes)?.1.nodes;
+        // Drafting stopped on this very pool: its winner is the choice (no second search).
+        let nodes = match self.stopped.take() {
+            Some((len, nodes)) if len == pool.len() => nodes,
+            _ => self.select(pool, routes)?.1.nodes,
+        };
         if self.adaptive {
             if nodes.is_empty() {
                 self.empty_streak += 1;
@@ -129,5 +140,68 @@ impl SpecRule for SpecFitRule {
 
     fn select_us(&self) -> &[f64] {
         &self.select_us
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specfit_selector::{CostModel, Objective};
+
+    /// Fixed routes: the root and node `i` route to experts `{i, i+1}` of one layer.
+    struct Fixed;
+
+    impl RouteSource for Fixed {
+        fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
+            Ok(PoolRoutes {
+                root: vec![vec![0, 1]],
+                nodes: (0..pool.len() as u32)
+                    .map(|i| vec![vec![i % 8, (i + 1) % 8]])
+                    .collect(),
+            })
+        }
+        fn resident(&self) -> Vec<Vec<u32>> {
+            vec![Vec::new()]
+        }
+    }
+
+    fn node(parent: Option<usize>, prob: f64, depth: usize) -> DraftNode {
+        DraftNode {
+            parent,
+            token: 0,
+            prob,
+            depth,
+            hidden: Vec::new(),
+        }
+    }
+
+    fn rule() -> SpecFitRule {
+        let cost = CostModel::paper(vec![1.0; 8], 0.3).unwrap();
+        SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), 8)
+    }
+
+    #[test]
+    fn the_choice_after_the_stop_rule_ends_drafting_is_a_fresh_searchs_choice() {
+        // A newest level too improbable to take: the stop rule ends drafting here.
+        let pool = vec![
+            node(None, 0.9, 1),
+            node(None, 0.05, 1),
+            node(Some(0), 0.8, 2),
+            node(Some(2), 0.01, 3),
+        ];
+        let mut stopping = rule();
+        assert!(!stopping.keep_drafting(&pool, &mut Fixed).unwrap());
+        let searches = stopping.select_us().len();
+        let reused = stopping.choose(&pool, &mut Fixed).unwrap();
+        assert_eq!(stopping.select_us().len(), searches, "no second search");
+        let fresh = rule().choose(&pool, &mut Fixed).unwrap();
+        assert_eq!(reused, fresh);
+        // A grown pool is searched again.
+        let mut grown = pool.clone();
+        grown.push(node(Some(3), 0.01, 4));
+        assert_eq!(
+            stopping.choose(&grown, &mut Fixed).unwrap(),
+            rule().choose(&grown, &mut Fixed).unwrap()
+        );
     }
 }

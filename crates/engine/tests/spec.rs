@@ -17,20 +17,13 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     for prompt in prompts {
         let (target, mut cache) = fixture_target(usize::MAX);
         let drafter = tiny_drafter(&target);
-        let mut sampler = Sampler::new(Sampling::Greedy, 0);
-        let want = generate(
+        let want = plain_tokens(
             &target,
             &mut cache,
             prompt,
-            &mut sampler,
-            &GenerateOptions {
-                max_tokens: 30,
-                stop: vec![],
-            },
-            |_| {},
-        )
-        .unwrap()
-        .tokens;
+            Sampler::new(Sampling::Greedy, 0),
+            30,
+        );
         for (budget, slots, shape) in [
             (7, usize::MAX, TreeShape::default()),
             (7, 1, TreeShape::default()),
@@ -91,20 +84,13 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     let (target, mut cache) = fixture_target(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let want = generate(
+    let want = plain_tokens(
         &target,
         &mut cache,
         &prompt,
-        &mut sampler,
-        &GenerateOptions {
-            max_tokens: 8,
-            stop: vec![],
-        },
-        |_| {},
-    )
-    .unwrap()
-    .tokens;
+        Sampler::new(Sampling::Greedy, 0),
+        8,
+    );
     let wrong = |t: u32| (t + 1) % 256;
     // Level 1: a wrong sibling first, then the right token; below it a chain of 3 right tokens
     // with a wrong sibling at depth 2, and a wrong token at depth 5.
@@ -189,20 +175,13 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let (target, mut cache) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let want = generate(
+    let want = plain_tokens(
         &target,
         &mut cache,
         &prompt,
-        &mut sampler,
-        &GenerateOptions {
-            max_tokens: 24,
-            stop: vec![],
-        },
-        |_| {},
-    )
-    .unwrap()
-    .tokens;
+        Sampler::new(Sampling::Greedy, 0),
+        24,
+    );
     let experts = target.config().num_experts;
     let costs = [
         CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
@@ -286,20 +265,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
         (4, 0.3, 1.0, 0),
     ] {
         let rule = Sampling::TopP { temperature, top_p };
-        let mut sampler = Sampler::new(rule, seed);
-        let want = generate(
-            &target,
-            &mut cache,
-            &prompt,
-            &mut sampler,
-            &GenerateOptions {
-                max_tokens: 20,
-                stop: vec![],
-            },
-            |_| {},
-        )
-        .unwrap()
-        .tokens;
+        let want = plain_tokens(&target, &mut cache, &prompt, Sampler::new(rule, seed), 20);
         let (_, mut c) = load(2);
         let options = SpecOptions {
             max_tokens: 20,
@@ -412,20 +378,13 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     let (target, mut cache) = load(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119];
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let want = generate(
+    let want = plain_tokens(
         &target,
         &mut cache,
         &prompt,
-        &mut sampler,
-        &GenerateOptions {
-            max_tokens: 13,
-            stop: vec![],
-        },
-        |_| {},
-    )
-    .unwrap()
-    .tokens;
+        Sampler::new(Sampling::Greedy, 0),
+        13,
+    );
     let mut atlas = Atlas::new(load(usize::MAX).1);
     let steps = record(
         &target,
@@ -475,20 +434,13 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let want = generate(
+    let want = plain_tokens(
         &target,
         &mut cache,
         &prompt,
-        &mut sampler,
-        &GenerateOptions {
-            max_tokens: 20,
-            stop: vec![],
-        },
-        |_| {},
-    )
-    .unwrap()
-    .tokens;
+        Sampler::new(Sampling::Greedy, 0),
+        20,
+    );
     for mode in [CacheMode::Lru, CacheMode::ClearEveryForward] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specfit_engine::{CacheMode, Eagle3, ExpertCache, Qwen3Moe, Tier};
+use specfit_engine::{
+    generate, CacheMode, Eagle3, ExpertCache, GenerateOptions, Qwen3Moe, Sampler, Tier,
+};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -72,4 +74,21 @@ pub fn fixture_target(slots: usize) -> (Qwen3Moe, ExpertCache) {
 /// The tiny drafter, loaded for `target`.
 pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()
+}
+
+/// Plain decoding's tokens for `prompt` (the reference every speculative test compares with).
+pub fn plain_tokens(
+    target: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    mut sampler: Sampler,
+    max_tokens: usize,
+) -> Vec<u32> {
+    let options = GenerateOptions {
+        max_tokens,
+        stop: vec![],
+    };
+    generate(target, cache, prompt, &mut sampler, &options, |_| {})
+        .unwrap()
+        .tokens
 }

@@ -3,12 +3,13 @@
 //! gets bit-for-bit the hidden states, routes and logits it gets when decoded alone.
 //!
 //! Two reduction orders, each a fixed function of one output's own inputs:
-//! - **Row order** ([`dot`], [`matmul`], for weights stored row-major as `nn.Linear` has them:
-//!   the routed experts in their slots): element `i` of a length-`k` dot product goes to lane
+//! - **Row order** ([`dot`], [`matmul`], for operands that stay row-major: RMSNorm's sum of
+//!   squares, the route predictor): element `i` of a length-`k` dot product goes to lane
 //!   `i mod 16`, each lane is a chain of fused multiply-adds over its elements in increasing `i`
 //!   (the last partial block padded with zeros), then the 16 lanes are added pairwise
 //!   (`l + 8`, `l + 4`, `l + 2`, `l + 1`). See [`rowdot`].
-//! - **Panel order** ([`packed::PackedMatrix`], the dense layers, attention): each output is one
+//! - **Panel order** ([`packed::PackedMatrix`], [`packed::PackedView`]: the dense layers, the
+//!   routed experts in their slots, attention): each output is one
 //!   chain of fused multiply-adds over `k` in increasing order, starting from `+0`. Weights are
 //!   repacked at load into K-major panels of 16 output features, so a register block of several
 //!   rows × several panels loads each weight once for all rows. See [`packed`].

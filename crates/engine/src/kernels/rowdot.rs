@@ -1,5 +1,5 @@
-//! Row order: products of row-major operands (`x[r, :] · w[j, :]`), for weights that stay in
-//! the layout they were read in (the routed experts in their slots, the route predictor).
+//! Row order: products of row-major operands (`x[r, :] · w[j, :]`), for operands that stay in
+//! the layout they were read in (RMSNorm's sum of squares, the route predictor's dot products).
 //!
 //! Element `i` goes to lane `i mod 16`; each lane is a chain of fused multiply-adds in
 //! increasing `i`, the last partial block of 16 padded with zeros; the lanes are then added

@@ -1,8 +1,10 @@
 //! Time of the batch-invariant kernels at the shipped target's shapes, single thread: GFLOP/s of
-//! the packed panel kernel (dense layers) per row count, for f32 and bf16 weights.
+//! the packed panel kernel (dense layers, experts) per row count, for f32 and bf16 weights, and
+//! the worker pool's round trip (`SPECFIT_THREADS` threads).
 //!
 //! ```text
 //! cargo run --release -p specfit-engine --example kernel_speed
+//! SPECFIT_ISA=avx2 cargo run --release -p specfit-engine --example kernel_speed    # another variant
 //! ```
 
 use std::time::Instant;
@@ -44,7 +46,7 @@ fn main() {
     }
 }
 
-#[allow(dead_code)]
+/// The worker pool's round trip: one empty job handed to every thread and waited for.
 fn pool_overhead() {
     let pool = specfit_engine::threads::pool();
     let n = 100_000;

@@ -494,12 +494,22 @@ impl DenseMlp {
     }
 
     pub(crate) fn forward(&self, x: &[f32], t: usize) -> Vec<f32> {
-        let im = self.inter;
         let gu = self.gate_up.forward(x, t); // T × 2·Im
-        let a: Vec<f32> = gu
-            .chunks_exact(2 * im)
-            .flat_map(|r| r[..im].iter().zip(&r[im..]).map(|(&g, &u)| silu(g) * u))
-            .collect(); // T × Im
+        let a = swiglu(&gu, self.inter); // T × Im
         self.down.forward(&a, t)
     }
+}
+
+/// `silu(gate) · up` for rows that hold `gate | up` side by side (`2·inter` wide): the SwiGLU
+/// activation of the dense MLPs and of the routed experts.
+pub(crate) fn swiglu(gate_up: &[f32], inter: usize) -> Vec<f32> {
+    gate_up
+        .chunks_exact(2 * inter)
+        .flat_map(|r| {
+            r[..inter]
+                .iter()
+                .zip(&r[inter..])
+                .map(|(&g, &u)| silu(g) * u)
+        })
+        .collect()
 }

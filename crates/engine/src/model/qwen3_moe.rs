@@ -15,24 +15,37 @@ use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
 use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
-use crate::kernels::{math, rms_norm, silu, softmax_in_place, WeightBuf, WeightDtype, WeightView};
+use crate::kernels::{
+    math, rms_norm, softmax_in_place, PackedView, WeightBuf, WeightDtype, WeightView,
+};
 use crate::kv::KvCache;
-use crate::model::layers::{Attention, AttentionShape, DenseMlp, Linear, Rope};
+use crate::model::layers::{swiglu, Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
 /// One SwiGLU expert applied to `m` rows `xs` (m × H), from a slot block (packed `gate | up`
-/// and `down`): `down(silu(gate(x)) · up(x))`, m × H.
-fn run_expert(layout: ExpertLayout, block: &[u8], xs: &[f32], m: usize) -> Vec<f32> {
+/// and `down`): `down(silu(gate(x)) · up(x))`, m × H. With `parallel`, each matmul is split by
+/// output panel across the worker pool (when large enough), for an expert that runs alone.
+fn run_expert(
+    layout: ExpertLayout,
+    block: &[u8],
+    xs: &[f32],
+    m: usize,
+    parallel: bool,
+) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
     let (gate_up, down) = layout.matrices(block);
+    let gemm = |w: PackedView<'_>, x: &[f32], out: &mut [f32]| {
+        if parallel {
+            w.gemm(x, m, out)
+        } else {
+            w.gemm_serial(x, m, out)
+        }
+    };
     let mut gu = vec![0.0; m * 2 * i];
-    gate_up.gemm_serial(xs, m, &mut gu); // m × 2I
-    let a: Vec<f32> = gu
-        .chunks_exact(2 * i)
-        .flat_map(|r| r[..i].iter().zip(&r[i..]).map(|(&g, &u)| silu(g) * u))
-        .collect(); // m × I
+    gemm(gate_up, xs, &mut gu); // m × 2I
+    let a = swiglu(&gu, i); // m × I
     let mut y = vec![0.0; m * h];
-    down.gemm_serial(&a, m, &mut y); // m × H
+    gemm(down, &a, &mut y); // m × H
     y
 }
 
@@ -113,14 +126,14 @@ impl SparseMoe {
         // outputs[use] = that (token, k)'s expert output row, H wide.
         let mut outputs = vec![0.0f32; uses.len() * h];
         let out_ptr = crate::threads::SharedOut(outputs.as_mut_ptr());
-        let compute = |e: u32, block: &[u8]| {
+        let compute = |e: u32, block: &[u8], parallel: bool| {
             let at = needed.binary_search(&e).expect("a needed expert");
             let range = rows_of[at].clone();
             let xs: Vec<f32> = uses[range.clone()]
                 .iter()
                 .flat_map(|&(_, tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
                 .collect();
-            let y = run_expert(layout, block, &xs, range.len());
+            let y = run_expert(layout, block, &xs, range.len(), parallel);
             // SAFETY: each expert writes only its own rows `range` of `outputs`.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -131,8 +144,9 @@ impl SparseMoe {
             };
         };
         experts.with_experts(self.ordinal, &needed, |batch| {
-            // Several experts: spread over the threads (one hand-off per batch). Each output is
-            // computed by one thread in one fixed order either way.
+            // Several experts: spread over the threads (one hand-off per batch). One expert (a
+            // read that just finished): its matmuls are split by output panel instead. Each
+            // output is computed by one thread in one fixed order either way.
             let pool = crate::threads::pool();
             let parts = pool.threads();
             if batch.len() > 1 && parts > 1 {
@@ -142,12 +156,12 @@ impl SparseMoe {
                         if let Some(next) = mine.get(i + 1) {
                             prefetch(next.1);
                         }
-                        compute(e, block);
+                        compute(e, block, false);
                     }
                 });
             } else {
                 for &(e, block) in batch {
-                    compute(e, block);
+                    compute(e, block, true);
                 }
             }
         })?;

@@ -9,7 +9,7 @@ use anyhow::{ensure, Context, Result};
 use specfit_engine::spec::{probe, ProbeCache, ProbePlan, ProbeRow, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{
-    read_probe_json, read_probes, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
+    read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
 };
 use specfit_selector::{calibrate, Calibration, Probe};
 use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
@@ -138,7 +138,11 @@ fn from_rows(probes: &Path, model: Option<&Path>) -> Result<CalibrationJson> {
     let mut file = match measured_from(&all) {
         Some(measured) => fit_rows(&measured, 0).with_context(at)?,
         None => {
-            let rows = read_probes(&text).with_context(at)?;
+            let rows: Vec<Probe> = all
+                .into_iter()
+                .filter(|(kind, _, _)| *kind == ProbeKind::Verify)
+                .map(|(_, _, probe)| probe)
+                .collect();
             let cal = calibrate(&rows).with_context(at)?;
             print_fit(&cal);
             CalibrationJson::new(&cal)

@@ -136,6 +136,13 @@ impl KvCache {
                 reason: format!("cannot truncate {} tokens to {len}", self.len),
             });
         }
+        self.keep_first(len);
+        Ok(())
+    }
+
+    /// Keeps the first `len` tokens of every layer (forgetting anything pushed and not
+    /// committed).
+    fn keep_first(&mut self, len: usize) {
         let (tile_floats, vrow) = (self.tile_floats(), self.value_row());
         for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
             k.truncate(len.div_ceil(TILE) * tile_floats);
@@ -143,7 +150,6 @@ impl KvCache {
         }
         self.pending.iter_mut().for_each(|p| *p = 0);
         self.len = len;
-        Ok(())
     }
 
     /// Keeps the tokens `[0, from)` and, after them, the tokens `keep` (strictly increasing cache
@@ -178,13 +184,7 @@ impl KvCache {
                 self.values[layer].copy_within(src * vrow..(src + 1) * vrow, dst * vrow);
             }
         }
-        let kept = from + keep.len();
-        let tile_floats = self.tile_floats();
-        for (k, v) in self.keys.iter_mut().zip(&mut self.values) {
-            k.truncate(kept.div_ceil(TILE) * tile_floats);
-            v.truncate(kept * vrow);
-        }
-        self.len = from + keep.len();
+        self.keep_first(from + keep.len());
         Ok(())
     }
 }

@@ -220,8 +220,7 @@ impl Isa {
 /// `Σ a[i]·b[i]` in row order (see the module docs).
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    rowdot::dot_with(Isa::detected(), &a[..n], &b[..n])
+    rowdot::dot_with(Isa::detected(), a, b)
 }
 
 /// `out[r, j] = x[r, :] · w[j, :]` for `x` of `rows × k` and row-major `w` of `n × k` (the
@@ -231,13 +230,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Large calls are split by output feature across the worker pool ([`crate::threads`]); each
 /// output is still computed by one thread in the same order, so the split never changes a bit.
 pub fn matmul(x: &[f32], rows: usize, w: WeightView<'_>, n: usize, k: usize, out: &mut [f32]) {
-    check_shapes(x, rows, w.len(), n, k, out);
     let pool = crate::threads::pool();
     let parts = pool.threads();
     if parts == 1 || rows * n * k < PARALLEL_MIN_MACS || n < 2 * parts {
         matmul_serial(x, rows, w, n, k, out);
         return;
     }
+    check_shapes(x, rows, w.len(), n, k, out);
     let target = crate::threads::SharedOut(out.as_mut_ptr());
     pool.run(&|part| {
         let cols = n * part / parts..n * (part + 1) / parts;
@@ -256,12 +255,11 @@ pub fn matmul_serial(
     k: usize,
     out: &mut [f32],
 ) {
-    check_shapes(x, rows, w.len(), n, k, out);
-    // SAFETY: shapes checked above.
-    unsafe { rowdot::matmul_raw(Isa::detected(), x, rows, w, n, k, 0..n, out.as_mut_ptr()) };
+    rowdot::matmul_with(Isa::detected(), x, rows, w, n, k, out);
 }
 
-fn check_shapes(x: &[f32], rows: usize, w: usize, n: usize, k: usize, out: &[f32]) {
+/// Panics unless `x` is `rows × k`, `w` (`w` elements) is `n × k` and `out` is `rows × n`.
+pub(crate) fn check_shapes(x: &[f32], rows: usize, w: usize, n: usize, k: usize, out: &[f32]) {
     assert_eq!(x.len(), rows * k, "matmul: x is not rows × k");
     assert_eq!(w, n * k, "matmul: w is not n × k");
     assert_eq!(out.len(), rows * n, "matmul: out is not rows × n");

@@ -198,9 +198,7 @@ pub fn matmul_with(
     out: &mut [f32],
 ) {
     assert!(isa.supported(), "{isa:?} not available");
-    assert_eq!(x.len(), rows * k, "rowdot: x is not rows × k");
-    assert_eq!(w.len(), n * k, "rowdot: w is not n × k");
-    assert_eq!(out.len(), rows * n, "rowdot: out is not rows × n");
+    super::check_shapes(x, rows, w.len(), n, k, out);
     // SAFETY: shapes and the instruction set checked above.
     unsafe { matmul_raw(isa, x, rows, w, n, k, 0..n, out.as_mut_ptr()) }
 }

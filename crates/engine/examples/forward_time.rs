@@ -151,13 +151,7 @@ fn main() {
         if let Some(d) = &drafter {
             // The drafter's cache over the prefix: entry i reads token i+1 with the target's
             // features of token i.
-            let feats: Vec<f32> = (0..c)
-                .flat_map(|i| {
-                    pre.taps
-                        .iter()
-                        .flat_map(move |tap| tap[i * h..(i + 1) * h].iter().copied())
-                })
-                .collect();
+            let feats = specfit_engine::spec::concat_taps(&pre.taps, c, h);
             let mut next = prefix[1..].to_vec();
             next.push(ids(c..c + 1, vocab)[0]);
             let mut dkv: KvCache = d.new_kv_cache();

@@ -19,7 +19,7 @@ pub(super) fn advance_drafter(
 }
 
 /// Per-token concatenation `[low | mid | high]` of the target's three taps (T × 3H).
-pub(crate) fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
+pub fn concat_taps(taps: &[Vec<f32>], t: usize, h: usize) -> Vec<f32> {
     (0..t)
         .flat_map(|i| {
             taps.iter()

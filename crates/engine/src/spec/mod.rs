@@ -22,9 +22,10 @@ mod routes;
 mod verify;
 mod walk;
 
+pub use draft::concat_taps;
+pub(crate) use draft::feed_drafter;
 pub use draft::top_children;
 use draft::{advance_drafter, draft_tree};
-pub(crate) use draft::{concat_taps, feed_drafter};
 pub use probe::{plain_steps, probe, PlainStep, ProbeCache, ProbePlan, ProbeRow};
 use routes::route_source;
 pub use routes::{Atlas, NoRoutes, PoolRoutes, RouteSource, Routes};

@@ -106,14 +106,6 @@ impl WeightBuf {
             WeightBuf::Bf16(v) => WeightView::Bf16(v),
         }
     }
-
-    /// The storage dtype.
-    pub fn dtype(&self) -> WeightDtype {
-        match self {
-            WeightBuf::F32(_) => WeightDtype::F32,
-            WeightBuf::Bf16(_) => WeightDtype::Bf16,
-        }
-    }
 }
 
 /// A borrowed matrix (row-major).

@@ -285,11 +285,6 @@ impl PackedMatrix {
         }
     }
 
-    /// Bytes of the packed weights.
-    pub fn bytes(&self) -> usize {
-        self.data.view().len() * self.data.dtype().size()
-    }
-
     /// `out = x · Wᵀ` (see [`PackedView::gemm`]).
     pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         self.view().gemm(x, rows, out);
@@ -313,16 +308,6 @@ impl<'a> PackedView<'a> {
             "packed data is not n × k in panels"
         );
         PackedView { n, k, data }
-    }
-
-    /// Output features.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    /// Input features.
-    pub fn k(&self) -> usize {
-        self.k
     }
 
     /// Element `(j, kk)` of the original matrix.

@@ -54,6 +54,7 @@ from peer_decode import (  # noqa: E402  (the shared noise guard and machine des
     cpu_model,
     cpu_snapshot,
     others_seconds,
+    run_json_worker,
     wait_quiet,
 )
 
@@ -299,11 +300,7 @@ def run_llama(args: argparse.Namespace, dtype: str) -> dict:
         cmd.append("--verbose")
     if args.vary:
         cmd.append("--vary")
-    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"the llama.cpp worker ({dtype}) failed ({p.returncode})")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return run_json_worker(cmd, args.threads, f"the llama.cpp worker ({dtype})")
 
 
 def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, dtype: str) -> None:

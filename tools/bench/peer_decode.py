@@ -324,10 +324,16 @@ def run_worker_subprocess(args: argparse.Namespace, key: str) -> dict:
            "--warmup", str(0 if key == REF_BF16 else args.warmup)]
     if args.verbose:
         cmd.append("--verbose")
-    env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
+    return run_json_worker(cmd, args.threads, f"worker {key}")
+
+
+def run_json_worker(cmd: list[str], threads: int, what: str) -> dict:
+    """Runs a worker subprocess (OpenMP limited to `threads`) and returns the JSON object it
+    printed on its last stdout line."""
+    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
-        raise SystemExit(f"worker {key} failed ({p.returncode})")
+        raise SystemExit(f"{what} failed ({p.returncode})")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

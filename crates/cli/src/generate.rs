@@ -69,6 +69,11 @@ pub struct Args {
     /// `predictor:FILE` (a head from `specfit train-predictor`).
     #[arg(long, default_value = "atlas")]
     routes: String,
+    /// Before each verify forward, start reading every layer's missing experts that the route
+    /// source expects the chosen subtree to use, so that the layers' reads overlap (specfit
+    /// policies; outputs are unchanged).
+    #[arg(long)]
+    read_ahead: bool,
 }
 
 /// Refuses a decode that would run past the model's positions (`max_position_embeddings`): the
@@ -101,6 +106,10 @@ pub fn run(args: &Args) -> Result<()> {
         args.top_p > 0.0 && args.top_p <= 1.0,
         "--top-p {} must be in (0, 1]",
         args.top_p
+    );
+    ensure!(
+        !args.read_ahead || (args.drafter.is_some() && args.policy.needs_routes()),
+        "--read-ahead needs --drafter and a specfit policy (it reads ahead on the policy's routes)"
     );
     let tokenizer = args.prompt.tokenizer(&args.target.model)?;
     let (model, mut cache) = args.target.load()?;
@@ -228,6 +237,7 @@ fn run_spec(
         sampling,
         seed: args.seed,
         on_token: Some(stream_to_stdout(tokenizer.cloned())),
+        read_ahead: args.read_ahead,
     };
     // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
     let saved = crate::paths::calibration(&args.target.model, crate::target::tier_key(cache));
@@ -339,6 +349,13 @@ fn run_spec(
         c.bytes_copied as f64 / committed / (1 << 20) as f64,
         1e3 * c.wait_seconds / committed
     );
+    if c.read_ahead > 0 {
+        eprintln!(
+            "read-ahead: {:.1} of the misses per committed token were read ahead, {:.0}% of them used",
+            c.read_ahead as f64 / committed,
+            100.0 * c.ahead_used as f64 / c.read_ahead as f64
+        );
+    }
     Ok(())
 }
 

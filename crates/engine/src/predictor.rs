@@ -12,7 +12,9 @@ use std::path::Path;
 use safetensors::tensor::{Dtype, TensorView};
 
 use crate::error::EngineError;
-use crate::kernels::{dot, WeightView};
+use crate::kernels::math::top_k;
+use crate::kernels::packed::PackedMatrix;
+use crate::kernels::WeightView;
 
 /// One training example: features and the true routes per MoE layer.
 pub type RouteSample = (Vec<f32>, Vec<Vec<u32>>);
@@ -27,6 +29,8 @@ pub struct RoutePredictor {
     /// `[L·E, D]` weights and `[L·E]` bias.
     w: Vec<f32>,
     b: Vec<f32>,
+    /// `w` in the kernels' panel order, for scoring many nodes in one product.
+    packed: PackedMatrix,
 }
 
 /// Features of a draft node: its proposing hidden state followed by its token's embedding.
@@ -99,14 +103,7 @@ impl RoutePredictor {
             }
             bias[o] = sol[dim * outs + o] as f32;
         }
-        Ok(RoutePredictor {
-            layers,
-            experts,
-            top_k,
-            dim,
-            w,
-            b: bias,
-        })
+        Ok(RoutePredictor::new((layers, experts, top_k, dim), w, bias))
     }
 
     /// Feature width.
@@ -114,24 +111,46 @@ impl RoutePredictor {
         self.dim
     }
 
-    /// Predicted routes (the `top_k` best-scoring experts per layer, best first).
+    fn new(
+        (layers, experts, top_k, dim): (usize, usize, usize, usize),
+        w: Vec<f32>,
+        b: Vec<f32>,
+    ) -> RoutePredictor {
+        let packed = PackedMatrix::pack(WeightView::F32(&w), layers * experts, dim);
+        RoutePredictor {
+            layers,
+            experts,
+            top_k,
+            dim,
+            w,
+            b,
+            packed,
+        }
+    }
+
+    /// Predicted routes (the `top_k` best-scoring experts per layer, best first, ties to the
+    /// lower id).
     pub fn predict(&self, x: &[f32]) -> Vec<Vec<u32>> {
-        (0..self.layers)
-            .map(|l| {
-                let mut scored: Vec<(u32, f32)> = (0..self.experts)
-                    .map(|e| {
-                        let o = l * self.experts + e;
-                        (
-                            e as u32,
-                            dot(x, &self.w[o * self.dim..(o + 1) * self.dim]) + self.b[o],
-                        )
+        self.predict_rows(x, 1).pop().expect("one row")
+    }
+
+    /// [`RoutePredictor::predict`] for `rows` feature rows `xs` (`rows × D`), scored in one
+    /// matrix product; each row's routes are what it gets alone.
+    pub fn predict_rows(&self, xs: &[f32], rows: usize) -> Vec<Vec<Vec<u32>>> {
+        let outs = self.layers * self.experts;
+        let mut scores = vec![0.0f32; rows * outs];
+        self.packed.gemm(xs, rows, &mut scores);
+        scores
+            .chunks_exact_mut(outs)
+            .map(|row| {
+                row.iter_mut().zip(&self.b).for_each(|(s, &b)| *s += b);
+                row.chunks_exact(self.experts)
+                    .map(|layer| {
+                        top_k(layer, self.top_k)
+                            .into_iter()
+                            .map(|(e, _)| e)
+                            .collect()
                     })
-                    .collect();
-                scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-                scored
-                    .into_iter()
-                    .take(self.top_k)
-                    .map(|(e, _)| e)
                     .collect()
             })
             .collect()
@@ -216,14 +235,7 @@ impl RoutePredictor {
         };
         let w = take("weight", vec![outs, dim])?;
         let b = take("bias", vec![outs])?;
-        Ok(RoutePredictor {
-            layers,
-            experts,
-            top_k,
-            dim,
-            w,
-            b,
-        })
+        Ok(RoutePredictor::new((layers, experts, top_k, dim), w, b))
     }
 }
 
@@ -293,6 +305,36 @@ mod tests {
         assert_eq!(RoutePredictor::load(&path, 2, 4, 1, 4).unwrap(), p);
         assert!(RoutePredictor::load(&path, 3, 4, 1, 4).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn routes_scored_in_a_batch_are_each_rows_routes_alone_and_the_naive_top_k() {
+        let mut rng = specfit_selector::synth::Rng::new(7);
+        let (layers, experts, top_k, dim) = (3, 20, 4, 37);
+        let w: Vec<f32> = (0..layers * experts * dim)
+            .map(|_| rng.unit() as f32 - 0.5)
+            .collect();
+        let b: Vec<f32> = (0..layers * experts).map(|_| rng.unit() as f32).collect();
+        let p = RoutePredictor::new((layers, experts, top_k, dim), w.clone(), b.clone());
+        let rows = 19;
+        let xs: Vec<f32> = (0..rows * dim).map(|_| rng.unit() as f32 - 0.5).collect();
+        let batch = p.predict_rows(&xs, rows);
+        for (r, routes) in batch.iter().enumerate() {
+            let x = &xs[r * dim..(r + 1) * dim];
+            assert_eq!(routes, &p.predict(x), "row {r}");
+            for (l, got) in routes.iter().enumerate() {
+                let mut naive: Vec<(u32, f64)> = (0..experts)
+                    .map(|e| {
+                        let o = l * experts + e;
+                        let dot: f64 = (0..dim).map(|i| x[i] as f64 * w[o * dim + i] as f64).sum();
+                        (e as u32, dot + b[o] as f64)
+                    })
+                    .collect();
+                naive.sort_by(|a, b| b.1.total_cmp(&a.1));
+                let want: Vec<u32> = naive.iter().take(top_k).map(|&(e, _)| e).collect();
+                assert_eq!(got, &want, "row {r} layer {l}");
+            }
+        }
     }
 
     #[test]

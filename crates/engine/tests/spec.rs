@@ -472,6 +472,63 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
 }
 
 #[test]
+fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens() {
+    use specfit_engine::policy::SpecFitRule;
+    use specfit_engine::spec::Atlas;
+    use specfit_selector::{CostModel, Objective, Selector};
+    let tdir = target_dir();
+    let tmp = std::env::temp_dir().join(format!("specfit-spec-ahead-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let file = tmp.join("experts.specfit");
+    specfit_engine::experts::convert(&tdir, &file, None).unwrap();
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
+    let prompt = [1u32, 243, 56, 119, 188];
+    let want = plain_tokens(
+        &target,
+        &mut cache,
+        &prompt,
+        Sampler::new(Sampling::Greedy, 0),
+        20,
+    );
+    let experts = target.config().num_experts;
+    for slots in [2, 4] {
+        let (_, mut disk) = specfit_engine::load_target(
+            &tdir,
+            &specfit_engine::Tier::Disk(file.clone()),
+            slots,
+            CacheMode::Lru,
+            None,
+        )
+        .unwrap();
+        let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
+        let mut rule = SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
+        let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
+        let options = SpecOptions {
+            max_tokens: 20,
+            read_ahead: true,
+            ..SpecOptions::default()
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut disk,
+            Routes::Atlas(&mut atlas),
+            &prompt,
+            &mut rule,
+            &options,
+        )
+        .unwrap();
+        assert_eq!(got.tokens, want, "{slots} slots");
+        let c = got.copies;
+        assert!(c.read_ahead > 0 && c.ahead_used > 0, "{slots} slots: {c:?}");
+        assert!(c.ahead_used <= c.read_ahead);
+        disk.verify_slots().unwrap();
+    }
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
 fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;

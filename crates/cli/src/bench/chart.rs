@@ -15,7 +15,7 @@ const POLICIES: [(&str, RGBColor); 3] = [
 
 /// The slot points of a set's sweep, ascending, and each main policy's tok/s at them.
 fn series(rows: &[Row]) -> (Vec<usize>, Vec<Vec<Option<f64>>>) {
-    let main = |r: &&Row| r.routes == "atlas" && r.beta_scale == 1.0;
+    let main = |r: &&Row| r.routes == "atlas" && r.beta_scale == 1.0 && !r.read_ahead;
     let mut slots: Vec<usize> = rows.iter().filter(main).map(|r| r.slots).collect();
     slots.sort_unstable();
     slots.dedup();

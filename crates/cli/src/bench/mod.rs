@@ -504,6 +504,7 @@ fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result
     let options = SpecOptions {
         max_tokens: s.max_tokens,
         stop: s.stop.clone(),
+        read_ahead: c.read_ahead,
         ..SpecOptions::default()
     };
     let g = generate_spec_from(

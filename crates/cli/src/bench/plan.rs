@@ -74,6 +74,8 @@ pub struct Config {
     pub slots: Slots,
     /// Multiplies the calibrated per-expert cost (the β×2 ablation).
     pub beta_scale: f64,
+    /// Read each layer's expected experts ahead of the verify forward (`+ahead`).
+    pub read_ahead: bool,
 }
 
 impl Config {
@@ -94,7 +96,16 @@ impl Config {
             routes,
             slots,
             beta_scale,
+            read_ahead: false,
         }
+    }
+
+    /// The same configuration with read-ahead (label `specfit+ahead[predictor]`, say).
+    fn ahead(mut self) -> Config {
+        let at = self.policy.name().len();
+        self.label.insert_str(at, "+ahead");
+        self.read_ahead = true;
+        self
     }
 }
 
@@ -126,9 +137,13 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         out.push(Config::new(Policy::SpecfitLambda, atlas.clone(), d, 1.0));
         out.push(Config::new(Policy::SpecfitResident, atlas.clone(), d, 1.0));
         out.push(Config::new(Policy::SpecfitAdaptive, atlas.clone(), d, 1.0));
+        // Read-ahead on the atlas's routes (exact, outside the clock: an upper bound) and on
+        // the predictor's (inside the clock: what a deployment gets).
+        out.push(Config::new(Policy::Specfit, atlas.clone(), d, 1.0).ahead());
         if let Some(p) = &s.predictor {
             let r = RouteChoice::Predictor(p.clone());
             out.push(Config::new(Policy::Specfit, r.clone(), d, 1.0));
+            out.push(Config::new(Policy::Specfit, r.clone(), d, 1.0).ahead());
             // With no routing kept out of the clock: the adaptive row's realistic twin.
             out.push(Config::new(Policy::SpecfitAdaptive, r, d, 1.0));
         }
@@ -188,6 +203,8 @@ mod tests {
             "specfit-resident@8",
             "specfit-adaptive@8",
             "specfit[predictor]@8",
+            "specfit+ahead@8",
+            "specfit+ahead[predictor]@8",
             "specfit-adaptive[predictor]@8",
             "specfit[corrupt:0.4]@8",
             "specfit β×2@8",
@@ -207,7 +224,7 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 11 + 2 + 3 * 3);
+        assert_eq!(c.len(), 13 + 2 + 3 * 3);
     }
 
     #[test]

@@ -132,6 +132,8 @@ pub struct Row {
     /// Slots per layer (0 = no cache: every expert copied every forward).
     pub slots: usize,
     pub beta_scale: f64,
+    /// Expected experts read ahead of each verify forward.
+    pub read_ahead: bool,
     pub tok_s: f64,
     pub speedup_vs_ar: f64,
     /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
@@ -493,7 +495,9 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
         configs
             .iter()
             .zip(tallies)
-            .find(|(c, _)| c.policy == policy && c.slots == slots && c.beta_scale == 1.0)
+            .find(|(c, _)| {
+                c.policy == policy && c.slots == slots && c.beta_scale == 1.0 && !c.read_ahead
+            })
             .map(|(_, t)| t.tokens_per_second())
     };
     let mut order: Vec<usize> = (0..configs.len()).collect();
@@ -517,6 +521,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 routes: c.routes.label(),
                 slots: c.slots.number(),
                 beta_scale: c.beta_scale,
+                read_ahead: c.read_ahead,
                 tok_s,
                 speedup_vs_ar: ratio(tok_s, ar),
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),

@@ -73,9 +73,11 @@ pub struct Machine<'a> {
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
 /// hold: corrupted or predicted routes).
 fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
-    // The trace holds atlas routes only, and the simulator has no plain bursts.
+    // The trace holds atlas routes only, and the simulator has no plain bursts and no
+    // read-ahead.
     if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
         || c.policy == Policy::SpecfitAdaptive
+        || c.read_ahead
     {
         return Ok(None);
     }

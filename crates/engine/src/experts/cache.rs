@@ -5,16 +5,18 @@
 //!
 //! Misses are read by the I/O threads ([`crate::experts::io`]) while the resident experts are
 //! computed, several reads in flight at once; each missing expert is still copied exactly once
-//! per call, even when the call needs more experts than there are slots.
+//! per call, even when the call needs more experts than there are slots. Reads can also be
+//! started ahead ([`ExpertCache::read_ahead`]) for experts a later forward is expected to
+//! route to: they fill slots in the background and a forward that needs one waits for it.
 
 use std::collections::VecDeque;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::EngineError;
 use crate::experts::aligned::{padded, AlignedBuf};
-use crate::experts::io::{start_read, Completion, SlotPtr};
+use crate::experts::io::{start_read, Completion, SlotPtr, Urgency};
 use crate::experts::store::{ExpertLayout, ExpertStore};
 
 /// When the slots are invalidated.
@@ -29,13 +31,20 @@ pub enum CacheMode {
 /// Copy counters for one layer (or summed over layers).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LayerStats {
+    /// Needed experts found in a slot, not brought there by a read-ahead.
     pub hits: u64,
+    /// Expert copies: reads a forward started for experts it needed, plus read-aheads.
     pub misses: u64,
     pub bytes_copied: u64,
     /// Sum of the durations of the reads (they may overlap each other and compute).
     pub copy_seconds: f64,
     /// Time the forward stood still waiting for reads: the copies' cost on the critical path.
     pub wait_seconds: f64,
+    /// Of `misses`, the copies started ahead of the forward ([`ExpertCache::read_ahead`]).
+    pub read_ahead: u64,
+    /// Experts a forward needed that a read-ahead had brought (or was bringing): counted in
+    /// `misses` when their read started, not again in `hits`.
+    pub ahead_used: u64,
 }
 
 impl LayerStats {
@@ -45,6 +54,8 @@ impl LayerStats {
         self.bytes_copied += other.bytes_copied;
         self.copy_seconds += other.copy_seconds;
         self.wait_seconds += other.wait_seconds;
+        self.read_ahead += other.read_ahead;
+        self.ahead_used += other.ahead_used;
     }
 }
 
@@ -75,6 +86,8 @@ impl CopyStats {
             bytes_copied: a.bytes_copied - b.bytes_copied,
             copy_seconds: a.copy_seconds - b.copy_seconds,
             wait_seconds: a.wait_seconds - b.wait_seconds,
+            read_ahead: a.read_ahead - b.read_ahead,
+            ahead_used: a.ahead_used - b.ahead_used,
         };
         let per_layer: Vec<LayerStats> = self
             .per_layer
@@ -102,6 +115,10 @@ struct Slots {
     slot_of: Vec<Option<u32>>,
     /// Last use of each slot (a global clock), for LRU.
     last_use: Vec<u64>,
+    /// A read into the slot is in flight (its `holds` is the expert being read).
+    loading: Vec<bool>,
+    /// The slot's expert came by read-ahead and no forward has used it yet.
+    unused_ahead: Vec<bool>,
 }
 
 /// The fast-memory side of expert offload.
@@ -117,6 +134,12 @@ pub struct ExpertCache {
     mode: CacheMode,
     clock: u64,
     stats: CopyStats,
+    /// Every read's completion, tagged `layer · S + slot`; reads outlive the call that started
+    /// them when they were started ahead.
+    done_tx: Sender<Completion>,
+    done_rx: Receiver<Completion>,
+    /// Reads in flight (the arena must outlive them).
+    in_flight: usize,
 }
 
 impl std::fmt::Debug for ExpertCache {
@@ -179,8 +202,11 @@ impl ExpertCache {
                 holds: vec![None; s],
                 slot_of: vec![None; experts],
                 last_use: vec![0; s],
+                loading: vec![false; s],
+                unused_ahead: vec![false; s],
             })
             .collect();
+        let (done_tx, done_rx) = channel();
         Ok(ExpertCache {
             store,
             layout,
@@ -193,6 +219,9 @@ impl ExpertCache {
                 per_layer: vec![LayerStats::default(); layers],
                 total: LayerStats::default(),
             },
+            done_tx,
+            done_rx,
+            in_flight: 0,
         })
     }
 
@@ -237,6 +266,7 @@ impl ExpertCache {
     /// fast arena for a whole run (BENCHMARKS.md, "Expert slots on huge pages"). It needs a
     /// second arena's memory for a moment: meant for benchmarking, not for serving a big model.
     pub fn relocate(&mut self) {
+        self.settle();
         let len = self.data.as_slice().len();
         let mut fresh = AlignedBuf::huge_zeroed(len);
         fresh.as_mut_slice().copy_from_slice(self.data.as_slice());
@@ -252,43 +282,105 @@ impl ExpertCache {
 
     /// Empties every slot (the next forward copies every expert it routes to).
     pub fn clear(&mut self) {
+        self.settle();
         for layer in &mut self.slots {
             layer.holds.iter_mut().for_each(|h| *h = None);
             layer.slot_of.iter_mut().for_each(|s| *s = None);
         }
     }
 
+    /// Starts reading, in the background, the experts of `wanted[layer]` (most wanted first)
+    /// that no slot holds, for a forward expected soon: at most half of each layer's slots are
+    /// refilled, never evicting an expert this call wants, and those already resident become
+    /// the most recently used. Reads go out layer by layer behind every read a forward is
+    /// waiting for. Does nothing when the slots are emptied every forward. A read that fails is
+    /// dropped (the forward that needs the expert reads it again and reports the error).
+    pub fn read_ahead(&mut self, wanted: &[Vec<u32>]) {
+        if self.mode == CacheMode::ClearEveryForward {
+            return;
+        }
+        let cap = (self.slots_per_layer() / 2).max(1);
+        for (layer, list) in wanted.iter().enumerate().take(self.slots.len()) {
+            let count = self.slots[layer].holds.len();
+            let mut keep = vec![false; count];
+            let mut started = 0;
+            for &e in list {
+                if e as usize >= self.slots[layer].slot_of.len() {
+                    continue;
+                }
+                if let Some(s) = self.slots[layer].slot_of[e as usize] {
+                    self.clock += 1;
+                    self.slots[layer].last_use[s as usize] = self.clock;
+                    keep[s as usize] = true;
+                    continue;
+                }
+                if started == cap {
+                    continue;
+                }
+                let slots = &self.slots[layer];
+                let Some(victim) = (0..count)
+                    .filter(|&s| !keep[s] && !slots.loading[s])
+                    .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
+                else {
+                    break;
+                };
+                keep[victim] = true;
+                started += 1;
+                self.start(layer, e, victim, Urgency::Ahead);
+                self.clock += 1;
+                self.slots[layer].last_use[victim] = self.clock;
+                let bytes = self.layout.bytes() as u64;
+                for stats in [&mut self.stats.per_layer[layer], &mut self.stats.total] {
+                    stats.misses += 1;
+                    stats.read_ahead += 1;
+                    stats.bytes_copied += bytes;
+                }
+            }
+        }
+    }
+
     /// Runs `f` on `(expert, block bytes)` for every expert of `needed` (distinct ids) in
     /// `layer`, once each: first one call with all the resident experts, while the missing ones
     /// are read into free slots (least recently used first) by the I/O threads, then one call
-    /// per missing expert as soon as its read is done (its slot may then take a later miss). Every expert is copied at most
-    /// once per call, whatever the slot count.
+    /// per missing expert (or expert still arriving from a read-ahead) as soon as its read is
+    /// done (its slot may then take a later miss). Every expert is copied at most once per call,
+    /// whatever the slot count.
     pub fn with_experts(
         &mut self,
         layer: usize,
         needed: &[u32],
         mut f: impl FnMut(&[(u32, &[u8])]),
     ) -> Result<(), EngineError> {
-        let (hit, miss): (Vec<u32>, Vec<u32>) = needed
-            .iter()
-            .partition(|&&e| self.slots[layer].slot_of[e as usize].is_some());
+        self.absorb_finished();
         let slot_count = self.slots[layer].holds.len();
-        // Slots whose expert this call still has to run (not evictable).
+        // Slots whose expert this call still has to run (not evictable), and those it waits for.
         let mut busy = vec![false; slot_count];
-        for &e in &hit {
-            busy[self.slots[layer].slot_of[e as usize].expect("resident") as usize] = true;
+        let mut awaited = vec![false; slot_count];
+        let mut queue: VecDeque<usize> = VecDeque::new();
+        let mut hit = Vec::new();
+        let mut pending: VecDeque<u32> = VecDeque::new();
+        let mut stats = LayerStats::default();
+        for &e in needed {
+            let slots = &mut self.slots[layer];
+            let Some(s) = slots.slot_of[e as usize].map(|s| s as usize) else {
+                pending.push_back(e);
+                continue;
+            };
+            busy[s] = true;
+            if std::mem::take(&mut slots.unused_ahead[s]) {
+                stats.ahead_used += 1;
+            } else {
+                stats.hits += 1;
+            }
+            if slots.loading[s] {
+                awaited[s] = true;
+                queue.push_back(s);
+            } else {
+                hit.push(e);
+            }
         }
-        let (done_tx, done_rx) = channel::<Completion>();
-        let mut pending: VecDeque<u32> = miss.iter().copied().collect();
-        let mut in_flight: VecDeque<(u32, usize)> = VecDeque::new(); // (expert, slot), launch order
-        let mut ready: Vec<Option<(Result<(), EngineError>, f64)>> =
-            (0..slot_count).map(|_| None).collect();
-        let mut stats = LayerStats {
-            hits: hit.len() as u64,
-            ..LayerStats::default()
-        };
         let mut error = None;
-        self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+        stats.misses += self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
         // The resident experts run together (the caller may spread them over threads) while the
         // first misses are read.
         if !hit.is_empty() {
@@ -310,37 +402,59 @@ impl ExpertCache {
             for &(_, s) in &at {
                 busy[s] = false;
             }
-            self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+            stats.misses += self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
         }
-        while let Some((e, s)) = in_flight.pop_front() {
-            let wait = Instant::now();
-            while ready[s].is_none() {
-                let (tag, result, seconds) = done_rx.recv().expect("I/O threads alive");
-                ready[tag] = Some((result, seconds));
+        let bytes = self.layout.bytes() as u64;
+        // Awaited experts run in a fixed order (read-ahead ones as `needed` lists them, then
+        // misses as launched), whatever order their reads finish in, so that the LRU order,
+        // and with it every later eviction, does not depend on the disk's timing.
+        let mut arrived: Vec<Option<Result<(), EngineError>>> =
+            (0..slot_count).map(|_| None).collect();
+        loop {
+            let next = queue.front().copied();
+            if next.is_none() && (error.is_some() || pending.is_empty()) {
+                break;
             }
-            stats.wait_seconds += wait.elapsed().as_secs_f64();
-            let (result, seconds) = ready[s].take().expect("just received");
-            stats.copy_seconds += seconds;
-            match result {
+            if next.is_none_or(|s| arrived[s].is_none()) {
+                // Wait for a read: ours, or a read-ahead whose slot a pending miss needs.
+                let wait = Instant::now();
+                let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
+                stats.wait_seconds += wait.elapsed().as_secs_f64();
+                let (l, s) = (tag / slot_count, tag % slot_count);
+                self.finish(l, s, seconds);
+                if result.is_err() {
+                    self.forget(l, s);
+                }
+                if l == layer && awaited[s] {
+                    arrived[s] = Some(result);
+                } else if error.is_none() {
+                    stats.misses +=
+                        self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
+                }
+                continue;
+            }
+            let s = queue.pop_front().expect("a next slot");
+            awaited[s] = false;
+            busy[s] = false;
+            match arrived[s].take().expect("arrived") {
                 Ok(()) if error.is_none() => {
-                    stats.misses += 1;
-                    stats.bytes_copied += self.layout.bytes() as u64;
                     self.clock += 1;
                     self.slots[layer].last_use[s] = self.clock;
+                    let e = self.slots[layer].holds[s].expect("read into this slot");
                     let at = self.slot_offset(layer, s);
-                    f(&[(e, self.data.range(at, self.layout.bytes()))]);
+                    f(&[(e, self.data.range(at, bytes as usize))]);
                 }
                 Ok(()) => {}
                 Err(err) => {
                     error.get_or_insert(err);
-                    self.forget(layer, s);
                 }
             }
-            busy[s] = false;
             if error.is_none() {
-                self.launch(layer, &mut pending, &mut in_flight, &mut busy, &done_tx);
+                stats.misses +=
+                    self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
             }
         }
+        stats.bytes_copied = stats.misses * bytes;
         self.stats.per_layer[layer].add(&stats);
         self.stats.total.add(&stats);
         match error {
@@ -349,39 +463,91 @@ impl ExpertCache {
         }
     }
 
-    /// Starts reads for pending misses while a slot is free; the least recently used free slot
-    /// is taken first (empty slots before occupied ones).
+    /// Starts urgent reads for pending misses while a slot is free (neither busy in this call
+    /// nor being read into); the least recently used free slot is taken first (empty slots
+    /// before occupied ones). Returns how many it started.
     fn launch(
         &mut self,
         layer: usize,
         pending: &mut VecDeque<u32>,
-        in_flight: &mut VecDeque<(u32, usize)>,
         busy: &mut [bool],
-        done: &std::sync::mpsc::Sender<Completion>,
-    ) {
+        (queue, awaited): (&mut VecDeque<usize>, &mut [bool]),
+    ) -> u64 {
+        let mut started = 0;
         while let Some(&e) = pending.front() {
-            let base = self.slot_offset(layer, 0);
-            let slots = &mut self.slots[layer];
+            let slots = &self.slots[layer];
             let Some(victim) = (0..busy.len())
-                .filter(|&s| !busy[s])
+                .filter(|&s| !busy[s] && !slots.loading[s])
                 .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
             else {
-                return;
+                return started;
             };
             pending.pop_front();
-            if let Some(old) = slots.holds[victim].take() {
-                slots.slot_of[old as usize] = None;
+            (busy[victim], awaited[victim]) = (true, true);
+            queue.push_back(victim);
+            self.start(layer, e, victim, Urgency::Now);
+            started += 1;
+        }
+        started
+    }
+
+    /// Evicts slot `s` of `layer` and starts reading expert `e` into it.
+    fn start(&mut self, layer: usize, e: u32, s: usize, urgency: Urgency) {
+        let slots = &mut self.slots[layer];
+        if let Some(old) = slots.holds[s].take() {
+            slots.slot_of[old as usize] = None;
+        }
+        slots.holds[s] = Some(e);
+        slots.slot_of[e as usize] = Some(s as u32);
+        slots.loading[s] = true;
+        slots.unused_ahead[s] = urgency == Urgency::Ahead;
+        let stride = self.stride;
+        let ptr = SlotPtr {
+            ptr: self.data.range_ptr(self.slot_offset(layer, s), stride),
+            len: stride,
+        };
+        let tag = layer * self.slots_per_layer() + s;
+        self.in_flight += 1;
+        start_read(
+            &self.store,
+            (layer, e as usize),
+            ptr,
+            (tag, urgency),
+            &self.done_tx,
+        );
+    }
+
+    /// Books a finished read into slot `s` of `layer`: the slot is readable (or emptied, if the
+    /// read failed: the caller sees the error).
+    fn finish(&mut self, layer: usize, s: usize, seconds: f64) {
+        self.in_flight -= 1;
+        self.slots[layer].loading[s] = false;
+        self.stats.per_layer[layer].copy_seconds += seconds;
+        self.stats.total.copy_seconds += seconds;
+    }
+
+    /// Books every read that has finished by now, without waiting.
+    fn absorb_finished(&mut self) {
+        let slot_count = self.slots_per_layer().max(1);
+        while let Ok((tag, result, seconds)) = self.done_rx.try_recv() {
+            let (l, s) = (tag / slot_count, tag % slot_count);
+            self.finish(l, s, seconds);
+            if result.is_err() {
+                self.forget(l, s);
             }
-            slots.holds[victim] = Some(e);
-            slots.slot_of[e as usize] = Some(victim as u32);
-            busy[victim] = true;
-            let stride = self.stride;
-            let ptr = SlotPtr {
-                ptr: self.data.range_ptr(base + victim * stride, stride),
-                len: stride,
-            };
-            start_read(&self.store, layer, e as usize, ptr, victim, done);
-            in_flight.push_back((e, victim));
+        }
+    }
+
+    /// Waits for every read in flight (before the slots are emptied, moved or freed).
+    fn settle(&mut self) {
+        let slot_count = self.slots_per_layer().max(1);
+        while self.in_flight > 0 {
+            let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
+            let (l, s) = (tag / slot_count, tag % slot_count);
+            self.finish(l, s, seconds);
+            if result.is_err() {
+                self.forget(l, s);
+            }
         }
     }
 
@@ -401,6 +567,7 @@ impl ExpertCache {
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the
     /// cache must never hold a stale or wrong expert). Returns the first mismatch.
     pub fn verify_slots(&mut self) -> Result<(), EngineError> {
+        self.settle();
         let (len, stride) = (self.layout.bytes(), self.stride);
         let mut fresh = AlignedBuf::zeroed(stride);
         for layer in 0..self.slots.len() {
@@ -423,6 +590,13 @@ impl ExpertCache {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for ExpertCache {
+    /// The I/O threads may still be reading into the arena: wait for them before it is freed.
+    fn drop(&mut self) {
+        self.settle();
     }
 }
 
@@ -483,5 +657,59 @@ mod tests {
             (t.hits, t.misses, t.bytes_copied)
         };
         assert_eq!(count(&moved), count(&kept));
+    }
+
+    #[test]
+    fn experts_read_ahead_are_handed_over_as_stored_and_copied_once() {
+        let mut c = cache(4);
+        run(&mut c, 0, &[0, 1]);
+        c.read_ahead(&[vec![1, 4, 5], vec![2]]);
+        let t = c.stats().total;
+        assert_eq!((t.misses, t.read_ahead), (2 + 3, 3), "4, 5 and layer 1's 2");
+        assert_eq!(run(&mut c, 0, &[1, 4, 5]), vec![(1, 1), (4, 4), (5, 5)]);
+        assert_eq!(run(&mut c, 1, &[2, 3]), vec![(2, 12), (3, 13)]);
+        let t = c.stats().total;
+        assert_eq!(
+            (t.hits, t.ahead_used, t.misses),
+            (1, 3, 6),
+            "only 3 was read on demand"
+        );
+        assert_eq!(t.bytes_copied, 6 * c.layout().bytes() as u64);
+        c.verify_slots().unwrap();
+    }
+
+    #[test]
+    fn read_ahead_fills_at_most_half_the_slots_and_keeps_the_experts_it_wants() {
+        let mut c = cache(4);
+        run(&mut c, 0, &[0, 1, 2, 3]);
+        // 3 is wanted and resident: it becomes the most recently used and is not evicted.
+        c.read_ahead(&[vec![3, 4, 5, 1]]);
+        assert_eq!(c.stats().total.read_ahead, 2, "half of 4 slots");
+        assert_eq!(
+            c.resident(0),
+            vec![2, 3, 4, 5],
+            "0 and 1 were the least recently used"
+        );
+        c.verify_slots().unwrap();
+    }
+
+    #[test]
+    fn read_ahead_does_nothing_when_the_slots_are_emptied_every_forward() {
+        let mut c = cache(4);
+        c.mode = CacheMode::ClearEveryForward;
+        c.read_ahead(&[vec![1, 2]]);
+        assert_eq!(c.stats().total.misses, 0);
+        assert!(c.resident(0).is_empty());
+    }
+
+    #[test]
+    fn a_cache_dropped_or_cleared_with_reads_in_flight_waits_for_them() {
+        for _ in 0..20 {
+            let mut c = cache(6);
+            c.read_ahead(&[vec![0, 1, 2], vec![3, 4, 5]]);
+            c.clear();
+            assert!(c.resident(1).is_empty());
+            c.read_ahead(&[vec![0, 1, 2], vec![3, 4, 5]]);
+        }
     }
 }

@@ -2,9 +2,11 @@
 //! reads synchronously on the calling thread) so
 //! that several O_DIRECT reads are in flight at once (one read at a time leaves the device
 //! idle between requests) and reads overlap the computation of experts already resident.
+//! Reads a forward waits for go ahead of reads started early (read-ahead) in the queue.
 
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::collections::VecDeque;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::error::EngineError;
@@ -24,11 +26,34 @@ pub(crate) type Completion = (usize, Result<(), EngineError>, f64);
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Reads not yet taken by an I/O thread: urgent ones (a forward waits for them) first, then
+/// read-ahead, each in the order started.
+#[derive(Default)]
+struct Queue {
+    urgent: VecDeque<Job>,
+    ahead: VecDeque<Job>,
+}
+
+impl Queue {
+    fn pop(&mut self) -> Option<Job> {
+        self.urgent.pop_front().or_else(|| self.ahead.pop_front())
+    }
+}
+
 struct IoPool {
     /// `None` when `SPECFIT_IO_THREADS=0`: reads run on the calling thread.
-    tx: Option<Mutex<Sender<Job>>>,
+    queue: Option<Arc<(Mutex<Queue>, Condvar)>>,
     /// Reads in flight at once (1 when synchronous).
     width: usize,
+}
+
+/// How soon a read is needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Urgency {
+    /// A forward is waiting for it: it goes before every queued read-ahead.
+    Now,
+    /// Read-ahead for a later layer: behind every queued urgent read.
+    Ahead,
 }
 
 /// How many expert reads can be in flight at once: the I/O threads, or 1 when reads run
@@ -50,38 +75,45 @@ fn pool() -> &'static IoPool {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(IO_THREADS);
         if threads == 0 {
-            return IoPool { tx: None, width: 1 };
+            return IoPool {
+                queue: None,
+                width: 1,
+            };
         }
-        let (tx, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new((Mutex::new(Queue::default()), Condvar::new()));
         for i in 0..threads {
-            let rx = Arc::clone(&rx);
+            let queue = Arc::clone(&queue);
             std::thread::Builder::new()
                 .name(format!("specfit-io-{i}"))
                 .spawn(move || loop {
-                    let job = match rx.lock().unwrap_or_else(|e| e.into_inner()).recv() {
-                        Ok(job) => job,
-                        Err(_) => return,
+                    let job = {
+                        let (lock, ready) = &*queue;
+                        let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+                        loop {
+                            if let Some(job) = q.pop() {
+                                break job;
+                            }
+                            q = ready.wait(q).unwrap_or_else(|e| e.into_inner());
+                        }
                     };
                     job();
                 })
                 .expect("spawn I/O thread");
         }
         IoPool {
-            tx: Some(Mutex::new(tx)),
+            queue: Some(queue),
             width: threads,
         }
     })
 }
 
 /// Starts reading `(layer, expert)` from `store` into `slot`; the completion arrives on `done`
-/// tagged `tag`.
+/// tagged `tag`. Synchronous reads (no I/O threads) complete before this returns.
 pub(crate) fn start_read(
     store: &Arc<dyn ExpertStore>,
-    layer: usize,
-    expert: usize,
+    (layer, expert): (usize, usize),
     slot: SlotPtr,
-    tag: usize,
+    (tag, urgency): (usize, Urgency),
     done: &Sender<Completion>,
 ) {
     let store = Arc::clone(store);
@@ -94,12 +126,16 @@ pub(crate) fn start_read(
         let result = store.read_into(layer, expert, dst);
         let _ = done.send((tag, result, start.elapsed().as_secs_f64()));
     });
-    match &pool().tx {
-        Some(tx) => tx
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(job)
-            .expect("I/O threads alive"),
+    match &pool().queue {
+        Some(queue) => {
+            let (lock, ready) = &**queue;
+            let mut q = lock.lock().unwrap_or_else(|e| e.into_inner());
+            match urgency {
+                Urgency::Now => q.urgent.push_back(job),
+                Urgency::Ahead => q.ahead.push_back(job),
+            }
+            ready.notify_one();
+        }
         None => job(),
     }
 }

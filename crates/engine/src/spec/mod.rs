@@ -168,6 +168,11 @@ pub struct SpecOptions {
     pub seed: u64,
     /// Called with every committed token as soon as its cycle is verified (for streaming).
     pub on_token: Option<TokenSink>,
+    /// Before each verify forward, start reading every MoE layer's missing experts that the
+    /// route source expects the root and the chosen nodes to route to
+    /// ([`ExpertCache::read_ahead`]), so that the layers' reads overlap instead of waiting
+    /// one layer at a time. Needs a route source; outputs are unchanged (only copies move).
+    pub read_ahead: bool,
 }
 
 /// A callback receiving committed tokens.
@@ -297,7 +302,7 @@ fn decode(
         let resident: Vec<Vec<u32>> = (0..target.config().moe_layers().len())
             .map(|l| experts.resident(l))
             .collect();
-        let (pool, chosen, times) = {
+        let (pool, chosen, times, wanted) = {
             let mut source = route_source(
                 target,
                 atlas.as_deref_mut(),
@@ -307,12 +312,19 @@ fn decode(
                 resident,
             );
             let phase = Phase { started, shape, n };
-            draft_and_choose(target, drafter, &mut draft, phase, rule, source.as_mut())?
+            let (pool, chosen, times) =
+                draft_and_choose(target, drafter, &mut draft, phase, rule, source.as_mut())?;
+            let wanted = match source.latest() {
+                Some(routes) if options.read_ahead => expected_experts(routes, &chosen),
+                _ => Vec::new(),
+            };
+            (pool, chosen, times, wanted)
         };
         report.draft_seconds += times.draft;
         report.select_seconds += times.select;
         report.atlas_seconds += times.outside;
         let t = Instant::now();
+        experts.read_ahead(&wanted);
         let tree = Tree {
             root,
             pool: &pool,
@@ -330,6 +342,26 @@ fn decode(
     report.decode_seconds = decode.elapsed().as_secs_f64() - report.atlas_seconds;
     report.copies = experts.stats().since(&stats_before).total;
     Ok(report)
+}
+
+/// Per MoE layer, the experts `routes` expects the verify forward of the root and the `chosen`
+/// nodes to use: the root's first, then each chosen node's, without repeats.
+fn expected_experts(routes: &PoolRoutes, chosen: &[usize]) -> Vec<Vec<u32>> {
+    (0..routes.root.len())
+        .map(|layer| {
+            let mut list: Vec<u32> = Vec::new();
+            let nodes = chosen.iter().filter_map(|&i| routes.nodes.get(i));
+            for &e in std::iter::once(&routes.root)
+                .chain(nodes)
+                .flat_map(|r| &r[layer])
+            {
+                if !list.contains(&e) {
+                    list.push(e);
+                }
+            }
+            list
+        })
+        .collect()
 }
 
 /// Where a cycle's drafting starts: its start time, the tree shape and the root's position.

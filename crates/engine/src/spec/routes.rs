@@ -18,6 +18,10 @@ pub trait RouteSource {
     fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError>;
     /// Experts resident in each MoE layer's slots right now.
     fn resident(&self) -> Vec<Vec<u32>>;
+    /// The routes of the latest [`RouteSource::routes`] call, if any.
+    fn latest(&self) -> Option<&PoolRoutes> {
+        None
+    }
     /// Routing time spent so far outside the clock (the atlas, as in the paper); 0 for sources
     /// whose routing counts as decoding time.
     fn outside_clock_seconds(&self) -> f64 {
@@ -41,6 +45,7 @@ pub(super) fn route_source<'a>(
             kv,
             root,
             resident,
+            routes: None,
         }),
         (None, Some(predictor)) => Box::new(PredictorView {
             predictor,
@@ -48,6 +53,7 @@ pub(super) fn route_source<'a>(
             root,
             root_hidden: root_hidden.to_vec(),
             resident,
+            routes: None,
         }),
         (None, None) => Box::new(NoRoutes),
     }
@@ -153,6 +159,7 @@ struct AtlasView<'a> {
     kv: &'a mut KvCache,
     root: u32,
     resident: Vec<Vec<u32>>,
+    routes: Option<PoolRoutes>,
 }
 
 impl RouteSource for AtlasView<'_> {
@@ -164,11 +171,16 @@ impl RouteSource for AtlasView<'_> {
         self.atlas
             .corrupt(&mut routes, self.target.config().num_experts);
         self.atlas.seconds += start.elapsed().as_secs_f64();
+        self.routes = Some(routes.clone());
         Ok(routes)
     }
 
     fn resident(&self) -> Vec<Vec<u32>> {
         self.resident.clone()
+    }
+
+    fn latest(&self) -> Option<&PoolRoutes> {
+        self.routes.as_ref()
     }
 
     fn outside_clock_seconds(&self) -> f64 {
@@ -194,27 +206,47 @@ struct PredictorView<'a> {
     /// The drafter state at the committed position (it proposed the root's children).
     root_hidden: Vec<f32>,
     resident: Vec<Vec<u32>>,
+    /// Routes of the pool so far (the root's and each node's, in pool order).
+    routes: Option<PoolRoutes>,
 }
 
 impl RouteSource for PredictorView<'_> {
+    /// The pool only grows while a cycle drafts: nodes predicted at an earlier level keep their
+    /// routes, and the new ones are scored together in one product.
     fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
         let h = self.target.config().hidden_size;
-        let predict = |hidden: &[f32], token: u32| {
-            self.predictor.predict(&crate::predictor::features(
-                hidden,
-                self.target.embed(),
-                token,
-                h,
-            ))
+        let features = |hidden: &[f32], token: u32| {
+            crate::predictor::features(hidden, self.target.embed(), token, h)
         };
-        Ok(PoolRoutes {
-            root: predict(&self.root_hidden, self.root),
-            nodes: pool.iter().map(|n| predict(&n.hidden, n.token)).collect(),
-        })
+        let mut routes = match self.routes.take() {
+            Some(r) if r.nodes.len() <= pool.len() => r,
+            _ => PoolRoutes {
+                root: self
+                    .predictor
+                    .predict(&features(&self.root_hidden, self.root)),
+                nodes: Vec::new(),
+            },
+        };
+        let fresh = &pool[routes.nodes.len()..];
+        if !fresh.is_empty() {
+            let xs: Vec<f32> = fresh
+                .iter()
+                .flat_map(|n| features(&n.hidden, n.token))
+                .collect();
+            routes
+                .nodes
+                .extend(self.predictor.predict_rows(&xs, fresh.len()));
+        }
+        self.routes = Some(routes.clone());
+        Ok(routes)
     }
 
     fn resident(&self) -> Vec<Vec<u32>> {
         self.resident.clone()
+    }
+
+    fn latest(&self) -> Option<&PoolRoutes> {
+        self.routes.as_ref()
     }
 }
 

@@ -30,7 +30,11 @@ pub fn predictor() -> PathBuf {
     shipped("models/route-predictor.safetensors")
 }
 
-/// The calibration `specfit calibrate` saves next to a model, one per tier.
+/// The calibration `specfit calibrate` saves next to a model, one per tier: inside a checkpoint
+/// directory, or beside a GGUF file (`model.gguf` → `model.specfit-calibration.disk.json`).
 pub fn calibration(model: &Path, tier: &str) -> PathBuf {
+    if model.is_file() {
+        return model.with_extension(format!("specfit-calibration.{tier}.json"));
+    }
     model.join(format!("specfit-calibration.{tier}.json"))
 }

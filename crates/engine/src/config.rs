@@ -111,8 +111,15 @@ fn bad(field: &'static str, value: impl ToString, reason: &'static str) -> Engin
 }
 
 impl Qwen3MoeConfig {
-    /// Reads and validates `dir/config.json`.
+    /// Reads and validates `dir/config.json`, or the metadata of `dir` when it is a GGUF file.
     pub fn load(dir: &Path) -> Result<Qwen3MoeConfig, EngineError> {
+        if crate::gguf::is_gguf(dir) {
+            let file = specfit_gguf::GgufFile::open(dir).map_err(|error| EngineError::Gguf {
+                path: dir.to_path_buf(),
+                error,
+            })?;
+            return crate::gguf::config_of(dir, file.header());
+        }
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(EngineError::io(&path))?;
         let cfg: Qwen3MoeConfig = serde_json::from_str(&text).map_err(|e| EngineError::Json {

@@ -22,6 +22,18 @@ pub enum EngineError {
         value: String,
         reason: &'static str,
     },
+    /// The GGUF error is part of the message, not a chained source, so it prints once.
+    #[error("{path}: {error}")]
+    Gguf {
+        path: PathBuf,
+        error: specfit_gguf::GgufError,
+    },
+    #[error("{path}: metadata {key}: {reason}")]
+    GgufMetadata {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor {name} is missing (looked in {searched})")]

@@ -15,6 +15,7 @@ pub mod config;
 mod error;
 pub mod experts;
 pub mod generate;
+pub mod gguf;
 pub mod kernels;
 pub mod kv;
 pub mod model;
@@ -67,6 +68,11 @@ pub fn load_target(
     let (model, store): (Qwen3Moe, Box<dyn ExpertStore>) = match tier {
         Tier::Ram => {
             let (model, store) = Qwen3Moe::load(dir, dtype)?;
+            (model, Box::new(store))
+        }
+        // A GGUF file is its own expert store: experts stream from it, no conversion.
+        Tier::Disk(_) if gguf::is_gguf(dir) => {
+            let (model, store) = Qwen3Moe::load_gguf_streamed(dir, dtype)?;
             (model, Box::new(store))
         }
         Tier::Disk(path) => {

@@ -25,8 +25,17 @@ impl std::fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// Loads `dir/tokenizer.json` and, when present, the chat template of
-    /// `dir/tokenizer_config.json`.
+    /// `dir/tokenizer_config.json`. When `dir` is a GGUF file: the `tokenizer.json` (and
+    /// `tokenizer_config.json`) beside it if there is one, else the tokenizer the file carries
+    /// ([`crate::gguf::tokenizer_json`]).
     pub fn load(dir: &Path) -> Result<Tokenizer, EngineError> {
+        if crate::gguf::is_gguf(dir) {
+            let beside = dir.parent().unwrap_or(Path::new("."));
+            if beside.join("tokenizer.json").exists() {
+                return Tokenizer::load(beside);
+            }
+            return Tokenizer::from_gguf(dir);
+        }
         let path = dir.join("tokenizer.json");
         if !path.exists() {
             return Err(EngineError::Io {
@@ -59,6 +68,24 @@ impl Tokenizer {
             inner,
             chat_template,
             path,
+        })
+    }
+
+    /// The tokenizer and chat template a GGUF file carries in its metadata.
+    pub fn from_gguf(path: &Path) -> Result<Tokenizer, EngineError> {
+        let file = specfit_gguf::GgufFile::open(path).map_err(|error| EngineError::Gguf {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        let (json, chat_template) = crate::gguf::tokenizer_json(path, file.header())?;
+        let inner: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::Json {
+            path: path.to_path_buf(),
+            message: format!("the GGUF tokenizer: {e}"),
+        })?;
+        Ok(Tokenizer {
+            inner,
+            chat_template,
+            path: path.to_path_buf(),
         })
     }
 

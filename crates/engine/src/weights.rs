@@ -1,7 +1,9 @@
 //! Reads a Hugging Face checkpoint's safetensors — one `model.safetensors` or the shards named by
-//! `model.safetensors.index.json` — memory-mapped, and hands out tensors as `f32` (F32 as is,
-//! BF16/F16 widened exactly) after checking each name, shape and dtype. Tracks which tensors
-//! were taken so that leftovers are reported. Knows nothing of the model's structure.
+//! `model.safetensors.index.json` — memory-mapped, or a GGUF file under Hugging Face names
+//! ([`crate::gguf::GgufTensors`]), and hands out tensors as `f32` (F32 as is, BF16/F16 widened
+//! exactly, quantized blocks decoded exactly) after checking each name, shape and dtype. Tracks
+//! which tensors were taken so that leftovers are reported. Knows nothing of the model's
+//! structure.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
@@ -12,6 +14,7 @@ use safetensors::tensor::{Dtype, TensorInfo};
 use safetensors::SafeTensors;
 
 use crate::error::EngineError;
+use crate::gguf::GgufTensors;
 use crate::kernels::{WeightBuf, WeightDtype};
 
 struct Shard {
@@ -25,14 +28,31 @@ struct Shard {
 /// An opened checkpoint.
 pub struct Checkpoint {
     shards: Vec<Shard>,
+    gguf: Option<GgufTensors>,
     taken: HashSet<String>,
     /// Dtype matrices are kept in ([`Checkpoint::take_weight`]).
     storage: WeightDtype,
 }
 
 impl Checkpoint {
-    /// Opens `dir/model.safetensors`, or every shard listed in `dir/model.safetensors.index.json`.
+    /// Opens `dir/model.safetensors`, or every shard listed in `dir/model.safetensors.index.json`,
+    /// or, when `dir` is a GGUF file, that file.
     pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
+        if crate::gguf::is_gguf(dir) {
+            let file = specfit_gguf::GgufFile::open(dir).map_err(|error| EngineError::Gguf {
+                path: dir.to_path_buf(),
+                error,
+            })?;
+            let tensors = GgufTensors::new(std::sync::Arc::new(file));
+            let mut ck = Checkpoint {
+                shards: Vec::new(),
+                gguf: Some(tensors),
+                taken: HashSet::new(),
+                storage: WeightDtype::F32,
+            };
+            ck.storage = ck.native_dtype();
+            return Ok(ck);
+        }
         let index = dir.join("model.safetensors.index.json");
         let files = if index.exists() {
             shard_files(dir, &index)?
@@ -45,6 +65,7 @@ impl Checkpoint {
             .collect::<Result<Vec<_>, _>>()?;
         let mut ck = Checkpoint {
             shards,
+            gguf: None,
             taken: HashSet::new(),
             storage: WeightDtype::F32,
         };
@@ -52,9 +73,17 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// The GGUF file's tensors, when the checkpoint is one.
+    pub fn gguf(&self) -> Option<&GgufTensors> {
+        self.gguf.as_ref()
+    }
+
     /// Whether the checkpoint holds `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.shards.iter().any(|s| s.tensors.contains_key(name))
+        match &self.gguf {
+            Some(g) => g.contains(name),
+            None => self.shards.iter().any(|s| s.tensors.contains_key(name)),
+        }
     }
 
     /// Takes tensor `name`, which must have exactly `shape`, as `f32` values (row-major).
@@ -67,6 +96,11 @@ impl Checkpoint {
     /// Checks tensor `name` against `shape` and marks it used without reading it (experts
     /// served from another store).
     pub fn skip(&mut self, name: &str, shape: &[usize]) -> Result<(), EngineError> {
+        if let Some(g) = &self.gguf {
+            gguf_shape(g, name, shape)?;
+            self.taken.insert(name.to_string());
+            return Ok(());
+        }
         self.info(name, shape)?;
         self.taken.insert(name.to_string());
         Ok(())
@@ -74,6 +108,10 @@ impl Checkpoint {
 
     /// Reads tensor `name` as `f32` without marking it used.
     pub fn peek(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, EngineError> {
+        if let Some(g) = &self.gguf {
+            gguf_shape(g, name, shape)?;
+            return g.values(name);
+        }
         let (shard, info) = self.info(name, shape)?;
         let (start, end) = info.data_offsets;
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
@@ -119,6 +157,10 @@ impl Checkpoint {
         shape: &[usize],
         dtype: WeightDtype,
     ) -> Result<WeightBuf, EngineError> {
+        if self.gguf.is_some() {
+            // BF16 stays bit-exact when bf16 is asked for; f32 from decoding is rounded.
+            return Ok(store_as(self.peek(name, shape)?, dtype));
+        }
         let (shard, info) = self.info(name, shape)?;
         if dtype == WeightDtype::Bf16 && info.dtype == Dtype::BF16 {
             let (start, end) = info.data_offsets;
@@ -131,20 +173,21 @@ impl Checkpoint {
             ));
         }
         let values = self.peek(name, shape)?;
-        Ok(match dtype {
-            WeightDtype::F32 => WeightBuf::F32(values),
-            WeightDtype::Bf16 => WeightBuf::Bf16(
-                values
-                    .iter()
-                    .map(|&v| half::bf16::from_f32(v).to_bits())
-                    .collect(),
-            ),
-        })
+        Ok(store_as(values, dtype))
     }
 
     /// The dtype weights keep by default: bf16 when the token embedding is stored in bf16, else
     /// f32 (f16 checkpoints are widened to f32).
     pub fn native_dtype(&self) -> WeightDtype {
+        if let Some(g) = &self.gguf {
+            let bf16 =
+                g.ggml_type("model.embed_tokens.weight") == Some(specfit_gguf::GgmlType::BF16);
+            return if bf16 {
+                WeightDtype::Bf16
+            } else {
+                WeightDtype::F32
+            };
+        }
         let bf16 = self
             .shards
             .iter()
@@ -219,6 +262,14 @@ impl Checkpoint {
 
     /// Fails on the first tensor that was never taken (a checkpoint that is not this model).
     pub fn finish(self) -> Result<(), EngineError> {
+        if let Some(g) = &self.gguf {
+            if let Some(name) = g.names().find(|n| !self.taken.contains(*n)) {
+                return Err(EngineError::ExtraTensor {
+                    path: g.path().to_path_buf(),
+                    name: name.to_string(),
+                });
+            }
+        }
         for shard in &self.shards {
             if let Some(name) = shard.tensors.keys().find(|n| !self.taken.contains(*n)) {
                 return Err(EngineError::ExtraTensor {
@@ -229,6 +280,36 @@ impl Checkpoint {
         }
         Ok(())
     }
+}
+
+/// Decoded values kept as `dtype` (bf16: rounded to nearest-even, exact for BF16 sources).
+fn store_as(values: Vec<f32>, dtype: WeightDtype) -> WeightBuf {
+    match dtype {
+        WeightDtype::F32 => WeightBuf::F32(values),
+        WeightDtype::Bf16 => WeightBuf::Bf16(
+            values
+                .iter()
+                .map(|&v| half::bf16::from_f32(v).to_bits())
+                .collect(),
+        ),
+    }
+}
+
+/// Checks that the GGUF holds `name` with PyTorch-order shape `shape`.
+fn gguf_shape(g: &GgufTensors, name: &str, shape: &[usize]) -> Result<(), EngineError> {
+    let got = g.shape(name).ok_or_else(|| EngineError::MissingTensor {
+        name: name.to_string(),
+        searched: g.path().display().to_string(),
+    })?;
+    if got != shape {
+        return Err(EngineError::TensorShape {
+            path: g.path().to_path_buf(),
+            name: name.to_string(),
+            expected: shape.to_vec(),
+            got: got.to_vec(),
+        });
+    }
+    Ok(())
 }
 
 /// The shard file names of an index, validated to exist.

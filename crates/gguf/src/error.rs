@@ -5,11 +5,11 @@ use std::path::PathBuf;
 /// A GGUF file that cannot be read as one, or a tensor that cannot be decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("{path}: {source}")]
+    /// The I/O error is part of the message, not a chained source, so it prints once.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("not a GGUF file: it starts with {found:02x?}, not \"GGUF\"")]
     BadMagic { found: Vec<u8> },

@@ -30,9 +30,9 @@ impl std::fmt::Debug for GgufFile {
 impl GgufFile {
     /// Maps `path` and parses its header.
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let io = |source| GgufError::Io {
+        let io = |error| GgufError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the file is opened read-only and only read through this map; a concurrent

@@ -68,10 +68,10 @@ pub fn write_file(
     std::fs::rename(&tmp, path).map_err(|e| io_error(path, e))
 }
 
-fn io_error(path: &Path, source: std::io::Error) -> GgufError {
+fn io_error(path: &Path, error: std::io::Error) -> GgufError {
     GgufError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

@@ -239,10 +239,40 @@ impl Qwen3Moe {
         Ok((model, fingerprint))
     }
 
+    /// Loads the dense weights of a GGUF file and opens the same file as the store its experts
+    /// stream from ([`crate::gguf::GgufStore`]).
+    pub fn load_gguf_streamed(
+        path: &Path,
+        dtype: Option<WeightDtype>,
+    ) -> Result<(Qwen3Moe, crate::gguf::GgufStore), EngineError> {
+        let mut store = None;
+        let (model, _, _) = Qwen3Moe::load_inner_with(path, false, dtype, |ck, cfg, layout| {
+            let tensors = ck.gguf().expect("a GGUF checkpoint");
+            store = Some(crate::gguf::GgufStore::open(
+                tensors,
+                &cfg.moe_layers(),
+                layout,
+            )?);
+            Ok(())
+        })?;
+        Ok((model, store.expect("opened")))
+    }
+
     fn load_inner(
         dir: &Path,
         with_experts: bool,
         dtype: Option<WeightDtype>,
+    ) -> Result<(Qwen3Moe, Option<RamStore>, Fingerprint), EngineError> {
+        Qwen3Moe::load_inner_with(dir, with_experts, dtype, |_, _, _| Ok(()))
+    }
+
+    /// [`Qwen3Moe::load_inner`], calling `opened` with the checkpoint, config and expert layout
+    /// before any tensor is taken.
+    fn load_inner_with(
+        dir: &Path,
+        with_experts: bool,
+        dtype: Option<WeightDtype>,
+        opened: impl FnOnce(&Checkpoint, &Qwen3MoeConfig, ExpertLayout) -> Result<(), EngineError>,
     ) -> Result<(Qwen3Moe, Option<RamStore>, Fingerprint), EngineError> {
         let cfg = Qwen3MoeConfig::load(dir)?;
         let mut ck = Checkpoint::open(dir)?;
@@ -256,6 +286,7 @@ impl Qwen3Moe {
             intermediate: cfg.moe_intermediate_size,
             dtype: ck.storage(),
         };
+        opened(&ck, &cfg, layout)?;
         let moe_layers = cfg.moe_layers();
         let mut store =
             with_experts.then(|| RamStore::new(layout, moe_layers.len(), cfg.num_experts));

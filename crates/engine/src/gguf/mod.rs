@@ -1,0 +1,29 @@
+//! A llama.cpp GGUF file as a Qwen3-MoE checkpoint: the `qwen3moe` metadata as a
+//! [`crate::Qwen3MoeConfig`], its tensors under Hugging Face names (expert stacks split per
+//! expert, decoded to `f32`), its byte-level BPE tokenizer, and its experts streamed from the file
+//! itself. The file format is `specfit_gguf`'s; the model is `crate::model`'s.
+
+mod config;
+mod names;
+mod store;
+mod tokenizer;
+
+pub use config::config_of;
+pub use names::GgufTensors;
+pub use store::GgufStore;
+pub use tokenizer::tokenizer_json;
+
+use std::path::Path;
+
+/// Whether `path` names a GGUF file (by its first four bytes), not a checkpoint directory.
+pub fn is_gguf(path: &Path) -> bool {
+    use std::io::Read;
+    if !path.is_file() {
+        return false;
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && magic == specfit_gguf::MAGIC
+}

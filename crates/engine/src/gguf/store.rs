@@ -1,0 +1,191 @@
+//! Routed experts streamed straight from a GGUF file: expert `e` of a layer is one contiguous
+//! byte range in each of the layer's `ffn_{gate,up,down}_exps` stacks, read with O_DIRECT (the
+//! 4 KiB-aligned cover of the range) into a bounce buffer, decoded and repacked into the slot's
+//! panel layout. No conversion step and no second copy on disk; the price is decoding on the I/O
+//! threads (kernels that run on quantized slots directly are future work).
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use specfit_gguf::GgmlType;
+
+use crate::error::EngineError;
+use crate::experts::aligned::AlignedBuf;
+use crate::experts::{ExpertLayout, ExpertStore};
+use crate::gguf::GgufTensors;
+use crate::kernels::{WeightBuf, WeightDtype};
+
+/// O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
+const ALIGN: u64 = 4096;
+
+/// Where one expert's matrix lies: its stack's first byte in the file, bytes per expert, type.
+#[derive(Debug, Clone, Copy)]
+struct Part {
+    offset: u64,
+    per_expert: u64,
+    ty: GgmlType,
+}
+
+/// The experts of a GGUF file.
+pub struct GgufStore {
+    path: PathBuf,
+    file: File,
+    direct: bool,
+    layout: ExpertLayout,
+    /// `[moe layer][gate, up, down]`.
+    parts: Vec<[Part; 3]>,
+}
+
+impl std::fmt::Debug for GgufStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufStore")
+            .field("path", &self.path)
+            .field("direct", &self.direct)
+            .finish()
+    }
+}
+
+impl GgufStore {
+    /// The experts of `moe_layers` (decoder layer indices) in `tensors`' file, handed out in
+    /// `layout` (whose dtype the decoded values are stored in).
+    pub fn open(
+        tensors: &GgufTensors,
+        moe_layers: &[usize],
+        layout: ExpertLayout,
+    ) -> Result<GgufStore, EngineError> {
+        let path = tensors.path().to_path_buf();
+        let mut parts = Vec::with_capacity(moe_layers.len());
+        for &layer in moe_layers {
+            let part = |proj: &str| -> Result<Part, EngineError> {
+                let name = format!("model.layers.{layer}.mlp.experts.0.{proj}_proj.weight");
+                let (info, range) =
+                    tensors
+                        .location(&name)
+                        .ok_or_else(|| EngineError::MissingTensor {
+                            name: name.clone(),
+                            searched: path.display().to_string(),
+                        })?;
+                if !specfit_gguf::dequant::supports(info.ty) {
+                    return Err(EngineError::Gguf {
+                        path: path.clone(),
+                        error: specfit_gguf::GgufError::UnsupportedType {
+                            name: info.name.clone(),
+                            ty: info.ty.name(),
+                            supported: specfit_gguf::dequant::SUPPORTED,
+                        },
+                    });
+                }
+                Ok(Part {
+                    offset: tensors.file().absolute_offset(info),
+                    per_expert: range.end - range.start,
+                    ty: info.ty,
+                })
+            };
+            parts.push([part("gate")?, part("up")?, part("down")?]);
+        }
+        let plain = File::open(&path).map_err(EngineError::io(&path))?;
+        let (file, direct) = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            Ok(f) => (f, true),
+            Err(_) => (plain, false),
+        };
+        Ok(GgufStore {
+            path,
+            file,
+            direct,
+            layout,
+            parts,
+        })
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The `elements` values of expert `expert`'s matrix `part`, read and decoded.
+    fn read_part(
+        &self,
+        part: Part,
+        expert: usize,
+        elements: usize,
+    ) -> Result<Vec<f32>, EngineError> {
+        let start = part.offset + expert as u64 * part.per_expert;
+        let end = start + part.per_expert;
+        let (lo, hi) = (start / ALIGN * ALIGN, end.div_ceil(ALIGN) * ALIGN);
+        let mut buf = AlignedBuf::zeroed((hi - lo) as usize);
+        let got = read_at_most(&self.file, buf.as_mut_slice(), lo).map_err(|e| {
+            EngineError::ExpertStore {
+                reason: format!("{}: reading bytes {start}..{end}: {e}", self.path.display()),
+            }
+        })?;
+        if (got as u64) < end - lo {
+            return Err(EngineError::ExpertStore {
+                reason: format!(
+                    "{}: truncated: bytes {start}..{end} run past the end of the file",
+                    self.path.display()
+                ),
+            });
+        }
+        let bytes = &buf.as_slice()[(start - lo) as usize..(end - lo) as usize];
+        let mut out = vec![0.0f32; elements];
+        specfit_gguf::dequant::dequantize(part.ty, bytes, &mut out).expect("type checked at open");
+        Ok(out)
+    }
+}
+
+/// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read.
+fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+impl ExpertStore for GgufStore {
+    fn layout(&self) -> ExpertLayout {
+        self.layout
+    }
+
+    fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
+        let (h, i) = (self.layout.hidden, self.layout.intermediate);
+        let [gate, up, down] = self.parts[layer];
+        let gate = self.read_part(gate, expert, i * h)?;
+        let up = self.read_part(up, expert, i * h)?;
+        let down = self.read_part(down, expert, h * i)?;
+        let store = |v: Vec<f32>| match self.layout.dtype {
+            WeightDtype::F32 => WeightBuf::F32(v),
+            WeightDtype::Bf16 => WeightBuf::Bf16(
+                v.iter()
+                    .map(|&x| half::bf16::from_f32(x).to_bits())
+                    .collect(),
+            ),
+        };
+        let (gate, up, down) = (store(gate), store(up), store(down));
+        let block = self.layout.block_bytes(gate.view(), up.view(), down.view());
+        dst[..block.len()].copy_from_slice(&block);
+        Ok(())
+    }
+
+    fn tier(&self) -> &'static str {
+        if self.direct {
+            "disk (GGUF, O_DIRECT)"
+        } else {
+            "disk (GGUF, buffered)"
+        }
+    }
+}

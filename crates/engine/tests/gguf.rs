@@ -1,0 +1,209 @@
+//! GGUF files written by llama.cpp's own converter and quantizer (fixtures/gguf, made by
+//! tools/gguf/make_gguf_fixtures.py): the config and tokenizer they carry, specfit's forward on
+//! them against transformers on the same dequantized weights (exact arithmetic) and against
+//! llama.cpp on the same file, and experts streamed from the file itself.
+
+mod common;
+use common::*;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use specfit_engine::{
+    generate, load_target, Batch, CacheMode, GenerateOptions, Qwen3MoeConfig, Sampler, Sampling,
+    Tier, Tokenizer,
+};
+
+const QUANTS: [&str; 3] = ["q8_0", "q4_0", "q4_k_m"];
+
+fn gguf(name: &str) -> PathBuf {
+    root().join(format!("fixtures/gguf/tiny-{name}.gguf"))
+}
+
+fn reference(name: &str) -> Value {
+    let text =
+        std::fs::read_to_string(root().join(format!("fixtures/gguf/tiny-{name}.reference.json")))
+            .unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Logits recorded by the fixture script: `{llama,hf}.logits.{prompt}`, `[tokens, vocab]`.
+fn recorded(name: &str, which: &str, prompt: usize) -> Vec<f32> {
+    let bytes = std::fs::read(root().join(format!("fixtures/gguf/tiny-{name}.logits.safetensors")))
+        .unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensor(&format!("{which}.logits.{prompt}"))
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+#[test]
+fn the_qwen3moe_metadata_becomes_the_hugging_face_config() {
+    let cfg = Qwen3MoeConfig::load(&gguf("q8_0")).unwrap();
+    assert_eq!(
+        (
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.num_hidden_layers,
+            cfg.moe_intermediate_size
+        ),
+        (4096, 256, 2, 128)
+    );
+    assert_eq!(
+        (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim()
+        ),
+        (4, 2, 64)
+    );
+    assert_eq!((cfg.num_experts, cfg.num_experts_per_tok), (8, 2));
+    assert!(cfg.tie_word_embeddings && cfg.norm_topk_prob && cfg.mlp_only_layers.is_empty());
+    assert_eq!(cfg.rope_theta(), 1e6);
+    assert_eq!(cfg.max_position_embeddings, 4096);
+}
+
+#[test]
+fn the_tokenizer_in_the_file_encodes_like_the_tokenizer_json_it_was_made_from() {
+    let from_file = Tokenizer::from_gguf(&gguf("q4_k_m")).unwrap();
+    let original = Tokenizer::load(&root().join("models/target")).unwrap();
+    for text in [
+        "Natalia sold clips to 48 of her friends in April.",
+        "  Leading spaces, tabs\tand\nnewlines\r\n; numbers 12345 and 3.14!",
+        "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+        "Ünïcödé — “quotes” and emoji 🙂, CJK 漢字.",
+        "",
+    ] {
+        let ids = original.encode(text).unwrap();
+        assert_eq!(from_file.encode(text).unwrap(), ids, "{text:?}");
+        assert_eq!(
+            from_file.decode(&ids).unwrap(),
+            original.decode(&ids).unwrap()
+        );
+    }
+    let chat = |t: &Tokenizer| t.chat_prompt("What is 2 + 2?").unwrap();
+    assert_eq!(chat(&from_file), chat(&original));
+}
+
+#[test]
+fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights() {
+    for name in QUANTS {
+        let r = reference(name);
+        let (model, mut cache) =
+            load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+        for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
+            let prompt = ints(&run["prompt"]);
+            let mut kv = model.new_kv_cache();
+            let out = model
+                .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+                .unwrap();
+            let err = rel_err(&out.logits, &recorded(name, "hf", k));
+            eprintln!("{name} prompt {k}: relative error against transformers {err:e}");
+            assert!(err <= 1e-5, "{name} prompt {k}: {err:e}");
+            for (layer, want) in run["hf_routes"].as_array().unwrap().iter().enumerate() {
+                let got = out.routes[layer].as_ref().unwrap();
+                for (t, w) in want.as_array().unwrap().iter().enumerate() {
+                    let (mut g, mut w) = (got[t].clone(), ints(w));
+                    g.sort_unstable();
+                    w.sort_unstable();
+                    assert_eq!(g, w, "{name} prompt {k} layer {layer} token {t}");
+                }
+            }
+            let mut sampler = Sampler::new(Sampling::Greedy, 0);
+            let options = GenerateOptions {
+                max_tokens: 8,
+                stop: vec![],
+            };
+            let got = generate(&model, &mut cache, &prompt, &mut sampler, &options, |_| {})
+                .unwrap()
+                .tokens;
+            assert_eq!(got, ints(&run["hf_greedy"]), "{name} prompt {k}");
+        }
+    }
+}
+
+/// The share of positions whose argmax agrees, and `max |a − b| / max |b|`, over `[rows, vocab]`.
+fn agreement(a: &[f32], b: &[f32], vocab: usize) -> (f64, f32) {
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0
+    };
+    let rows = a.len() / vocab;
+    let same = (0..rows)
+        .filter(|&r| {
+            argmax(&a[r * vocab..(r + 1) * vocab]) == argmax(&b[r * vocab..(r + 1) * vocab])
+        })
+        .count();
+    (same as f64 / rows as f64, rel_err(a, b))
+}
+
+/// llama.cpp quantizes the activations too (to 8-bit blocks: Q8_0 for Q8_0/Q4_0/Q5_0 weights,
+/// Q8_K for k-quants) before each quantized matrix product, where specfit multiplies the exact
+/// dequantized weights by f32 activations; so the two agree only up to that rounding. The
+/// bounds are what this tiny random model measures (largest relative error 0.019 for Q8_0,
+/// 0.039 for Q4_0, 0.163 for Q4_K_M, whose tied output matrix is Q6_K against Q8_K-rounded
+/// activations; argmax agreement ≥ 0.88) with headroom, not a claim of equality: the exact
+/// reference is transformers on the same weights, above.
+#[test]
+fn logits_agree_with_llama_cpp_on_the_same_file_up_to_its_activation_rounding() {
+    let bound = [("q8_0", 0.05f32), ("q4_0", 0.08), ("q4_k_m", 0.3)];
+    for (name, max_rel) in bound {
+        let (model, mut cache) =
+            load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+        let vocab = model.config().vocab_size;
+        let r = reference(name);
+        let mut same = 0;
+        for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
+            let prompt = ints(&run["prompt"]);
+            let mut kv = model.new_kv_cache();
+            let out = model
+                .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+                .unwrap();
+            let (argmax, err) = agreement(&out.logits, &recorded(name, "llama", k), vocab);
+            eprintln!("{name} prompt {k}: against llama.cpp relative error {err:.4}, argmax agreement {argmax:.2}");
+            assert!(err <= max_rel, "{name} prompt {k}: {err}");
+            assert!(
+                argmax >= 0.8,
+                "{name} prompt {k}: argmax agreement {argmax}"
+            );
+            same += ints(&run["hf_greedy"])
+                .iter()
+                .zip(ints(&run["llama_greedy"]))
+                .take_while(|(a, b)| **a == *b)
+                .count();
+        }
+        eprintln!("{name}: greedy prefix shared with llama.cpp: {same} of 16 tokens");
+    }
+}
+
+#[test]
+fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
+    for name in QUANTS {
+        let path = gguf(name);
+        let prompt = [1u32, 45, 300, 17, 999, 5];
+        let run = |tier: &Tier, slots: usize| {
+            let (model, mut cache) = load_target(&path, tier, slots, CacheMode::Lru, None).unwrap();
+            let tokens = plain_tokens(
+                &model,
+                &mut cache,
+                &prompt,
+                Sampler::new(Sampling::Greedy, 0),
+                12,
+            );
+            let stats = cache.stats().total;
+            cache.verify_slots().unwrap();
+            (tokens, stats.misses, cache.tier())
+        };
+        let (want, _, _) = run(&Tier::Ram, usize::MAX);
+        let (got, misses, tier) = run(&Tier::Disk(PathBuf::from("unused")), 2);
+        assert_eq!(got, want, "{name}");
+        assert!(misses > 0, "{name}");
+        assert!(tier.contains("GGUF"), "{tier}");
+    }
+}

@@ -83,6 +83,120 @@ pub fn supports(ty: GgmlType) -> bool {
     )
 }
 
+/// A quantized block as small integers with one scale (and, for some types, one offset) per group
+/// of consecutive elements: element `i` is `q[i]·scale[g] (+ offset[g])`, `g = i / group`,
+/// evaluated as one f32 product (and one f32 sum) — exactly the bits [`dequantize`] gives. Lets
+/// a kernel keep one byte per weight and rebuild each weight in registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntGroups {
+    /// Elements per group (32, or 16 for `Q6_K`).
+    pub group: usize,
+    /// Whether groups carry an offset.
+    pub offset: bool,
+}
+
+/// The integer form of `ty`'s blocks, if it has one (the quantized types [`dequantize`] decodes).
+pub fn int_groups(ty: GgmlType) -> Option<IntGroups> {
+    use GgmlType::*;
+    let (group, offset) = match ty {
+        Q8_0 | Q4_0 | Q5_0 => (32, false),
+        Q4_1 | Q5_1 | Q4_K | Q5_K => (32, true),
+        Q6_K => (16, false),
+        _ => return None,
+    };
+    Some(IntGroups { group, offset })
+}
+
+/// Splits one block of `ty` into integers `q` (one per element), `scale` and `offset` (one per
+/// group; `offset` untouched for types without). `ty` must have an [`int_groups`] form.
+pub fn split_block(ty: GgmlType, x: &[u8], q: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
+    match ty {
+        GgmlType::Q8_0 => {
+            scale[0] = f16(&x[0..2]);
+            for (qv, &b) in q.iter_mut().zip(&x[2..34]) {
+                *qv = b as i8;
+            }
+        }
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            let (d, qs) = if ty == GgmlType::Q4_0 {
+                (f16(&x[0..2]), &x[2..18])
+            } else {
+                offset[0] = f16(&x[2..4]);
+                (f16(&x[0..2]), &x[4..20])
+            };
+            let bias = if ty == GgmlType::Q4_0 { 8 } else { 0 };
+            scale[0] = d;
+            for j in 0..16 {
+                q[j] = (qs[j] & 0x0F) as i8 - bias;
+                q[j + 16] = (qs[j] >> 4) as i8 - bias;
+            }
+        }
+        GgmlType::Q5_0 | GgmlType::Q5_1 => {
+            let (d, qh, qs, bias) = if ty == GgmlType::Q5_0 {
+                (f16(&x[0..2]), &x[2..6], &x[6..22], 16)
+            } else {
+                offset[0] = f16(&x[2..4]);
+                (f16(&x[0..2]), &x[4..8], &x[8..24], 0)
+            };
+            scale[0] = d;
+            let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+            for j in 0..16 {
+                let (a, b) = five_bits(qh, qs, j);
+                q[j] = a as i8 - bias;
+                q[j + 16] = b as i8 - bias;
+            }
+        }
+        GgmlType::Q4_K | GgmlType::Q5_K => {
+            let (d, dmin) = (f16(&x[0..2]), f16(&x[2..4]));
+            let scales = &x[4..16];
+            let (qh, qs) = if ty == GgmlType::Q4_K {
+                (None, &x[16..144])
+            } else {
+                (Some(&x[16..48]), &x[48..176])
+            };
+            for chunk in 0..4 {
+                for half in 0..2 {
+                    let g = 2 * chunk + half;
+                    let (sc, m) = scale_min(g, scales);
+                    scale[g] = d * sc as f32;
+                    // `s·q − m1` is `s·q + (−m1)` bit for bit.
+                    offset[g] = -(dmin * m as f32);
+                    for l in 0..32 {
+                        let b = qs[32 * chunk + l];
+                        let low = if half == 0 { b & 0x0F } else { b >> 4 };
+                        let high = qh.map_or(0, |h| {
+                            if h[l] & (1u8 << (2 * chunk + half)) != 0 {
+                                16
+                            } else {
+                                0
+                            }
+                        });
+                        q[32 * g + l] = (low + high) as i8;
+                    }
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            let (ql, qh, sc) = (&x[0..128], &x[128..192], &x[192..208]);
+            let d = f16(&x[208..210]);
+            for (g, s) in scale.iter_mut().enumerate().take(16) {
+                *s = d * sc[g] as i8 as f32;
+            }
+            for half in 0..2 {
+                let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
+                let q = &mut q[128 * half..];
+                for l in 0..32 {
+                    q[l] = (((ql[l] & 0x0F) | (qh[l] & 3) << 4) as i32 - 32) as i8;
+                    q[l + 32] = (((ql[l + 32] & 0x0F) | ((qh[l] >> 2) & 3) << 4) as i32 - 32) as i8;
+                    q[l + 64] = (((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) as i32 - 32) as i8;
+                    q[l + 96] = (((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) as i32 - 32) as i8;
+                }
+            }
+        }
+        other => panic!("{} has no integer form", other.name()),
+    }
+}
+
 fn f16(b: &[u8]) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
 }
@@ -275,6 +389,52 @@ mod tests {
         q[8] = 0b1001_0110; // scale 4 low = 6, min 4 low = 9
         assert_eq!(scale_min(0, &q), (5, 7));
         assert_eq!(scale_min(4, &q), (6 | 3 << 4, 9 | 2 << 4));
+    }
+
+    /// Random blocks of every type with an integer form rebuild exactly their dequantization.
+    #[test]
+    fn the_integer_form_of_a_block_rebuilds_its_dequantized_bits() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut byte = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        };
+        for ty in [
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            let form = int_groups(ty).unwrap();
+            let (elems, bytes) = ty.block();
+            for _ in 0..200 {
+                let mut x: Vec<u8> = (0..bytes).map(|_| byte()).collect();
+                // Keep the f16 scales finite and modest.
+                for at in [0usize, 2, bytes - 2] {
+                    x[at + 1] &= 0x3B;
+                }
+                let mut want = vec![0.0f32; elems];
+                dequantize(ty, &x, &mut want).unwrap();
+                let mut q = vec![0i8; elems];
+                let groups = elems / form.group;
+                let (mut s, mut m) = (vec![0.0f32; groups], vec![0.0f32; groups]);
+                split_block(ty, &x, &mut q, &mut s, &mut m);
+                for i in 0..elems {
+                    let g = i / form.group;
+                    let mut v = q[i] as f32 * s[g];
+                    if form.offset {
+                        v += m[g];
+                    }
+                    assert_eq!(v.to_bits(), want[i].to_bits(), "{} element {i}", ty.name());
+                }
+            }
+        }
     }
 
     #[test]

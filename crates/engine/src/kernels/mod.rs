@@ -59,6 +59,7 @@ macro_rules! dispatch {
 
 pub mod math;
 pub mod packed;
+pub mod quant;
 pub mod rowdot;
 pub(crate) mod simd;
 

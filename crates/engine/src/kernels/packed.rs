@@ -31,6 +31,14 @@ pub enum PanelSrc {
         ldb: usize,
         pstride: usize,
     },
+    /// Quantized panels ([`crate::kernels::quant`]): `pstride` bytes per panel, groups of
+    /// `group` rows, with per-group offsets when `offset`.
+    Quant {
+        base: *const u8,
+        pstride: usize,
+        group: usize,
+        offset: bool,
+    },
 }
 
 /// `R` rows × `P` panels.
@@ -74,17 +82,167 @@ unsafe fn block<const R: usize, const P: usize, V: F32x16, T: Elem>(
     }
 }
 
-/// The widest panel block for a row block of `r` rows when `V` has `regs` registers: the
-/// accumulators (`r × p`), the panel rows (`p`) and one broadcast must fit, and the block must
-/// be one of the compiled shapes (up to 8, 6, 4, 3 panels for 1, 2, 4, 8 rows).
-const fn max_panels(r: usize, regs: usize) -> usize {
+/// `R` rows × `P` quantized panels: each weight is rebuilt in registers as `q · scale (+
+/// offset)` — one product (and one sum), exactly its dequantized value — then enters the same
+/// fused multiply-add chain over `kk` as a float panel's, so the outputs equal the float kernel's
+/// on the dequantized matrix bit for bit.
+///
+/// # Safety
+/// As [`block`], for quantized panels laid out as [`crate::kernels::quant`] describes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_quant<const R: usize, const P: usize, V: F32x16, const OFFSET: bool>(
+    x: *const f32,
+    ldx: usize,
+    k: usize,
+    b: *const u8,
+    pstride: usize,
+    group: usize,
+    out: *mut f32,
+    ldo: usize,
+) {
+    let head = if OFFSET { 2 * 64 } else { 64 };
+    let gbytes = head + PANEL * group;
+    // SAFETY (whole body): every access stays inside the operands the caller vouches for.
+    unsafe {
+        let mut acc = [[V::zero(); P]; R];
+        for g in 0..k / group {
+            let mut scale = [V::zero(); P];
+            let mut offset = [V::zero(); P];
+            for p in 0..P {
+                let at = b.add(p * pstride + g * gbytes);
+                scale[p] = V::load(at as *const f32);
+                if OFFSET {
+                    offset[p] = V::load((at as *const f32).add(PANEL));
+                }
+            }
+            for kk in 0..group {
+                let mut w = [V::zero(); P];
+                for p in 0..P {
+                    let q = b.add(p * pstride + g * gbytes + head + kk * PANEL) as *const i8;
+                    w[p] = V::mul(V::load_i8(q), scale[p]);
+                    if OFFSET {
+                        w[p] = V::add(w[p], offset[p]);
+                    }
+                }
+                for r in 0..R {
+                    let xv = V::splat(*x.add(r * ldx + g * group + kk));
+                    for p in 0..P {
+                        acc[r][p] = V::fma(xv, w[p], acc[r][p]);
+                    }
+                }
+            }
+        }
+        for r in 0..R {
+            for p in 0..P {
+                acc[r][p].store(out.add(r * ldo + p * PANEL));
+            }
+        }
+    }
+}
+
+/// What the driver's register blocks run on: float panels of `T`, or quantized panels.
+trait Kind: Copy {
+    /// Registers one panel needs besides its accumulators (its loaded row; or its scale,
+    /// offset and rebuilt row).
+    const PER_PANEL: usize;
+    /// [`block`] or [`block_quant`] on panels `p0..p0 + P`.
+    ///
+    /// # Safety
+    /// As [`block`].
+    unsafe fn run<const R: usize, const P: usize, V: F32x16>(
+        self,
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        p0: usize,
+        out: *mut f32,
+        ldo: usize,
+    );
+}
+
+#[derive(Clone, Copy)]
+struct Float<T> {
+    base: *const T,
+    ldb: usize,
+    pstride: usize,
+}
+
+impl<T: Elem> Kind for Float<T> {
+    const PER_PANEL: usize = 1;
+    #[inline(always)]
+    unsafe fn run<const R: usize, const P: usize, V: F32x16>(
+        self,
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        p0: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            block::<R, P, V, T>(
+                x,
+                ldx,
+                k,
+                self.base.add(p0 * self.pstride),
+                self.ldb,
+                self.pstride,
+                out,
+                ldo,
+            )
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Quant<const OFFSET: bool> {
+    base: *const u8,
+    pstride: usize,
+    group: usize,
+}
+
+impl<const OFFSET: bool> Kind for Quant<OFFSET> {
+    const PER_PANEL: usize = if OFFSET { 4 } else { 3 };
+    #[inline(always)]
+    unsafe fn run<const R: usize, const P: usize, V: F32x16>(
+        self,
+        x: *const f32,
+        ldx: usize,
+        k: usize,
+        p0: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            block_quant::<R, P, V, OFFSET>(
+                x,
+                ldx,
+                k,
+                self.base.add(p0 * self.pstride),
+                self.pstride,
+                self.group,
+                out,
+                ldo,
+            )
+        }
+    }
+}
+
+/// The widest panel block for a row block of `r` rows when `V` has `regs` registers and each
+/// panel needs `per_panel` registers besides its accumulators: the accumulators (`r × p`), the
+/// panels' registers and one broadcast must fit, and the block must be one of the compiled
+/// shapes (up to 8, 6, 4, 3 panels for 1, 2, 4, 8 rows).
+const fn max_panels(r: usize, regs: usize, per_panel: usize) -> usize {
     let mut p = match r {
         1 => 8,
         2 => 6,
         4 => 4,
         _ => 3,
     };
-    while p > 1 && r * p + p + 1 > regs {
+    while p > 1 && r * p + per_panel * p + 1 > regs {
         p -= 1;
     }
     p
@@ -97,14 +255,12 @@ const fn max_panels(r: usize, regs: usize) -> usize {
 /// As [`gemm_raw`], and `V`'s instruction set is available.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn drive<V: F32x16, T: Elem>(
+unsafe fn drive<V: F32x16, K: Kind>(
     x: *const f32,
     ldx: usize,
     rows: usize,
     k: usize,
-    b: *const T,
-    ldb: usize,
-    pstride: usize,
+    kind: K,
     panels: std::ops::Range<usize>,
     out: *mut f32,
     ldo: usize,
@@ -116,7 +272,7 @@ unsafe fn drive<V: F32x16, T: Elem>(
             .into_iter()
             .find(|&rb| rb <= left && rb + 2 <= V::REGS)
             .unwrap_or(1);
-        let most = max_panels(rb, V::REGS);
+        let most = max_panels(rb, V::REGS, K::PER_PANEL);
         let mut p = panels.start;
         while p < panels.end {
             let remaining = panels.end - p;
@@ -124,14 +280,10 @@ unsafe fn drive<V: F32x16, T: Elem>(
             let pb = remaining.div_ceil(blocks);
             // SAFETY: the block lies inside the caller's operands.
             unsafe {
-                let (xp, bp, op) = (
-                    x.add(r * ldx),
-                    b.add(p * pstride),
-                    out.add(r * ldo + p * PANEL),
-                );
+                let (xp, op) = (x.add(r * ldx), out.add(r * ldo + p * PANEL));
                 macro_rules! go {
                     ($r:literal, $p:literal) => {
-                        block::<$r, $p, V, T>(xp, ldx, k, bp, ldb, pstride, op, ldo)
+                        kind.run::<$r, $p, V>(xp, ldx, k, p, op, ldo)
                     };
                 }
                 match (rb, pb) {
@@ -175,7 +327,8 @@ macro_rules! isa_variant {
                 x: *const f32, ldx: usize, rows: usize, k: usize, b: *const f32, ldb: usize,
                 pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
             ) {
-                unsafe { drive::<$v, f32>(x, ldx, rows, k, b, ldb, pstride, panels, out, ldo) }
+                let kind = Float { base: b, ldb, pstride };
+                unsafe { drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo) }
             }
             $(#[target_feature(enable = $feat)])?
             #[allow(clippy::too_many_arguments)]
@@ -183,7 +336,25 @@ macro_rules! isa_variant {
                 x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u16, ldb: usize,
                 pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
             ) {
-                unsafe { drive::<$v, u16>(x, ldx, rows, k, b, ldb, pstride, panels, out, ldo) }
+                let kind = Float { base: b, ldb, pstride };
+                unsafe { drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo) }
+            }
+            $(#[target_feature(enable = $feat)])?
+            #[allow(clippy::too_many_arguments)]
+            pub(super) unsafe fn gemm_quant(
+                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u8, pstride: usize,
+                group: usize, offset: bool, panels: std::ops::Range<usize>, out: *mut f32,
+                ldo: usize,
+            ) {
+                unsafe {
+                    if offset {
+                        let kind = Quant::<true> { base: b, pstride, group };
+                        drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo)
+                    } else {
+                        let kind = Quant::<false> { base: b, pstride, group };
+                        drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo)
+                    }
+                }
             }
         }
     };
@@ -220,6 +391,15 @@ pub unsafe fn gemm_raw(
             PanelSrc::Bf16 { base, ldb, pstride } => dispatch!(
                 isa,
                 gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
+            ),
+            PanelSrc::Quant {
+                base,
+                pstride,
+                group,
+                offset,
+            } => dispatch!(
+                isa,
+                gemm_quant(x, ldx, rows, k, base, pstride, group, offset, panels, out, ldo)
             ),
         }
     }
@@ -345,57 +525,68 @@ impl<'a> PackedView<'a> {
 
     /// [`PackedView::gemm`] compiled for `isa`.
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
-        assert!(isa.supported(), "{isa:?} not available");
-        let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), rows * k, "gemm: x is not rows × k");
-        assert_eq!(out.len(), rows * n, "gemm: out is not rows × n");
-        if rows == 0 || n == 0 {
-            return;
+        gemm_panels(isa, self.src(), (self.n, self.k), (x, rows), out, parallel);
+    }
+}
+
+/// `out = x · Wᵀ` over the panels of `src` (an `n × k` matrix), split by panel across the
+/// worker pool when `parallel` and large enough (which never changes a bit).
+pub(crate) fn gemm_panels(
+    isa: Isa,
+    src: PanelSrc,
+    (n, k): (usize, usize),
+    (x, rows): (&[f32], usize),
+    out: &mut [f32],
+    parallel: bool,
+) {
+    assert!(isa.supported(), "{isa:?} not available");
+    assert_eq!(x.len(), rows * k, "gemm: x is not rows × k");
+    assert_eq!(out.len(), rows * n, "gemm: out is not rows × n");
+    if rows == 0 || n == 0 {
+        return;
+    }
+    let panels = n.div_ceil(PANEL);
+    // Outputs go straight to `out` when whole panels fit its rows, else through a padded
+    // buffer.
+    let mut padded = Vec::new();
+    let (dst, ldo) = if n % PANEL == 0 {
+        (out.as_mut_ptr(), n)
+    } else {
+        padded = vec![0.0f32; rows * panels * PANEL];
+        (padded.as_mut_ptr(), panels * PANEL)
+    };
+    let target = crate::threads::SharedOut(dst);
+    let src = SendSrc(src);
+    let pool = crate::threads::pool();
+    let parts = pool.threads();
+    let run = |range: std::ops::Range<usize>| {
+        // SAFETY: `x` is rows × k, the panels exist, `dst` has `ldo ≥ 16·panels` columns per
+        // row, and concurrent parts own disjoint panel ranges.
+        unsafe {
+            gemm_raw(
+                isa,
+                x.as_ptr(),
+                k,
+                rows,
+                k,
+                src.get(),
+                range,
+                target.get(),
+                ldo,
+            )
         }
-        let panels = n.div_ceil(PANEL);
-        // Outputs go straight to `out` when whole panels fit its rows, else through a padded
-        // buffer.
-        let mut padded = Vec::new();
-        let (dst, ldo) = if n % PANEL == 0 {
-            (out.as_mut_ptr(), n)
-        } else {
-            padded = vec![0.0f32; rows * panels * PANEL];
-            (padded.as_mut_ptr(), panels * PANEL)
-        };
-        let target = crate::threads::SharedOut(dst);
-        let src = SendSrc(self.src());
-        let pool = crate::threads::pool();
-        let parts = pool.threads();
-        let run = |range: std::ops::Range<usize>| {
-            // SAFETY: `x` is rows × k, the panels exist, `dst` has `ldo ≥ 16·panels` columns
-            // per row, and concurrent parts own disjoint panel ranges.
-            unsafe {
-                gemm_raw(
-                    isa,
-                    x.as_ptr(),
-                    k,
-                    rows,
-                    k,
-                    src.get(),
-                    range,
-                    target.get(),
-                    ldo,
-                )
-            }
-        };
-        if !parallel || parts == 1 || rows * n * k < super::PARALLEL_MIN_MACS || panels < 2 * parts
+    };
+    if !parallel || parts == 1 || rows * n * k < super::PARALLEL_MIN_MACS || panels < 2 * parts {
+        run(0..panels);
+    } else {
+        pool.run(&|part| run(panels * part / parts..panels * (part + 1) / parts));
+    }
+    if n % PANEL != 0 {
+        for (o, p) in out
+            .chunks_exact_mut(n)
+            .zip(padded.chunks_exact(panels * PANEL))
         {
-            run(0..panels);
-        } else {
-            pool.run(&|part| run(panels * part / parts..panels * (part + 1) / parts));
-        }
-        if n % PANEL != 0 {
-            for (o, p) in out
-                .chunks_exact_mut(n)
-                .zip(padded.chunks_exact(panels * PANEL))
-            {
-                o.copy_from_slice(&p[..n]);
-            }
+            o.copy_from_slice(&p[..n]);
         }
     }
 }

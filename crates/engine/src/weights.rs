@@ -29,6 +29,8 @@ struct Shard {
 pub struct Checkpoint {
     shards: Vec<Shard>,
     gguf: Option<GgufTensors>,
+    /// Quantized GGUF matrices stay quantized ([`Checkpoint::take_quantized`]).
+    keep_quantized: bool,
     taken: HashSet<String>,
     /// Dtype matrices are kept in ([`Checkpoint::take_weight`]).
     storage: WeightDtype,
@@ -47,6 +49,7 @@ impl Checkpoint {
             let mut ck = Checkpoint {
                 shards: Vec::new(),
                 gguf: Some(tensors),
+                keep_quantized: true,
                 taken: HashSet::new(),
                 storage: WeightDtype::F32,
             };
@@ -66,6 +69,7 @@ impl Checkpoint {
         let mut ck = Checkpoint {
             shards,
             gguf: None,
+            keep_quantized: false,
             taken: HashSet::new(),
             storage: WeightDtype::F32,
         };
@@ -122,14 +126,49 @@ impl Checkpoint {
         })
     }
 
-    /// Keeps matrices taken with [`Checkpoint::take_weight`] in `dtype` from now on.
+    /// Keeps matrices taken with [`Checkpoint::take_weight`] in `dtype` from now on, and
+    /// quantized GGUF matrices decoded into it too (instead of kept quantized).
     pub fn set_storage(&mut self, dtype: WeightDtype) {
         self.storage = dtype;
+        self.keep_quantized = false;
     }
 
     /// The dtype [`Checkpoint::take_weight`] returns.
     pub fn storage(&self) -> WeightDtype {
         self.storage
+    }
+
+    /// Takes tensor `name` as its GGUF type's raw rows when the checkpoint is a GGUF file that
+    /// stores it in a quantized type with an integer form (kept quantized by the kernels) and no
+    /// storage dtype was forced; `None` (nothing taken) otherwise.
+    pub fn take_quantized(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
+        let found = self.peek_quantized(name, shape)?;
+        if found.is_some() {
+            self.taken.insert(name.to_string());
+        }
+        Ok(found)
+    }
+
+    /// [`Checkpoint::take_quantized`] without marking the tensor used.
+    pub fn peek_quantized(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
+        let Some(g) = self.gguf.as_ref().filter(|_| self.keep_quantized) else {
+            return Ok(None);
+        };
+        gguf_shape(g, name, shape)?;
+        let (info, range) = g.location(name).expect("shape checked");
+        if specfit_gguf::dequant::int_groups(info.ty).is_none() {
+            return Ok(None);
+        }
+        let bytes = g.file().bytes(info)[range.start as usize..range.end as usize].to_vec();
+        Ok(Some((info.ty, bytes)))
     }
 
     /// Takes a matrix in the storage dtype.

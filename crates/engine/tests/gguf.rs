@@ -183,6 +183,29 @@ fn logits_agree_with_llama_cpp_on_the_same_file_up_to_its_activation_rounding() 
 }
 
 #[test]
+fn quantized_panels_give_the_bits_of_the_dequantized_f32_matrices() {
+    use specfit_engine::WeightDtype;
+    for name in QUANTS {
+        let prompt = [1u32, 45, 300, 17, 999, 5, 6, 7, 8];
+        let logits = |dtype: Option<WeightDtype>| {
+            let (model, mut cache) =
+                load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, dtype).unwrap();
+            let mut kv = model.new_kv_cache();
+            model
+                .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+                .unwrap()
+                .logits
+        };
+        // Native: quantized matrices stay quantized; f32 forces every matrix to be decoded.
+        assert_eq!(
+            bits(&logits(None)),
+            bits(&logits(Some(WeightDtype::F32))),
+            "{name}"
+        );
+    }
+}
+
+#[test]
 fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
     for name in QUANTS {
         let path = gguf(name);

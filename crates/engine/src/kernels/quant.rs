@@ -204,7 +204,13 @@ mod tests {
             let mut want = vec![0.0f32; n * k];
             specfit_gguf::dequant::dequantize(ty, &bytes, &mut want).unwrap();
             let got = m.dequantized();
-            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{}", ty.name());
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{}",
+                ty.name()
+            );
         }
     }
 
@@ -228,7 +234,10 @@ mod tests {
                         // Row 0 alone gets the bits it gets inside the batch.
                         let mut alone = vec![0.0; n];
                         q.gemm_with(isa, &x[..k], 1, &mut alone, false);
-                        assert!(alone.iter().zip(&a[..n]).all(|(u, v)| u.to_bits() == v.to_bits()));
+                        assert!(alone
+                            .iter()
+                            .zip(&a[..n])
+                            .all(|(u, v)| u.to_bits() == v.to_bits()));
                     }
                 }
             }

@@ -4,9 +4,11 @@
 
 use crate::error::EngineError;
 use crate::kernels::packed::{self, PanelSrc};
+use crate::kernels::quant::QuantMatrix;
 use crate::kernels::{math, rms_norm_in_place, silu, Isa, PackedMatrix, WeightBuf, WeightView};
 use crate::kv::{KvCache, TILE};
 use crate::weights::Checkpoint;
+use specfit_gguf::GgmlType;
 
 /// Rotary position embedding (rotate-half over the full head_dim).
 #[derive(Debug, Clone)]
@@ -68,10 +70,20 @@ impl RopeTable {
     }
 }
 
-/// A linear layer's weights as read from a checkpoint (row-major `[out, in]`), before packing.
+/// One matrix of a linear layer as read from a checkpoint (row-major `[out, in]`): float values,
+/// or a GGUF file's quantized rows (kept quantized, see [`QuantMatrix`]).
+#[derive(Debug, Clone)]
+enum RawWeight {
+    Float(WeightBuf),
+    Quant(GgmlType, Vec<u8>),
+}
+
+/// A linear layer's weights as read from a checkpoint, before packing: one or more matrices
+/// over the same input whose outputs are concatenated (stacked q/k/v, gate/up).
 #[derive(Debug, Clone)]
 pub(crate) struct RawLinear {
-    w: WeightBuf,
+    /// `(matrix, its out)`, in output order.
+    parts: Vec<(RawWeight, usize)>,
     bias: Option<Vec<f32>>,
     out: usize,
     inp: usize,
@@ -85,37 +97,51 @@ impl RawLinear {
         inp: usize,
         bias: bool,
     ) -> Result<RawLinear, EngineError> {
-        let w = ck.take_weight(&format!("{name}.weight"), &[out, inp])?;
+        let wname = format!("{name}.weight");
+        let w = match ck.take_quantized(&wname, &[out, inp])? {
+            Some((ty, bytes)) => RawWeight::Quant(ty, bytes),
+            None => RawWeight::Float(ck.take_weight(&wname, &[out, inp])?),
+        };
         let bias = if bias {
             Some(ck.take(&format!("{name}.bias"), &[out])?)
         } else {
             None
         };
-        Ok(RawLinear { w, bias, out, inp })
+        Ok(RawLinear {
+            parts: vec![(w, out)],
+            bias,
+            out,
+            inp,
+        })
     }
 
-    /// Stacks linears over the same input into one (their outputs concatenated per row).
+    /// Stacks linears over the same input into one (their outputs concatenated per row);
+    /// neighbours stored alike are merged into one matrix.
     pub(crate) fn stack(parts: &[RawLinear]) -> RawLinear {
-        let w = match &parts[0].w {
-            WeightBuf::F32(_) => WeightBuf::F32(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.w {
-                        WeightBuf::F32(v) => v.iter().copied(),
-                        WeightBuf::Bf16(_) => unreachable!("one storage dtype per checkpoint"),
-                    })
-                    .collect(),
-            ),
-            WeightBuf::Bf16(_) => WeightBuf::Bf16(
-                parts
-                    .iter()
-                    .flat_map(|p| match &p.w {
-                        WeightBuf::Bf16(v) => v.iter().copied(),
-                        WeightBuf::F32(_) => unreachable!("one storage dtype per checkpoint"),
-                    })
-                    .collect(),
-            ),
-        };
+        let mut merged: Vec<(RawWeight, usize)> = Vec::new();
+        for (w, out) in parts.iter().flat_map(|p| p.parts.iter().cloned()) {
+            match (merged.last_mut(), w) {
+                (
+                    Some((RawWeight::Float(WeightBuf::F32(a)), n)),
+                    RawWeight::Float(WeightBuf::F32(b)),
+                ) => {
+                    a.extend(b);
+                    *n += out;
+                }
+                (
+                    Some((RawWeight::Float(WeightBuf::Bf16(a)), n)),
+                    RawWeight::Float(WeightBuf::Bf16(b)),
+                ) => {
+                    a.extend(b);
+                    *n += out;
+                }
+                (Some((RawWeight::Quant(ta, a), n)), RawWeight::Quant(tb, b)) if *ta == tb => {
+                    a.extend(b);
+                    *n += out;
+                }
+                (_, w) => merged.push((w, out)),
+            }
+        }
         let bias = parts.iter().all(|p| p.bias.is_some()).then(|| {
             parts
                 .iter()
@@ -123,7 +149,7 @@ impl RawLinear {
                 .collect()
         });
         RawLinear {
-            w,
+            parts: merged,
             bias,
             out: parts.iter().map(|p| p.out).sum(),
             inp: parts[0].inp,
@@ -131,10 +157,64 @@ impl RawLinear {
     }
 }
 
-/// `y = x Wᵀ (+ b)` with W repacked into panels ([`PackedMatrix`]).
+/// A packed weight matrix: float panels, quantized panels, or several stacked along the
+/// output (when stacked parts are stored differently). Every output is one panel chain either
+/// way, so the choice never changes a bit.
+#[derive(Debug, Clone)]
+pub(crate) enum Matrix {
+    Float(PackedMatrix),
+    Quant(QuantMatrix),
+    /// Parts with their output widths, concatenated per row.
+    Stack(Vec<(Matrix, usize)>),
+}
+
+impl Matrix {
+    fn pack(w: RawWeight, out: usize, inp: usize) -> Matrix {
+        match w {
+            RawWeight::Float(w) => Matrix::Float(PackedMatrix::pack(w.view(), out, inp)),
+            RawWeight::Quant(ty, bytes) => Matrix::Quant(
+                QuantMatrix::from_gguf(ty, &bytes, out, inp).expect("checked when taken"),
+            ),
+        }
+    }
+
+    /// `out = x · Wᵀ` for `rows × inp` → `rows × n`.
+    pub(crate) fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.gemm_maybe_serial(x, rows, out, true);
+    }
+
+    /// [`Matrix::gemm`], on the calling thread only unless `parallel`.
+    pub(crate) fn gemm_maybe_serial(
+        &self,
+        x: &[f32],
+        rows: usize,
+        out: &mut [f32],
+        parallel: bool,
+    ) {
+        let isa = crate::kernels::Isa::detected();
+        match self {
+            Matrix::Float(m) => m.view().gemm_with(isa, x, rows, out, parallel),
+            Matrix::Quant(m) => m.gemm_with(isa, x, rows, out, parallel),
+            Matrix::Stack(parts) => {
+                let n: usize = parts.iter().map(|p| p.1).sum();
+                let mut at = 0;
+                for (m, w) in parts {
+                    let mut part = vec![0.0f32; rows * w];
+                    m.gemm_maybe_serial(x, rows, &mut part, parallel);
+                    for r in 0..rows {
+                        out[r * n + at..r * n + at + w].copy_from_slice(&part[r * w..(r + 1) * w]);
+                    }
+                    at += w;
+                }
+            }
+        }
+    }
+}
+
+/// `y = x Wᵀ (+ b)` with W repacked into panels ([`Matrix`]).
 #[derive(Debug, Clone)]
 pub(crate) struct Linear {
-    pub(crate) w: PackedMatrix,
+    pub(crate) w: Matrix,
     pub(crate) bias: Option<Vec<f32>>,
     pub(crate) out: usize,
     pub(crate) inp: usize,
@@ -153,8 +233,18 @@ impl Linear {
 
     /// Packs a loaded layer.
     pub(crate) fn pack(raw: RawLinear) -> Linear {
+        let mut parts: Vec<(Matrix, usize)> = raw
+            .parts
+            .into_iter()
+            .map(|(w, out)| (Matrix::pack(w, out, raw.inp), out))
+            .collect();
+        let w = if parts.len() == 1 {
+            parts.pop().expect("one part").0
+        } else {
+            Matrix::Stack(parts)
+        };
         Linear {
-            w: PackedMatrix::pack(raw.w.view(), raw.out, raw.inp),
+            w,
             bias: raw.bias,
             out: raw.out,
             inp: raw.inp,
@@ -164,11 +254,21 @@ impl Linear {
     /// A bias-free layer over a row-major `[out, in]` matrix (a tied LM head).
     pub(crate) fn from_weights(w: WeightView<'_>, out: usize, inp: usize) -> Linear {
         Linear {
-            w: PackedMatrix::pack(w, out, inp),
+            w: Matrix::Float(PackedMatrix::pack(w, out, inp)),
             bias: None,
             out,
             inp,
         }
+    }
+
+    /// A bias-free layer over GGUF rows of type `ty` (a tied LM head of a quantized file).
+    pub(crate) fn from_gguf(ty: GgmlType, bytes: &[u8], out: usize, inp: usize) -> Option<Linear> {
+        Some(Linear {
+            w: Matrix::Quant(QuantMatrix::from_gguf(ty, bytes, out, inp)?),
+            bias: None,
+            out,
+            inp,
+        })
     }
 
     /// `rows × in` → `rows × out`.

@@ -329,7 +329,10 @@ impl Qwen3Moe {
         }
         let norm = ck.take("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") {
-            Linear::from_weights(embed_tokens.view(), v, h)
+            match ck.peek_quantized("model.embed_tokens.weight", &[v, h])? {
+                Some((ty, bytes)) => Linear::from_gguf(ty, &bytes, v, h).expect("integer form"),
+                None => Linear::from_weights(embed_tokens.view(), v, h),
+            }
         } else {
             Linear::load(&mut ck, "lm_head", v, h, false)?
         };

@@ -521,6 +521,49 @@ fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
 }
 
 #[test]
+fn a_corrupt_block_in_an_expert_file_is_an_error_naming_its_layer_and_expert() {
+    let tmp = temp_dir("disk-corrupt");
+    let dir = fixture_dirs()
+        .into_iter()
+        .find(|d| d.ends_with("topk_norm"))
+        .unwrap();
+    let file = tmp.join("a.specfit");
+    specfit_engine::experts::convert(&dir, &file, None).unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let json_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[16..16 + json_len]).unwrap();
+    let (data, stride) = (
+        header["data_offset"].as_u64().unwrap() as usize,
+        header["stride_bytes"].as_u64().unwrap() as usize,
+    );
+    let experts = header["experts"].as_u64().unwrap() as usize;
+    // Random bytes inside block 11 (MoE layer 1, expert 3), as a failing disk might leave them.
+    let at = data + (experts + 3) * stride + 100;
+    let mut state = 1u64;
+    for b in &mut bytes[at..at + 128] {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+        *b ^= (state >> 56) as u8 | 1;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+    let (model, mut cache) =
+        specfit_engine::load_target(&dir, &Tier::Disk(file.clone()), 2, CacheMode::Lru, None)
+            .unwrap();
+    let cfg = model.config();
+    let all: Vec<u32> = (0..cfg.num_experts as u32).collect();
+    let errors: Vec<String> = (0..cfg.moe_layers().len())
+        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("MoE layer 1 expert 3 is corrupt"),
+        "{}",
+        errors[0]
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
 fn bf16_storage_gives_the_bits_of_f32_storage_on_a_bf16_checkpoint_on_either_tier() {
     let dir = fixture_dirs()
         .into_iter()

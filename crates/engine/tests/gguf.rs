@@ -354,3 +354,50 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
     }
     std::fs::remove_dir_all(&drafter_dir).unwrap();
 }
+
+#[test]
+fn a_corrupt_expert_in_a_gguf_is_caught_by_the_checksum_sidecar_and_named() {
+    let tmp = temp_dir("gguf-corrupt");
+    let path = tmp.join("model.gguf");
+    std::fs::copy(gguf("q4_k_m"), &path).unwrap();
+    let sidecar = tmp.join("model.specfit-checksums.json");
+    let open = || {
+        load_target(
+            &path,
+            &Tier::Disk(PathBuf::from("unused")),
+            2,
+            CacheMode::Lru,
+            None,
+        )
+    };
+    drop(open().unwrap());
+    assert!(sidecar.exists(), "the first use writes the sidecar");
+    // Flip bytes inside expert 3 of layer 1's up stack.
+    let file = specfit_gguf::GgufFile::open(&path).unwrap();
+    let info = file
+        .header()
+        .tensor("blk.1.ffn_up_exps.weight")
+        .unwrap()
+        .clone();
+    let per = info.size / info.dims[2];
+    let at = (file.absolute_offset(&info) + 3 * per + 10) as usize;
+    drop(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    for b in &mut bytes[at..at + 16] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let (model, mut cache) = open().unwrap();
+    let all: Vec<u32> = (0..model.config().num_experts as u32).collect();
+    let errors: Vec<String> = (0..2)
+        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("MoE layer 1 expert 3 (up) is corrupt"),
+        "{}",
+        errors[0]
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
+}

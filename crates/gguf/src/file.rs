@@ -55,6 +55,26 @@ impl GgufFile {
         &self.header
     }
 
+    /// Bytes in the file.
+    pub fn len(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Whether the file is empty (never, once parsed).
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// The header: every byte before the data section.
+    pub fn prefix(&self) -> &[u8] {
+        &self.map[..self.header.data_offset.min(self.map.len() as u64) as usize]
+    }
+
+    /// The whole file.
+    pub fn raw(&self) -> &[u8] {
+        &self.map
+    }
+
     /// Where `info`'s data starts in the file.
     pub fn absolute_offset(&self, info: &TensorInfo) -> u64 {
         self.header.data_offset + info.offset

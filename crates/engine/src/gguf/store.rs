@@ -1,8 +1,11 @@
 //! Routed experts streamed straight from a GGUF file: expert `e` of a layer is one contiguous
 //! byte range in each of the layer's `ffn_{gate,up,down}_exps` stacks, read with O_DIRECT (the
-//! 4 KiB-aligned cover of the range) into a bounce buffer, decoded and repacked into the slot's
-//! panel layout. No conversion step and no second copy on disk; the price is decoding on the I/O
-//! threads (kernels that run on quantized slots directly are future work).
+//! 4 KiB-aligned cover of the range) into a bounce buffer, checked against its CRC32C, decoded
+//! and repacked into the slot's panel layout. No conversion step and no second copy on disk; the
+//! price is decoding on the I/O threads (kernels that run on quantized slots directly are future
+//! work). GGUF carries no checksums, so the first use of a file writes a sidecar
+//! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
+//! to the file's size and header; later reads are checked against it.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -35,6 +38,30 @@ pub struct GgufStore {
     layout: ExpertLayout,
     /// `[moe layer][gate, up, down]`.
     parts: Vec<[Part; 3]>,
+    /// CRC32C of every part: `[(moe layer · experts + expert) · 3 + part]`.
+    checksums: Vec<u32>,
+    experts: usize,
+}
+
+/// The checksum sidecar of a GGUF file.
+#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct Sidecar {
+    format: String,
+    /// The GGUF file's length and the CRC32C of its header (everything before the data).
+    gguf_bytes: u64,
+    header_crc32c: u32,
+    moe_layers: usize,
+    experts: usize,
+    /// `[(moe layer · experts + expert) · 3 + part]`, parts gate, up, down.
+    crc32c: Vec<u32>,
+}
+
+const SIDECAR_FORMAT: &str = "specfit-gguf-checksums/1";
+
+/// Where the checksums of `gguf` are kept.
+pub fn sidecar_path(gguf: &Path) -> PathBuf {
+    gguf.with_extension("specfit-checksums.json")
 }
 
 impl std::fmt::Debug for GgufStore {
@@ -84,6 +111,14 @@ impl GgufStore {
             };
             parts.push([part("gate")?, part("up")?, part("down")?]);
         }
+        let experts = tensors
+            .file()
+            .header()
+            .tensors
+            .iter()
+            .find(|t| t.name.ends_with("ffn_gate_exps.weight"))
+            .map_or(0, |t| t.dims[2] as usize);
+        let checksums = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
         let (file, direct) = match OpenOptions::new()
             .read(true)
@@ -99,6 +134,8 @@ impl GgufStore {
             direct,
             layout,
             parts,
+            checksums,
+            experts,
         })
     }
 
@@ -111,13 +148,14 @@ impl GgufStore {
         &self.path
     }
 
-    /// The `elements` values of expert `expert`'s matrix `part`, read and decoded.
+    /// The `elements` values of MoE layer `layer`'s expert `expert`'s matrix `which` (0 gate,
+    /// 1 up, 2 down), read, checked and decoded.
     fn read_part(
         &self,
-        part: Part,
-        expert: usize,
+        (layer, expert, which): (usize, usize, usize),
         elements: usize,
     ) -> Result<Vec<f32>, EngineError> {
+        let part = self.parts[layer][which];
         let start = part.offset + expert as u64 * part.per_expert;
         let end = start + part.per_expert;
         let (lo, hi) = (start / ALIGN * ALIGN, end.div_ceil(ALIGN) * ALIGN);
@@ -136,10 +174,76 @@ impl GgufStore {
             });
         }
         let bytes = &buf.as_slice()[(start - lo) as usize..(end - lo) as usize];
+        let want = self.checksums[(layer * self.experts + expert) * 3 + which];
+        let got = crc32c::crc32c(bytes);
+        if got != want {
+            return Err(EngineError::ExpertStore {
+                reason: format!(
+                    "{}: MoE layer {layer} expert {expert} ({}) is corrupt (CRC32C {got:08x}, {} recorded {want:08x})",
+                    self.path.display(),
+                    ["gate", "up", "down"][which],
+                    sidecar_path(&self.path).display()
+                ),
+            });
+        }
         let mut out = vec![0.0f32; elements];
         specfit_gguf::dequant::dequantize(part.ty, bytes, &mut out).expect("type checked at open");
         Ok(out)
     }
+}
+
+/// The CRC32C of every expert part: from the sidecar when it matches the file, else computed
+/// (reading every expert once) and saved beside the file (atomically; a read-only folder only
+/// means they are computed again next time).
+fn checksums(
+    tensors: &GgufTensors,
+    parts: &[[Part; 3]],
+    experts: usize,
+) -> Result<Vec<u32>, EngineError> {
+    let file = tensors.file();
+    let path = sidecar_path(file.path());
+    let header = crc32c::crc32c(file.prefix());
+    let gguf_bytes = file.len();
+    let fits = |s: &Sidecar| {
+        s.format == SIDECAR_FORMAT
+            && s.gguf_bytes == gguf_bytes
+            && s.header_crc32c == header
+            && s.moe_layers == parts.len()
+            && s.experts == experts
+            && s.crc32c.len() == parts.len() * experts * 3
+    };
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        if let Ok(s) = serde_json::from_str::<Sidecar>(&text) {
+            if fits(&s) {
+                return Ok(s.crc32c);
+            }
+        }
+    }
+    let mut crc = Vec::with_capacity(parts.len() * experts * 3);
+    for layer in parts {
+        for e in 0..experts as u64 {
+            for part in layer {
+                let at = (part.offset + e * part.per_expert) as usize;
+                crc.push(crc32c::crc32c(
+                    &file.raw()[at..at + part.per_expert as usize],
+                ));
+            }
+        }
+    }
+    let sidecar = Sidecar {
+        format: SIDECAR_FORMAT.into(),
+        gguf_bytes,
+        header_crc32c: header,
+        moe_layers: parts.len(),
+        experts,
+        crc32c: crc,
+    };
+    let tmp = path.with_extension("json.tmp");
+    let text = serde_json::to_string(&sidecar).expect("serialisable");
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(sidecar.crc32c)
 }
 
 /// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read.
@@ -163,10 +267,9 @@ impl ExpertStore for GgufStore {
 
     fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
-        let [gate, up, down] = self.parts[layer];
-        let gate = self.read_part(gate, expert, i * h)?;
-        let up = self.read_part(up, expert, i * h)?;
-        let down = self.read_part(down, expert, h * i)?;
+        let gate = self.read_part((layer, expert, 0), i * h)?;
+        let up = self.read_part((layer, expert, 1), i * h)?;
+        let down = self.read_part((layer, expert, 2), h * i)?;
         let store = |v: Vec<f32>| match self.layout.dtype {
             WeightDtype::F32 => WeightBuf::F32(v),
             WeightDtype::Bf16 => WeightBuf::Bf16(

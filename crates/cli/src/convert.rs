@@ -20,6 +20,11 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    anyhow::ensure!(
+        !specfit_engine::gguf::is_gguf(&args.model),
+        "{} is a GGUF file: its experts stream from the file itself (`--store disk`), no conversion needed",
+        args.model.display()
+    );
     let out = args
         .out
         .clone()

@@ -10,7 +10,8 @@ use specfit_engine::{load_target, CacheMode, ExpertCache, Qwen3Moe, Tier, Weight
 pub enum StoreArg {
     /// Every expert in host RAM.
     Ram,
-    /// The expert file written by `specfit convert`, read with O_DIRECT.
+    /// The expert file written by `specfit convert` (a GGUF file: the file itself), read with
+    /// O_DIRECT.
     Disk,
 }
 
@@ -31,7 +32,8 @@ impl WeightsArg {
 
 #[derive(Debug, clap::Args)]
 pub struct TargetArgs {
-    /// Hugging Face checkpoint directory (config.json + safetensors); default: the shipped target.
+    /// Hugging Face checkpoint directory (config.json + safetensors) or a llama.cpp GGUF file
+    /// (qwen3moe); default: the shipped target.
     #[arg(long, default_value_os_t = crate::paths::target())]
     pub model: PathBuf,
     /// Where routed experts rest.

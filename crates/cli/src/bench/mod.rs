@@ -393,6 +393,9 @@ fn setup(args: &Args) -> Result<Setup> {
 /// Converts the checkpoint's experts to the disk file when it does not exist yet or was written
 /// by an older build in another format.
 fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
+    if specfit_engine::gguf::is_gguf(model) {
+        return Ok(()); // a GGUF file is its own expert store
+    }
     let file = specfit_engine::default_expert_file(model);
     if specfit_engine::experts::is_current_format(&file) {
         return Ok(());

@@ -77,6 +77,11 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// Whether quantized GGUF matrices are kept quantized (no storage dtype forced).
+    pub fn keeps_quantized(&self) -> bool {
+        self.gguf.is_some() && self.keep_quantized
+    }
+
     /// The GGUF file's tensors, when the checkpoint is one.
     pub fn gguf(&self) -> Option<&GgufTensors> {
         self.gguf.as_ref()

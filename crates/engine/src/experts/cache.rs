@@ -612,6 +612,7 @@ mod tests {
             hidden: 8,
             intermediate: 4,
             dtype: WeightDtype::F32,
+            quant_bytes: None,
         };
         let mut store = RamStore::new(layout, 2, 6);
         for layer in 0..2 {

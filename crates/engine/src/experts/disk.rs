@@ -93,6 +93,7 @@ pub(crate) fn expert_block_bytes(
         hidden: h,
         intermediate: i,
         dtype,
+        quant_bytes: None,
     };
     Ok(layout.block_bytes(gate.view(), up.view(), down.view()))
 }
@@ -151,6 +152,7 @@ pub fn convert(
         hidden: cfg.hidden_size,
         intermediate: cfg.moe_intermediate_size,
         dtype,
+        quant_bytes: None,
     };
     let stride_bytes = padded(layout.bytes());
     let header = DiskHeader {
@@ -289,6 +291,7 @@ impl DiskStore {
             hidden: cfg.hidden_size,
             intermediate: cfg.moe_intermediate_size,
             dtype,
+            quant_bytes: None,
         };
         let expected = (
             cfg.moe_layers().len(),

@@ -12,4 +12,4 @@ mod store;
 pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
 pub use disk::{convert, is_current_format, ConvertReport, DiskStore, Fingerprint};
 pub use io::reads_in_flight;
-pub use store::{ExpertLayout, ExpertStore, RamStore};
+pub use store::{ExpertLayout, ExpertMatrices, ExpertStore, RamStore};

@@ -1,11 +1,20 @@
 //! Where routed experts rest: the trait every tier implements, and the host-RAM tier. One expert
 //! is one contiguous block in the storage dtype: `gate` and `up` stacked (`2I × H`) then `down`
 //! (`H × I`), each repacked into K-major panels ([`crate::kernels::packed::pack`]) so that the
-//! experts run straight from their slots with the batch-efficient panel kernels.
+//! experts run straight from their slots with the batch-efficient panel kernels. Experts of a
+//! quantized GGUF file stay quantized: a 64-byte header naming the three matrices' GGUF types,
+//! then `gate`, `up` and `down` as quantized panels ([`crate::kernels::quant`]), every block
+//! padded to the largest layer's size.
+
+use specfit_gguf::GgmlType;
 
 use crate::error::EngineError;
 use crate::kernels::packed::{pack, packed_len};
+use crate::kernels::quant::{panels_len, repack, QuantView};
 use crate::kernels::{PackedView, WeightBuf, WeightDtype, WeightView};
+
+/// Bytes of a quantized block's header: the GGUF type ids of gate, up and down.
+const QUANT_HEAD: usize = 64;
 
 /// Shape and dtype of one expert block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +25,25 @@ pub struct ExpertLayout {
     pub intermediate: usize,
     /// Storage dtype.
     pub dtype: WeightDtype,
+    /// Quantized blocks (a GGUF's experts kept quantized): the bytes of every block, the largest
+    /// layer's. `None`: float blocks in `dtype`.
+    pub quant_bytes: Option<usize>,
+}
+
+/// The matrices of one expert block, as the kernels run them.
+#[derive(Debug, Clone, Copy)]
+pub enum ExpertMatrices<'a> {
+    /// `gate | up` (`2I × H`) and `down` (`H × I`) float panels.
+    Float {
+        gate_up: PackedView<'a>,
+        down: PackedView<'a>,
+    },
+    /// `gate`, `up` (`I × H`) and `down` (`H × I`) quantized panels.
+    Quant {
+        gate: QuantView<'a>,
+        up: QuantView<'a>,
+        down: QuantView<'a>,
+    },
 }
 
 impl ExpertLayout {
@@ -36,7 +64,59 @@ impl ExpertLayout {
 
     /// Bytes of one block.
     pub fn bytes(&self) -> usize {
-        self.len() * self.dtype.size()
+        self.quant_bytes
+            .unwrap_or_else(|| self.len() * self.dtype.size())
+    }
+
+    /// Bytes a quantized block of these GGUF types needs (before padding to the largest).
+    pub fn quant_block_len(&self, types: [GgmlType; 3]) -> Option<usize> {
+        let (h, i) = (self.hidden, self.intermediate);
+        Some(
+            QUANT_HEAD
+                + panels_len(types[0], i, h)?
+                + panels_len(types[1], i, h)?
+                + panels_len(types[2], h, i)?,
+        )
+    }
+
+    /// Writes the quantized block of GGUF rows `gate`, `up` (`I × H`) and `down` (`H × I`), each
+    /// with its type, into `out` (this layout's `bytes()` long).
+    pub fn write_quant_block(&self, parts: [(GgmlType, &[u8]); 3], out: &mut [u8]) {
+        let (h, i) = (self.hidden, self.intermediate);
+        out.fill(0);
+        let mut at = QUANT_HEAD;
+        for (slot, ((ty, bytes), (n, k))) in parts.iter().zip([(i, h), (i, h), (h, i)]).enumerate()
+        {
+            out[4 * slot..4 * slot + 4].copy_from_slice(&ty.id().to_le_bytes());
+            let len = panels_len(*ty, n, k).expect("an integer form");
+            repack(*ty, bytes, n, k, &mut out[at..at + len]);
+            at += len;
+        }
+    }
+
+    /// The matrices of `block` (aligned to the dtype; slots are 4 KiB-aligned).
+    pub fn expert<'a>(&self, block: &'a [u8]) -> ExpertMatrices<'a> {
+        if self.quant_bytes.is_none() {
+            let (gate_up, down) = self.matrices(block);
+            return ExpertMatrices::Float { gate_up, down };
+        }
+        let (h, i) = (self.hidden, self.intermediate);
+        let ty = |slot: usize| {
+            let id = u32::from_le_bytes(block[4 * slot..4 * slot + 4].try_into().expect("4 bytes"));
+            GgmlType::from_id(id).expect("a block this layout wrote")
+        };
+        let mut at = QUANT_HEAD;
+        let mut view = |slot: usize, n: usize, k: usize| {
+            let t = ty(slot);
+            let len = panels_len(t, n, k).expect("an integer form");
+            let v = QuantView::new(t, n, k, &block[at..at + len]);
+            at += len;
+            v
+        };
+        let gate = view(0, i, h);
+        let up = view(1, i, h);
+        let down = view(2, h, i);
+        ExpertMatrices::Quant { gate, up, down }
     }
 
     /// A block's bytes from the checkpoint's row-major `gate`, `up` (`I × H`) and `down`

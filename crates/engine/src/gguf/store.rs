@@ -156,6 +156,18 @@ impl GgufStore {
         elements: usize,
     ) -> Result<Vec<f32>, EngineError> {
         let part = self.parts[layer][which];
+        let bytes = self.read_raw((layer, expert, which))?;
+        let mut out = vec![0.0f32; elements];
+        specfit_gguf::dequant::dequantize(part.ty, &bytes, &mut out).expect("type checked at open");
+        Ok(out)
+    }
+
+    /// The GGUF bytes of MoE layer `layer`'s expert `expert`'s matrix `which`, read and checked.
+    fn read_raw(
+        &self,
+        (layer, expert, which): (usize, usize, usize),
+    ) -> Result<Vec<u8>, EngineError> {
+        let part = self.parts[layer][which];
         let start = part.offset + expert as u64 * part.per_expert;
         let end = start + part.per_expert;
         let (lo, hi) = (start / ALIGN * ALIGN, end.div_ceil(ALIGN) * ALIGN);
@@ -186,9 +198,7 @@ impl GgufStore {
                 ),
             });
         }
-        let mut out = vec![0.0f32; elements];
-        specfit_gguf::dequant::dequantize(part.ty, bytes, &mut out).expect("type checked at open");
-        Ok(out)
+        Ok(bytes.to_vec())
     }
 }
 
@@ -267,6 +277,18 @@ impl ExpertStore for GgufStore {
 
     fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
+        if self.layout.quant_bytes.is_some() {
+            // Kept quantized: the GGUF rows repacked into panels, no decoding.
+            let raw = [0, 1, 2].map(|w| self.read_raw((layer, expert, w)));
+            let [gate, up, down] = raw;
+            let (gate, up, down) = (gate?, up?, down?);
+            let ty = |w: usize| self.parts[layer][w].ty;
+            self.layout.write_quant_block(
+                [(ty(0), &gate), (ty(1), &up), (ty(2), &down)],
+                &mut dst[..self.layout.bytes()],
+            );
+            return Ok(());
+        }
         let gate = self.read_part((layer, expert, 0), i * h)?;
         let up = self.read_part((layer, expert, 1), i * h)?;
         let down = self.read_part((layer, expert, 2), h * i)?;

@@ -13,13 +13,65 @@ use specfit_gguf::GgmlType;
 use super::packed::{gemm_panels, PanelSrc, PANEL};
 use super::Isa;
 
-/// A quantized `n × k` matrix in panels.
+/// Bytes of the quantized panels of an `n × k` matrix of GGUF type `ty`, if `ty` has an integer
+/// form and `k` is whole blocks.
+pub fn panels_len(ty: GgmlType, n: usize, k: usize) -> Option<usize> {
+    let form = int_groups(ty)?;
+    k.is_multiple_of(ty.block().0)
+        .then(|| n.div_ceil(PANEL) * (k / form.group) * group_bytes(form))
+}
+
+/// Repacks the row-major `n × k` matrix `bytes` of GGUF type `ty` (each row whole blocks) into
+/// quantized panels in `out` (exactly [`panels_len`] bytes; padding columns are written as 0).
+///
+/// # Panics
+/// When `ty` has no integer form or the sizes do not match.
+pub fn repack(ty: GgmlType, bytes: &[u8], n: usize, k: usize, out: &mut [u8]) {
+    let form = int_groups(ty).expect("a type with an integer form");
+    let (elems, block_bytes) = ty.block();
+    assert!(
+        k.is_multiple_of(elems) && bytes.len() == n * (k / elems) * block_bytes,
+        "{} bytes are not {n} rows of {k} {}",
+        bytes.len(),
+        ty.name()
+    );
+    assert_eq!(Some(out.len()), panels_len(ty, n, k), "panel buffer size");
+    out.fill(0);
+    let gb = group_bytes(form);
+    let head = if form.offset { 128 } else { 64 };
+    let panel_bytes = (k / form.group) * gb;
+    let groups_per_block = elems / form.group;
+    let (mut q, mut scale, mut offset) = (
+        vec![0i8; elems],
+        vec![0.0f32; groups_per_block],
+        vec![0.0f32; groups_per_block],
+    );
+    let row_bytes = (k / elems) * block_bytes;
+    for j in 0..n {
+        let (p, c) = (j / PANEL, j % PANEL);
+        let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
+        for (b, block) in row.chunks_exact(block_bytes).enumerate() {
+            split_block(ty, block, &mut q, &mut scale, &mut offset);
+            for g in 0..groups_per_block {
+                let at = p * panel_bytes + (b * groups_per_block + g) * gb;
+                out[at + 4 * c..at + 4 * c + 4].copy_from_slice(&scale[g].to_le_bytes());
+                if form.offset {
+                    out[at + 64 + 4 * c..at + 68 + 4 * c].copy_from_slice(&offset[g].to_le_bytes());
+                }
+                let qs = &q[g * form.group..(g + 1) * form.group];
+                for (kk, &v) in qs.iter().enumerate() {
+                    out[at + head + kk * PANEL + c] = v as u8;
+                }
+            }
+        }
+    }
+}
+
+/// A quantized `n × k` matrix in panels, owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantMatrix {
     n: usize,
     k: usize,
-    form: IntGroups,
-    /// The GGUF type it came from (for reports).
     ty: GgmlType,
     data: Vec<u8>,
 }
@@ -28,78 +80,14 @@ impl QuantMatrix {
     /// Repacks the row-major `n × k` matrix `bytes` of GGUF type `ty` (each row whole blocks).
     /// `None` when `ty` has no integer form (float types go to [`super::PackedMatrix`]).
     pub fn from_gguf(ty: GgmlType, bytes: &[u8], n: usize, k: usize) -> Option<QuantMatrix> {
-        let form = int_groups(ty)?;
-        let (elems, block_bytes) = ty.block();
-        assert!(
-            k.is_multiple_of(elems) && bytes.len() == n * (k / elems) * block_bytes,
-            "{} bytes are not {n} rows of {k} {}",
-            bytes.len(),
-            ty.name()
-        );
-        let mut m = QuantMatrix::zeroed(n, k, form, ty);
-        let groups_per_block = elems / form.group;
-        let (mut q, mut scale, mut offset) = (
-            vec![0i8; elems],
-            vec![0.0f32; groups_per_block],
-            vec![0.0f32; groups_per_block],
-        );
-        let row_bytes = (k / elems) * block_bytes;
-        for j in 0..n {
-            let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
-            for (b, block) in row.chunks_exact(block_bytes).enumerate() {
-                split_block(ty, block, &mut q, &mut scale, &mut offset);
-                for g in 0..groups_per_block {
-                    let group = b * groups_per_block + g;
-                    let qs = &q[g * form.group..(g + 1) * form.group];
-                    m.set(j, group, scale[g], offset[g], qs);
-                }
-            }
-        }
-        Some(m)
+        let mut data = vec![0u8; panels_len(ty, n, k)?];
+        repack(ty, bytes, n, k, &mut data);
+        Some(QuantMatrix { n, k, ty, data })
     }
 
-    fn zeroed(n: usize, k: usize, form: IntGroups, ty: GgmlType) -> QuantMatrix {
-        let panels = n.div_ceil(PANEL);
-        let len = panels * (k / form.group) * group_bytes(form);
-        QuantMatrix {
-            n,
-            k,
-            form,
-            ty,
-            data: vec![0u8; len],
-        }
-    }
-
-    /// Writes column `j`'s group `g`: its scale, offset and `G` integers.
-    fn set(&mut self, j: usize, g: usize, scale: f32, offset: f32, q: &[i8]) {
-        let (p, c) = (j / PANEL, j % PANEL);
-        let gb = group_bytes(self.form);
-        let at = p * self.panel_bytes() + g * gb;
-        self.data[at + 4 * c..at + 4 * c + 4].copy_from_slice(&scale.to_le_bytes());
-        let head = if self.form.offset {
-            let o = at + 64 + 4 * c;
-            self.data[o..o + 4].copy_from_slice(&offset.to_le_bytes());
-            128
-        } else {
-            64
-        };
-        for (kk, &v) in q.iter().enumerate() {
-            self.data[at + head + kk * PANEL + c] = v as u8;
-        }
-    }
-
-    fn panel_bytes(&self) -> usize {
-        (self.k / self.form.group) * group_bytes(self.form)
-    }
-
-    /// Output features.
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
-    /// Input features.
-    pub fn k(&self) -> usize {
-        self.k
+    /// A borrowed view.
+    pub fn view(&self) -> QuantView<'_> {
+        QuantView::new(self.ty, self.n, self.k, &self.data)
     }
 
     /// The GGUF type the matrix came from.
@@ -110,6 +98,43 @@ impl QuantMatrix {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.data.len()
+    }
+
+    /// `out = x · Wᵀ` for `x` of `rows × k` (see [`super::PackedView::gemm`]).
+    pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.view().gemm(x, rows, out);
+    }
+
+    /// [`QuantMatrix::gemm`] compiled for `isa`, on the worker pool when `parallel`.
+    pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
+        self.view().gemm_with(isa, x, rows, out, parallel);
+    }
+}
+
+/// Quantized panels of an `n × k` matrix held elsewhere (e.g. in an expert slot).
+#[derive(Debug, Clone, Copy)]
+pub struct QuantView<'a> {
+    n: usize,
+    k: usize,
+    form: IntGroups,
+    data: &'a [u8],
+}
+
+impl<'a> QuantView<'a> {
+    /// Views [`panels_len`]`(ty, n, k)` bytes of panels written by [`repack`].
+    pub fn new(ty: GgmlType, n: usize, k: usize, data: &'a [u8]) -> QuantView<'a> {
+        let len = panels_len(ty, n, k).expect("a type with an integer form");
+        assert_eq!(data.len(), len, "quantized panels are not n × k");
+        QuantView {
+            n,
+            k,
+            form: int_groups(ty).expect("checked"),
+            data,
+        }
+    }
+
+    fn panel_bytes(&self) -> usize {
+        (self.k / self.form.group) * group_bytes(self.form)
     }
 
     /// Element `(j, kk)`, as the kernel rebuilds it.
@@ -145,12 +170,18 @@ impl QuantMatrix {
         }
     }
 
-    /// `out = x · Wᵀ` for `x` of `rows × k` (see [`super::PackedView::gemm`]).
+    /// `out = x · Wᵀ` for `x` of `rows × k`, split by panel across the worker pool when large
+    /// enough (which never changes a bit).
     pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         self.gemm_with(Isa::detected(), x, rows, out, true);
     }
 
-    /// [`QuantMatrix::gemm`] compiled for `isa`, on the worker pool when `parallel`.
+    /// [`QuantView::gemm`] on the calling thread only.
+    pub fn gemm_serial(&self, x: &[f32], rows: usize, out: &mut [f32]) {
+        self.gemm_with(Isa::detected(), x, rows, out, false);
+    }
+
+    /// [`QuantView::gemm`] compiled for `isa`, on the worker pool when `parallel`.
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
         gemm_panels(isa, self.src(), (self.n, self.k), (x, rows), out, parallel);
     }
@@ -203,7 +234,7 @@ mod tests {
             let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
             let mut want = vec![0.0f32; n * k];
             specfit_gguf::dequant::dequantize(ty, &bytes, &mut want).unwrap();
-            let got = m.dequantized();
+            let got = m.view().dequantized();
             assert!(
                 got.iter()
                     .zip(&want)
@@ -221,7 +252,7 @@ mod tests {
             for (n, k) in [(16, elems), (37, 2 * elems), (5, elems)] {
                 let bytes = random_gguf(ty, n, k, n as u64);
                 let q = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
-                let f = PackedMatrix::pack(WeightView::F32(&q.dequantized()), n, k);
+                let f = PackedMatrix::pack(WeightView::F32(&q.view().dequantized()), n, k);
                 let mut state = 9u64;
                 for isa in Isa::available() {
                     for rows in [1, 2, 3, 4, 5, 8, 9, 17, 32] {

@@ -14,7 +14,11 @@ use crate::batch::{Batch, ForwardOutput, Logits};
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::disk::expert_block_bytes;
-use crate::experts::{ExpertCache, ExpertLayout, Fingerprint, RamStore};
+use crate::experts::{
+    ExpertCache, ExpertLayout, ExpertMatrices, ExpertStore, Fingerprint, RamStore,
+};
+use crate::kernels::quant::QuantView;
+use crate::kernels::silu;
 use crate::kernels::{
     math, rms_norm, softmax_in_place, PackedView, WeightBuf, WeightDtype, WeightView,
 };
@@ -33,19 +37,36 @@ fn run_expert(
     parallel: bool,
 ) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
-    let (gate_up, down) = layout.matrices(block);
-    let gemm = |w: PackedView<'_>, x: &[f32], out: &mut [f32]| {
-        if parallel {
-            w.gemm(x, m, out)
-        } else {
-            w.gemm_serial(x, m, out)
-        }
-    };
-    let mut gu = vec![0.0; m * 2 * i];
-    gemm(gate_up, xs, &mut gu); // m × 2I
-    let a = swiglu(&gu, i); // m × I
     let mut y = vec![0.0; m * h];
-    gemm(down, &a, &mut y); // m × H
+    match layout.expert(block) {
+        ExpertMatrices::Float { gate_up, down } => {
+            let gemm = |w: PackedView<'_>, x: &[f32], out: &mut [f32]| {
+                if parallel {
+                    w.gemm(x, m, out)
+                } else {
+                    w.gemm_serial(x, m, out)
+                }
+            };
+            let mut gu = vec![0.0; m * 2 * i];
+            gemm(gate_up, xs, &mut gu); // m × 2I
+            let a = swiglu(&gu, i); // m × I
+            gemm(down, &a, &mut y); // m × H
+        }
+        ExpertMatrices::Quant { gate, up, down } => {
+            let gemm = |w: QuantView<'_>, x: &[f32], out: &mut [f32]| {
+                if parallel {
+                    w.gemm(x, m, out)
+                } else {
+                    w.gemm_serial(x, m, out)
+                }
+            };
+            let (mut g, mut u) = (vec![0.0; m * i], vec![0.0; m * i]);
+            gemm(gate, xs, &mut g); // m × I
+            gemm(up, xs, &mut u); // m × I
+            let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect(); // m × I
+            gemm(down, &a, &mut y); // m × H
+        }
+    }
     y
 }
 
@@ -285,6 +306,11 @@ impl Qwen3Moe {
             hidden: h,
             intermediate: cfg.moe_intermediate_size,
             dtype: ck.storage(),
+            quant_bytes: None,
+        };
+        let layout = ExpertLayout {
+            quant_bytes: quant_expert_bytes(&ck, &cfg, &layout),
+            ..layout
         };
         opened(&ck, &cfg, layout)?;
         let moe_layers = cfg.moe_layers();
@@ -525,6 +551,58 @@ fn attention_shape(cfg: &Qwen3MoeConfig) -> AttentionShape {
     }
 }
 
+/// The block size of a GGUF's experts kept quantized (the largest layer's), when the checkpoint
+/// is a GGUF whose expert stacks all have an integer form and no storage dtype was forced.
+fn quant_expert_bytes(
+    ck: &Checkpoint,
+    cfg: &Qwen3MoeConfig,
+    layout: &ExpertLayout,
+) -> Option<usize> {
+    if !ck.keeps_quantized() {
+        return None;
+    }
+    let g = ck.gguf()?;
+    let mut most = 0;
+    for layer in cfg.moe_layers() {
+        let ty = |proj: &str| {
+            g.ggml_type(&format!(
+                "model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"
+            ))
+        };
+        let types = [ty("gate")?, ty("up")?, ty("down")?];
+        most = most.max(layout.quant_block_len(types)?);
+    }
+    Some(most)
+}
+
+/// A quantized block of one expert of a GGUF checkpoint.
+fn quant_expert_block(
+    ck: &Checkpoint,
+    layout: &ExpertLayout,
+    layer: usize,
+    e: usize,
+) -> Result<Vec<u8>, EngineError> {
+    let (h, i) = (layout.hidden, layout.intermediate);
+    let q = format!("model.layers.{layer}.mlp.experts.{e}");
+    let part =
+        |proj: &str, shape: [usize; 2]| -> Result<(specfit_gguf::GgmlType, Vec<u8>), EngineError> {
+            Ok(ck
+                .peek_quantized(&format!("{q}.{proj}_proj.weight"), &shape)?
+                .expect("checked when the layout was made"))
+        };
+    let (gate, up, down) = (
+        part("gate", [i, h])?,
+        part("up", [i, h])?,
+        part("down", [h, i])?,
+    );
+    let mut block = vec![0u8; layout.bytes()];
+    layout.write_quant_block(
+        [(gate.0, &gate.1), (up.0, &up.1), (down.0, &down.1)],
+        &mut block,
+    );
+    Ok(block)
+}
+
 /// Copies layer `layer`'s experts from the checkpoint into the store (block = gate | up | down,
 /// in the storage dtype), or, without a store, only checks their shapes.
 fn load_experts(
@@ -537,7 +615,12 @@ fn load_experts(
     let (h, i) = (cfg.hidden_size, cfg.moe_intermediate_size);
     for e in 0..cfg.num_experts {
         if let Some(store) = store.as_deref_mut() {
-            let bytes = expert_block_bytes(ck, cfg, layer, e, ck.storage())?;
+            let layout = store.layout();
+            let bytes = if layout.quant_bytes.is_some() {
+                quant_expert_block(ck, &layout, layer, e)?
+            } else {
+                expert_block_bytes(ck, cfg, layer, e, ck.storage())?
+            };
             store.block_mut(ordinal, e).copy_from_slice(&bytes);
         }
         let q = format!("model.layers.{layer}.mlp.experts.{e}");

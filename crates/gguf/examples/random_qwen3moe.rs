@@ -1,0 +1,277 @@
+//! Writes a random-weight GGUF of a Qwen3-MoE shape (default: Qwen3-30B-A3B's exact shapes — 48
+//! layers, hidden 2048, 32 query / 4 KV heads × 128, 128 experts top-8, moe_intermediate 768,
+//! vocab 151,936) as Q8_0 or as a Q4_K_M-like mix (Q4_K, with Q6_K for the output and for
+//! attn_v / ffn_down_exps on the layers llama.cpp's Q4_K_M gives more bits), for measuring
+//! speed and disk traffic at full size. Quantized blocks are drawn directly (random integers,
+//! scales for weights of standard deviation ~0.02); the router is f32 with logits of standard
+//! deviation ~1 so that routing spreads over the experts. The vocabulary is llama.cpp's "none"
+//! tokenizer (ids in, logits out). Streams to FILE.tmp, then renames.
+//!
+//! ```sh
+//! cargo run --release -p specfit-gguf --example random_qwen3moe -- q8_0 bench-models/full/qwen3-30b-a3b-q8_0.gguf
+//! cargo run --release -p specfit-gguf --example random_qwen3moe -- q4_k_m bench-models/full/qwen3-30b-a3b-q4_k_m.gguf
+//! cargo run --release -p specfit-gguf --example random_qwen3moe -- q8_0 /tmp/small.gguf --layers 4 --experts 16
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use specfit_gguf::write::{write_file, TensorSpec};
+use specfit_gguf::{GgmlType, Value, ValueType};
+
+struct Shape {
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    experts: usize,
+    top_k: usize,
+    moe_inter: usize,
+    vocab: usize,
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    /// Approximately standard normal (sum of 4 uniforms).
+    fn normal(&mut self) -> f32 {
+        ((0..4).map(|_| self.unit()).sum::<f32>() - 2.0) * 1.732
+    }
+}
+
+fn f16(v: f32) -> [u8; 2] {
+    half::f16::from_f32(v).to_bits().to_le_bytes()
+}
+
+/// One random block of `ty` whose weights have standard deviation about `std`.
+fn block(ty: GgmlType, std: f32, rng: &mut Rng, out: &mut Vec<u8>) {
+    let bytes: Vec<u8> = (0..ty.block().1).map(|_| rng.next() as u8).collect();
+    let mut b = bytes;
+    match ty {
+        GgmlType::Q8_0 => b[0..2].copy_from_slice(&f16(std / 73.0)), // int8 uniform: std 73.6
+        GgmlType::Q4_K => {
+            // w = d·sc·q − dmin·m, q uniform 0..15 (std 4.6), 6-bit sc around 32.
+            b[0..2].copy_from_slice(&f16(std / (4.6 * 32.0)));
+            b[2..4].copy_from_slice(&f16(std / (4.6 * 32.0) * 7.5));
+            for s in &mut b[4..16] {
+                *s = (*s & 0b1100_0000) | 32;
+            }
+        }
+        GgmlType::Q6_K => {
+            b[208..210].copy_from_slice(&f16(std / (18.5 * 32.0))); // q − 32 uniform: std 18.5
+            for s in &mut b[192..208] {
+                *s = 32;
+            }
+        }
+        GgmlType::F32 => {}
+        other => panic!("no generator for {}", other.name()),
+    }
+    out.extend_from_slice(&b);
+}
+
+fn main() -> std::io::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: random_qwen3moe q8_0|q4_k_m OUT.gguf [--layers N] [--experts N]";
+    let (kind, out) = match (args.first(), args.get(1)) {
+        (Some(k), Some(o)) => (k.clone(), PathBuf::from(o)),
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(|v| v.parse::<usize>().expect("a number"))
+    };
+    let s = Shape {
+        layers: flag("--layers").unwrap_or(48),
+        hidden: 2048,
+        heads: 32,
+        kv_heads: 4,
+        head_dim: 128,
+        experts: flag("--experts").unwrap_or(128),
+        top_k: 8,
+        moe_inter: 768,
+        vocab: 151_936,
+    };
+    let (base, ftype) = match kind.as_str() {
+        "q8_0" => (GgmlType::Q8_0, 7u32),
+        "q4_k_m" => (GgmlType::Q4_K, 15u32),
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    // llama.cpp's Q4_K_M gives Q6_K to attn_v and ffn_down on these layers (`use_more_bits`).
+    let more_bits = |i: usize| {
+        let n = s.layers;
+        i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+    };
+    let pick = |name: &str, layer: Option<usize>| -> GgmlType {
+        if base == GgmlType::Q8_0 {
+            return GgmlType::Q8_0;
+        }
+        match (name, layer) {
+            ("output.weight", _) => GgmlType::Q6_K,
+            ("attn_v.weight" | "ffn_down_exps.weight", Some(i)) if more_bits(i) => GgmlType::Q6_K,
+            _ => GgmlType::Q4_K,
+        }
+    };
+    let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
+    let mut tensors = vec![
+        TensorSpec {
+            name: "token_embd.weight".into(),
+            dims: vec![h as u64, s.vocab as u64],
+            ty: pick("token_embd.weight", None),
+        },
+        TensorSpec {
+            name: "output_norm.weight".into(),
+            dims: vec![h as u64],
+            ty: GgmlType::F32,
+        },
+        TensorSpec {
+            name: "output.weight".into(),
+            dims: vec![h as u64, s.vocab as u64],
+            ty: pick("output.weight", None),
+        },
+    ];
+    for i in 0..s.layers {
+        let t = |n: &str, dims: Vec<usize>, ty: GgmlType| TensorSpec {
+            name: format!("blk.{i}.{n}"),
+            dims: dims.into_iter().map(|d| d as u64).collect(),
+            ty,
+        };
+        let e = s.experts;
+        tensors.extend([
+            t("attn_norm.weight", vec![h], GgmlType::F32),
+            t("attn_q.weight", vec![h, q], pick("attn_q.weight", Some(i))),
+            t("attn_k.weight", vec![h, kv], pick("attn_k.weight", Some(i))),
+            t("attn_v.weight", vec![h, kv], pick("attn_v.weight", Some(i))),
+            t(
+                "attn_output.weight",
+                vec![q, h],
+                pick("attn_output.weight", Some(i)),
+            ),
+            t("attn_q_norm.weight", vec![s.head_dim], GgmlType::F32),
+            t("attn_k_norm.weight", vec![s.head_dim], GgmlType::F32),
+            t("ffn_norm.weight", vec![h], GgmlType::F32),
+            t("ffn_gate_inp.weight", vec![h, e], GgmlType::F32),
+            t(
+                "ffn_gate_exps.weight",
+                vec![h, s.moe_inter, e],
+                pick("ffn_gate_exps.weight", Some(i)),
+            ),
+            t(
+                "ffn_up_exps.weight",
+                vec![h, s.moe_inter, e],
+                pick("ffn_up_exps.weight", Some(i)),
+            ),
+            t(
+                "ffn_down_exps.weight",
+                vec![s.moe_inter, h, e],
+                pick("ffn_down_exps.weight", Some(i)),
+            ),
+        ]);
+    }
+    let arch = |k: &str| format!("qwen3moe.{k}");
+    let u32v = |v: usize| Value::U32(v as u32);
+    let metadata = vec![
+        (
+            "general.architecture".to_string(),
+            Value::String("qwen3moe".into()),
+        ),
+        (
+            "general.name".to_string(),
+            Value::String(format!(
+                "random Qwen3-MoE ({} layers, {} experts)",
+                s.layers, s.experts
+            )),
+        ),
+        ("general.file_type".to_string(), Value::U32(ftype)),
+        ("general.quantization_version".to_string(), Value::U32(2)),
+        (arch("block_count"), u32v(s.layers)),
+        (arch("context_length"), u32v(40960)),
+        (arch("embedding_length"), u32v(h)),
+        (arch("feed_forward_length"), u32v(6144)),
+        (arch("attention.head_count"), u32v(s.heads)),
+        (arch("attention.head_count_kv"), u32v(s.kv_heads)),
+        (arch("rope.freq_base"), Value::F32(1e6)),
+        (arch("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (arch("expert_used_count"), u32v(s.top_k)),
+        (arch("expert_count"), u32v(s.experts)),
+        (arch("attention.key_length"), u32v(s.head_dim)),
+        (arch("attention.value_length"), u32v(s.head_dim)),
+        (arch("expert_feed_forward_length"), u32v(s.moe_inter)),
+        (arch("vocab_size"), u32v(s.vocab)),
+        (
+            "tokenizer.ggml.model".to_string(),
+            Value::String("none".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_string(),
+            Value::Array {
+                item: ValueType::String,
+                values: Vec::new(),
+            },
+        ),
+    ];
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let total: u64 = tensors
+        .iter()
+        .map(|t| t.size().expect("whole blocks"))
+        .sum();
+    eprintln!(
+        "writing {} ({:.2} GB, {} tensors)",
+        out.display(),
+        total as f64 / 1e9,
+        tensors.len()
+    );
+    let start = std::time::Instant::now();
+    let mut rng = Rng(0x5eed_0001);
+    let specs = tensors.clone();
+    write_file(&out, &metadata, &tensors, |i, w: &mut dyn Write| {
+        let t = &specs[i];
+        let elements: u64 = t.dims.iter().product();
+        if t.ty == GgmlType::F32 {
+            let router = t.name.ends_with("ffn_gate_inp.weight");
+            let mut buf = Vec::with_capacity(4 * elements as usize);
+            for _ in 0..elements {
+                let v = if router {
+                    rng.normal() / (h as f32).sqrt()
+                } else {
+                    1.0
+                };
+                buf.extend_from_slice(&v.to_le_bytes());
+            }
+            return w.write_all(&buf);
+        }
+        let blocks = elements / t.ty.block().0 as u64;
+        let mut buf = Vec::with_capacity(1 << 22);
+        for _ in 0..blocks {
+            block(t.ty, 0.02, &mut rng, &mut buf);
+            if buf.len() >= 1 << 22 {
+                w.write_all(&buf)?;
+                buf.clear();
+            }
+        }
+        w.write_all(&buf)
+    })
+    .map_err(|e| std::io::Error::other(e.to_string()))?;
+    eprintln!("done in {:.1} s", start.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -27,7 +27,7 @@ proptest! {
     fn the_simulators_slots_count_the_engines_hits_and_misses(
         (layers, experts, slots, forwards) in streams()
     ) {
-        let layout = ExpertLayout { hidden: 16, intermediate: 16, dtype: WeightDtype::F32 };
+        let layout = ExpertLayout { hidden: 16, intermediate: 16, dtype: WeightDtype::F32, quant_bytes: None };
         let store = RamStore::new(layout, layers, experts);
         let mut cache =
             ExpertCache::new(Box::new(store), layers, experts, slots, CacheMode::Lru).unwrap();

@@ -10,7 +10,12 @@ use specfit_gguf::GgmlType;
 
 fn main() {
     let (n, k) = (768usize, 2048usize);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q5_0] {
+    for ty in [
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q5_0,
+    ] {
         let (elems, bytes) = ty.block();
         let mut state = 1u64;
         let src: Vec<u8> = (0..n * (k / elems) * bytes)

@@ -268,7 +268,11 @@ fn main() -> std::io::Result<()> {
         // independently at every layer, as random routing would (with 0.02 everywhere, the
         // layers' outputs swamped the embedding and every token was routed alike: 86% hits at 8
         // of 128 slots).
-        let std = if t.name == "token_embd.weight" { 1.0 } else { 0.002 };
+        let std = if t.name == "token_embd.weight" {
+            1.0
+        } else {
+            0.002
+        };
         let mut buf = Vec::with_capacity(1 << 22);
         for _ in 0..blocks {
             block(t.ty, std, &mut rng, &mut buf);

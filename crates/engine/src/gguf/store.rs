@@ -1,9 +1,9 @@
 //! Routed experts streamed straight from a GGUF file: expert `e` of a layer is one contiguous
-//! byte range in each of the layer's `ffn_{gate,up,down}_exps` stacks, read with O_DIRECT (the
-//! 4 KiB-aligned cover of the range) into a bounce buffer, checked against its CRC32C, decoded
-//! and repacked into the slot's panel layout. No conversion step and no second copy on disk; the
-//! price is decoding on the I/O threads (kernels that run on quantized slots directly are future
-//! work). GGUF carries no checksums, so the first use of a file writes a sidecar
+//! byte range in each of the layer's `ffn_{gate,up,down}_exps` stacks, read (the 4 KiB-aligned
+//! cover of the range, with O_DIRECT unless the file fits in memory) into a bounce buffer, checked
+//! against its CRC32C, and repacked into the slot's quantized panels (or decoded, when a storage
+//! dtype is forced). No conversion step and no second copy on disk; the price is the repack on the
+//! I/O threads (kernels that run on the GGUF blocks as stored are future work). GGUF carries no checksums, so the first use of a file writes a sidecar
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
 
@@ -120,13 +120,17 @@ impl GgufStore {
             .map_or(0, |t| t.dims[2] as usize);
         let checksums = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
-        let (file, direct) = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&path)
-        {
-            Ok(f) => (f, true),
-            Err(_) => (plain, false),
+        let (file, direct) = if !bypass_page_cache(tensors.file().len()) {
+            (plain, false)
+        } else {
+            match OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(&path)
+            {
+                Ok(f) => (f, true),
+                Err(_) => (plain, false),
+            }
         };
         Ok(GgufStore {
             path,
@@ -256,6 +260,26 @@ fn checksums(
     Ok(sidecar.crc32c)
 }
 
+/// Whether reads of a GGUF of `bytes` should bypass the page cache: yes when the file would take
+/// more than three quarters of the memory available now (the page cache would thrash, as
+/// llama.cpp's mmap does on such files); no when it fits, so that the page cache serves as a
+/// second cache level behind the slots. `SPECFIT_GGUF_DIRECT=1|0` decides instead.
+fn bypass_page_cache(bytes: u64) -> bool {
+    match std::env::var("SPECFIT_GGUF_DIRECT").as_deref() {
+        Ok("1") => return true,
+        Ok("0") => return false,
+        _ => {}
+    }
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    available.is_none_or(|a| bytes > a / 4 * 3)
+}
+
 /// Reads into `buf` from `offset` until it is full or the file ends; returns the bytes read.
 fn read_at_most(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
     let mut done = 0;
@@ -310,7 +334,7 @@ impl ExpertStore for GgufStore {
         if self.direct {
             "disk (GGUF, O_DIRECT)"
         } else {
-            "disk (GGUF, buffered)"
+            "disk (GGUF, page cache)"
         }
     }
 }

@@ -260,14 +260,25 @@ pub fn measure_rows(
     }
     // Plain steps with every expert copied (the no-cache end of the sweep) tell the per-layer
     // read latency apart from the per-copy cost.
-    let mut cleared = cache.sibling(usize::MAX, specfit_engine::CacheMode::ClearEveryForward)?;
+    // (Emptied every forward, so the slots of the cache being measured are enough.)
+    let mut cleared = cache.sibling(
+        cache.slots_per_layer(),
+        specfit_engine::CacheMode::ClearEveryForward,
+    )?;
     for prompt in prompts.iter().skip(1).step_by(3) {
         m.plain
             .extend(plain_steps(model, &mut cleared, prompt, 16)?);
     }
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
-    let mut resident = cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru)?;
+    let mut resident = match cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru) {
+        Ok(c) => c,
+        Err(e @ specfit_engine::EngineError::SlotMemory { .. }) => {
+            eprintln!("all-resident probes skipped ({e}): hits are then fitted from the cached probes alone");
+            return Ok(m);
+        }
+        Err(e) => return Err(e.into()),
+    };
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
         // A first pass reads the prompt's experts in; the second's forwards are then (almost
         // all) all-resident, and only those are kept.

@@ -86,6 +86,15 @@ pub enum EngineError {
     ExpertStore { reason: String },
     #[error("slots per layer = {slots}: need at least 1 (clear the cache every forward for the vanilla mode)")]
     TooFewSlots { slots: usize },
+    #[error(
+        "cannot allocate {:.1} GiB for {slots} expert slots in each of {layers} MoE layers; use fewer slots",
+        *bytes as f64 / (1u64 << 30) as f64
+    )]
+    SlotMemory {
+        slots: usize,
+        layers: usize,
+        bytes: usize,
+    },
     #[error("the prompt is empty: decoding needs at least one prompt token")]
     EmptyPrompt,
     #[error("this prefix was prefilled without a drafter; speculative decoding needs Prefix::new with the drafter")]

@@ -39,11 +39,23 @@ impl AlignedBuf {
     /// BENCHMARKS.md, "Expert slots on huge pages"; `examples/cache_twins.rs`).
     pub fn huge_zeroed(len: usize) -> AlignedBuf {
         let size = len.max(1).div_ceil(HUGE_PAGE) * HUGE_PAGE;
-        let layout = Layout::from_size_align(size, HUGE_PAGE).expect("valid layout");
+        match AlignedBuf::try_huge_zeroed(len) {
+            Some(b) => b,
+            None => std::alloc::handle_alloc_error(
+                Layout::from_size_align(size, HUGE_PAGE).expect("valid layout"),
+            ),
+        }
+    }
+
+    /// [`AlignedBuf::huge_zeroed`], or `None` when the memory cannot be had (a cache of more
+    /// slots than the machine holds), instead of aborting.
+    pub fn try_huge_zeroed(len: usize) -> Option<AlignedBuf> {
+        let size = len.max(1).div_ceil(HUGE_PAGE) * HUGE_PAGE;
+        let layout = Layout::from_size_align(size, HUGE_PAGE).ok()?;
         // SAFETY: `layout` has non-zero size.
         let ptr = unsafe { alloc(layout) };
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return None;
         }
         #[cfg(target_os = "linux")]
         if huge_pages_wanted() {
@@ -56,7 +68,7 @@ impl AlignedBuf {
         // Zeroing after the advice makes the first touch fault in huge pages.
         // SAFETY: `ptr` is valid for `size` bytes.
         unsafe { std::ptr::write_bytes(ptr, 0, size) };
-        AlignedBuf { ptr, len, layout }
+        Some(AlignedBuf { ptr, len, layout })
     }
 
     pub fn as_slice(&self) -> &[u8] {

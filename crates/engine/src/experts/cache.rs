@@ -196,7 +196,12 @@ impl ExpertCache {
         let s = slots_per_layer.min(experts);
         let layout = store.layout();
         let stride = padded(layout.bytes());
-        let data = AlignedBuf::huge_zeroed(layers * s * stride);
+        let bytes = layers * s * stride;
+        let data = AlignedBuf::try_huge_zeroed(bytes).ok_or(EngineError::SlotMemory {
+            slots: s,
+            layers,
+            bytes,
+        })?;
         let slots = (0..layers)
             .map(|_| Slots {
                 holds: vec![None; s],
@@ -712,5 +717,18 @@ mod tests {
             assert!(c.resident(1).is_empty());
             c.read_ahead(&[vec![0, 1, 2], vec![3, 4, 5]]);
         }
+    }
+
+    #[test]
+    fn a_cache_larger_than_memory_is_an_error_naming_its_size_not_an_abort() {
+        let layout = ExpertLayout {
+            hidden: 8,
+            intermediate: 4,
+            dtype: WeightDtype::F32,
+            quant_bytes: None,
+        };
+        let store = RamStore::new(layout, 1, 6);
+        let err = ExpertCache::new(Box::new(store), 1 << 32, 6, 6, CacheMode::Lru).unwrap_err();
+        assert!(err.to_string().contains("use fewer slots"), "{err}");
     }
 }

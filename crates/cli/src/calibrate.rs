@@ -260,9 +260,10 @@ pub fn measure_rows(
     }
     // Plain steps with every expert copied (the no-cache end of the sweep) tell the per-layer
     // read latency apart from the per-copy cost.
-    // (Emptied every forward, so the slots of the cache being measured are enough.)
+    // (Emptied every forward, so a few slots are enough: a one-token step needs top-k, and a
+    // full cache's worth again would double the memory of a large model.)
     let mut cleared = cache.sibling(
-        cache.slots_per_layer(),
+        cache.slots_per_layer().min(16),
         specfit_engine::CacheMode::ClearEveryForward,
     )?;
     for prompt in prompts.iter().skip(1).step_by(3) {

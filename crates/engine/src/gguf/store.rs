@@ -143,15 +143,6 @@ impl GgufStore {
         })
     }
 
-    /// Whether reads bypass the page cache.
-    pub fn is_direct(&self) -> bool {
-        self.direct
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The `elements` values of MoE layer `layer`'s expert `expert`'s matrix `which` (0 gate,
     /// 1 up, 2 down), read, checked and decoded.
     fn read_part(

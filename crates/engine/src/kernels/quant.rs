@@ -90,22 +90,8 @@ impl QuantMatrix {
         QuantView::new(self.ty, self.n, self.k, &self.data)
     }
 
-    /// The GGUF type the matrix came from.
-    pub fn ggml_type(&self) -> GgmlType {
-        self.ty
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.data.len()
-    }
-
-    /// `out = x · Wᵀ` for `x` of `rows × k` (see [`super::PackedView::gemm`]).
-    pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.view().gemm(x, rows, out);
-    }
-
-    /// [`QuantMatrix::gemm`] compiled for `isa`, on the worker pool when `parallel`.
+    /// `out = x · Wᵀ` for `x` of `rows × k`, compiled for `isa`, on the worker pool when
+    /// `parallel` (see [`QuantView::gemm`]).
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
         self.view().gemm_with(isa, x, rows, out, parallel);
     }

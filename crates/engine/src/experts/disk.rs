@@ -227,6 +227,19 @@ pub fn convert(
     })
 }
 
+/// `path` opened again with O_DIRECT, or `plain` (the same file, buffered) where the filesystem
+/// refuses it; and whether reads bypass the page cache.
+pub(crate) fn open_direct(path: &Path, plain: File) -> (File, bool) {
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(f) => (f, true),
+        Err(_) => (plain, false),
+    }
+}
+
 /// Reads expert blocks from a disk file, with O_DIRECT where the filesystem allows it.
 pub struct DiskStore {
     path: PathBuf,
@@ -354,14 +367,7 @@ impl DiskStore {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let (file, direct) = match OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-        {
-            Ok(f) => (f, true),
-            Err(_) => (plain, false),
-        };
+        let (file, direct) = open_direct(path, plain);
         Ok(DiskStore {
             path: path.to_path_buf(),
             file,

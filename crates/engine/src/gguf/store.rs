@@ -7,14 +7,15 @@
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use specfit_gguf::GgmlType;
 
 use crate::error::EngineError;
 use crate::experts::aligned::AlignedBuf;
+use crate::experts::disk::open_direct;
 use crate::experts::{ExpertLayout, ExpertStore};
 use crate::gguf::GgufTensors;
 use crate::kernels::{WeightBuf, WeightDtype};
@@ -120,17 +121,10 @@ impl GgufStore {
             .map_or(0, |t| t.dims[2] as usize);
         let checksums = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
-        let (file, direct) = if !bypass_page_cache(tensors.file().len()) {
-            (plain, false)
+        let (file, direct) = if bypass_page_cache(tensors.file().len()) {
+            open_direct(&path, plain)
         } else {
-            match OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(&path)
-            {
-                Ok(f) => (f, true),
-                Err(_) => (plain, false),
-            }
+            (plain, false)
         };
         Ok(GgufStore {
             path,
@@ -151,17 +145,15 @@ impl GgufStore {
         elements: usize,
     ) -> Result<Vec<f32>, EngineError> {
         let part = self.parts[layer][which];
-        let bytes = self.read_raw((layer, expert, which))?;
+        let raw = self.read_raw((layer, expert, which))?;
         let mut out = vec![0.0f32; elements];
-        specfit_gguf::dequant::dequantize(part.ty, &bytes, &mut out).expect("type checked at open");
+        specfit_gguf::dequant::dequantize(part.ty, raw.bytes(), &mut out)
+            .expect("type checked at open");
         Ok(out)
     }
 
     /// The GGUF bytes of MoE layer `layer`'s expert `expert`'s matrix `which`, read and checked.
-    fn read_raw(
-        &self,
-        (layer, expert, which): (usize, usize, usize),
-    ) -> Result<Vec<u8>, EngineError> {
+    fn read_raw(&self, (layer, expert, which): (usize, usize, usize)) -> Result<Raw, EngineError> {
         let part = self.parts[layer][which];
         let start = part.offset + expert as u64 * part.per_expert;
         let end = start + part.per_expert;
@@ -180,9 +172,12 @@ impl GgufStore {
                 ),
             });
         }
-        let bytes = &buf.as_slice()[(start - lo) as usize..(end - lo) as usize];
+        let raw = Raw {
+            buf,
+            range: (start - lo) as usize..(end - lo) as usize,
+        };
         let want = self.checksums[(layer * self.experts + expert) * 3 + which];
-        let got = crc32c::crc32c(bytes);
+        let got = crc32c::crc32c(raw.bytes());
         if got != want {
             return Err(EngineError::ExpertStore {
                 reason: format!(
@@ -193,7 +188,19 @@ impl GgufStore {
                 ),
             });
         }
-        Ok(bytes.to_vec())
+        Ok(raw)
+    }
+}
+
+/// The bytes of one read: the aligned cover and where the wanted range lies in it.
+struct Raw {
+    buf: AlignedBuf,
+    range: std::ops::Range<usize>,
+}
+
+impl Raw {
+    fn bytes(&self) -> &[u8] {
+        &self.buf.as_slice()[self.range.clone()]
     }
 }
 
@@ -299,7 +306,11 @@ impl ExpertStore for GgufStore {
             let (gate, up, down) = (gate?, up?, down?);
             let ty = |w: usize| self.parts[layer][w].ty;
             self.layout.write_quant_block(
-                [(ty(0), &gate), (ty(1), &up), (ty(2), &down)],
+                [
+                    (ty(0), gate.bytes()),
+                    (ty(1), up.bytes()),
+                    (ty(2), down.bytes()),
+                ],
                 &mut dst[..self.layout.bytes()],
             );
             return Ok(());

@@ -425,11 +425,7 @@ impl ExpertCache {
                 let wait = Instant::now();
                 let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
                 stats.wait_seconds += wait.elapsed().as_secs_f64();
-                let (l, s) = (tag / slot_count, tag % slot_count);
-                self.finish(l, s, seconds);
-                if result.is_err() {
-                    self.forget(l, s);
-                }
+                let (l, s) = self.finish(tag, result.is_err(), seconds);
                 if l == layer && awaited[s] {
                     arrived[s] = Some(result);
                 } else if error.is_none() {
@@ -522,37 +518,34 @@ impl ExpertCache {
         );
     }
 
-    /// Books a finished read into slot `s` of `layer`: the slot is readable (or emptied, if the
-    /// read failed: the caller sees the error).
-    fn finish(&mut self, layer: usize, s: usize, seconds: f64) {
+    /// Books the finished read tagged `tag` (`layer · S + slot`) and returns `(layer, slot)`:
+    /// the slot is readable, or emptied if the read failed (whoever waits for it sees the
+    /// error).
+    fn finish(&mut self, tag: usize, failed: bool, seconds: f64) -> (usize, usize) {
+        let slot_count = self.slots_per_layer().max(1);
+        let (layer, s) = (tag / slot_count, tag % slot_count);
         self.in_flight -= 1;
         self.slots[layer].loading[s] = false;
         self.stats.per_layer[layer].copy_seconds += seconds;
         self.stats.total.copy_seconds += seconds;
+        if failed {
+            self.forget(layer, s);
+        }
+        (layer, s)
     }
 
     /// Books every read that has finished by now, without waiting.
     fn absorb_finished(&mut self) {
-        let slot_count = self.slots_per_layer().max(1);
         while let Ok((tag, result, seconds)) = self.done_rx.try_recv() {
-            let (l, s) = (tag / slot_count, tag % slot_count);
-            self.finish(l, s, seconds);
-            if result.is_err() {
-                self.forget(l, s);
-            }
+            self.finish(tag, result.is_err(), seconds);
         }
     }
 
     /// Waits for every read in flight (before the slots are emptied, moved or freed).
     fn settle(&mut self) {
-        let slot_count = self.slots_per_layer().max(1);
         while self.in_flight > 0 {
             let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
-            let (l, s) = (tag / slot_count, tag % slot_count);
-            self.finish(l, s, seconds);
-            if result.is_err() {
-                self.forget(l, s);
-            }
+            self.finish(tag, result.is_err(), seconds);
         }
     }
 

@@ -234,66 +234,23 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
 /// A random EAGLE-3 drafter that fits the tiny GGUF target (hidden 256, vocabulary 4,096, its
 /// three taps all at layer 1 of 2), written to a temporary folder.
 fn random_drafter() -> PathBuf {
-    use safetensors::tensor::{Dtype, TensorView};
     let dir = temp_dir("gguf-drafter");
-    let (h, heads, kv, d, im, v) = (256usize, 4usize, 2usize, 64usize, 512usize, 4096usize);
-    let shapes: Vec<(&str, Vec<usize>)> = vec![
-        ("fc.weight", vec![h, 3 * h]),
-        ("midlayer.hidden_norm.weight", vec![h]),
-        ("midlayer.input_layernorm.weight", vec![h]),
-        ("midlayer.self_attn.q_proj.weight", vec![heads * d, 2 * h]),
-        ("midlayer.self_attn.k_proj.weight", vec![kv * d, 2 * h]),
-        ("midlayer.self_attn.v_proj.weight", vec![kv * d, 2 * h]),
-        ("midlayer.self_attn.o_proj.weight", vec![h, heads * d]),
-        ("midlayer.post_attention_layernorm.weight", vec![h]),
-        ("midlayer.mlp.gate_proj.weight", vec![im, h]),
-        ("midlayer.mlp.up_proj.weight", vec![im, h]),
-        ("midlayer.mlp.down_proj.weight", vec![h, im]),
-        ("norm.weight", vec![h]),
-        ("lm_head.weight", vec![v, h]),
-    ];
-    let mut state = 7u64;
-    let data: Vec<Vec<u8>> = shapes
-        .iter()
-        .map(|(name, shape)| {
-            let n: usize = shape.iter().product();
-            (0..n)
-                .flat_map(|_| {
-                    state = state
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let u = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-                    let v = if name.ends_with("norm.weight") {
-                        1.0 + 0.1 * u
-                    } else {
-                        0.1 * u
-                    };
-                    v.to_le_bytes()
-                })
-                .collect()
-        })
-        .collect();
-    let views: Vec<(String, TensorView<'_>)> = shapes
-        .iter()
-        .zip(&data)
-        .map(|((name, shape), bytes)| {
-            (
-                name.to_string(),
-                TensorView::new(Dtype::F32, shape.clone(), bytes).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "num_hidden_layers": 1, "hidden_size": h, "intermediate_size": im,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": d,
-        "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-        "max_position_embeddings": 4096, "vocab_size": v, "draft_vocab_size": v,
-        "tie_word_embeddings": false,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 0, 0]},
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    specfit_engine::model::random_eagle3::RandomEagle3 {
+        hidden: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        intermediate: 512,
+        vocab: 4096,
+        draft_vocab: 4096,
+        taps: Some([0, 0, 0]),
+        max_positions: 4096,
+        bf16: false,
+        scale: 0.1,
+        seed: 7,
+    }
+    .write(&dir)
+    .unwrap();
     dir
 }
 

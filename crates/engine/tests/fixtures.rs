@@ -548,12 +548,7 @@ fn a_corrupt_block_in_an_expert_file_is_an_error_naming_its_layer_and_expert() {
     let (model, mut cache) =
         specfit_engine::load_target(&dir, &Tier::Disk(file.clone()), 2, CacheMode::Lru, None)
             .unwrap();
-    let cfg = model.config();
-    let all: Vec<u32> = (0..cfg.num_experts as u32).collect();
-    let errors: Vec<String> = (0..cfg.moe_layers().len())
-        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
-        .map(|e| e.to_string())
-        .collect();
+    let errors = errors_reading_every_expert(&model, &mut cache);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
         errors[0].contains("MoE layer 1 expert 3 is corrupt"),

@@ -345,11 +345,7 @@ fn a_corrupt_expert_in_a_gguf_is_caught_by_the_checksum_sidecar_and_named() {
     }
     std::fs::write(&path, &bytes).unwrap();
     let (model, mut cache) = open().unwrap();
-    let all: Vec<u32> = (0..model.config().num_experts as u32).collect();
-    let errors: Vec<String> = (0..2)
-        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
-        .map(|e| e.to_string())
-        .collect();
+    let errors = errors_reading_every_expert(&model, &mut cache);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
         errors[0].contains("MoE layer 1 expert 3 (up) is corrupt"),

@@ -56,6 +56,17 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// The errors of reading every expert of every MoE layer of `model` through `cache`, one call
+/// per layer (a check that corrupt blocks are caught and named).
+pub fn errors_reading_every_expert(model: &Qwen3Moe, cache: &mut ExpertCache) -> Vec<String> {
+    let cfg = model.config();
+    let all: Vec<u32> = (0..cfg.num_experts as u32).collect();
+    (0..cfg.moe_layers().len())
+        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
+        .map(|e| e.to_string())
+        .collect()
+}
+
 /// The fixture target the tiny drafter was made for.
 pub fn target_dir() -> PathBuf {
     root().join("fixtures/qwen3moe/eagle_target")

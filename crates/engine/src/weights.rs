@@ -151,19 +151,22 @@ impl Checkpoint {
         name: &str,
         shape: &[usize],
     ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
-        let found = self.peek_quantized(name, shape)?;
+        let found = self
+            .peek_quantized(name, shape)?
+            .map(|(ty, bytes)| (ty, bytes.to_vec()));
         if found.is_some() {
             self.taken.insert(name.to_string());
         }
         Ok(found)
     }
 
-    /// [`Checkpoint::take_quantized`] without marking the tensor used.
+    /// [`Checkpoint::take_quantized`] without marking the tensor used, borrowing the rows from
+    /// the mapped file.
     pub fn peek_quantized(
         &self,
         name: &str,
         shape: &[usize],
-    ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
+    ) -> Result<Option<(specfit_gguf::GgmlType, &[u8])>, EngineError> {
         let Some(g) = self.gguf.as_ref().filter(|_| self.keep_quantized) else {
             return Ok(None);
         };
@@ -172,7 +175,7 @@ impl Checkpoint {
         if specfit_gguf::dequant::int_groups(info.ty).is_none() {
             return Ok(None);
         }
-        let bytes = g.file().bytes(info)[range.start as usize..range.end as usize].to_vec();
+        let bytes = &g.file().bytes(info)[range.start as usize..range.end as usize];
         Ok(Some((info.ty, bytes)))
     }
 

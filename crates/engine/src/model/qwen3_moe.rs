@@ -356,7 +356,7 @@ impl Qwen3Moe {
         let norm = ck.take("model.norm.weight", &[h])?;
         let lm_head = if cfg.tie_word_embeddings && !ck.contains("lm_head.weight") {
             match ck.peek_quantized("model.embed_tokens.weight", &[v, h])? {
-                Some((ty, bytes)) => Linear::from_gguf(ty, &bytes, v, h).expect("integer form"),
+                Some((ty, bytes)) => Linear::from_gguf(ty, bytes, v, h).expect("integer form"),
                 None => Linear::from_weights(embed_tokens.view(), v, h),
             }
         } else {
@@ -575,17 +575,17 @@ fn quant_expert_bytes(
     Some(most)
 }
 
-/// A quantized block of one expert of a GGUF checkpoint.
-fn quant_expert_block(
+/// Writes the quantized block of one expert of a GGUF checkpoint into `out` (`layout.bytes()`).
+fn write_quant_expert_block(
     ck: &Checkpoint,
     layout: &ExpertLayout,
-    layer: usize,
-    e: usize,
-) -> Result<Vec<u8>, EngineError> {
+    (layer, e): (usize, usize),
+    out: &mut [u8],
+) -> Result<(), EngineError> {
     let (h, i) = (layout.hidden, layout.intermediate);
     let q = format!("model.layers.{layer}.mlp.experts.{e}");
     let part =
-        |proj: &str, shape: [usize; 2]| -> Result<(specfit_gguf::GgmlType, Vec<u8>), EngineError> {
+        |proj: &str, shape: [usize; 2]| -> Result<(specfit_gguf::GgmlType, &[u8]), EngineError> {
             Ok(ck
                 .peek_quantized(&format!("{q}.{proj}_proj.weight"), &shape)?
                 .expect("checked when the layout was made"))
@@ -595,12 +595,8 @@ fn quant_expert_block(
         part("up", [i, h])?,
         part("down", [h, i])?,
     );
-    let mut block = vec![0u8; layout.bytes()];
-    layout.write_quant_block(
-        [(gate.0, &gate.1), (up.0, &up.1), (down.0, &down.1)],
-        &mut block,
-    );
-    Ok(block)
+    layout.write_quant_block([gate, up, down], out);
+    Ok(())
 }
 
 /// Copies layer `layer`'s experts from the checkpoint into the store (block = gate | up | down,
@@ -616,12 +612,12 @@ fn load_experts(
     for e in 0..cfg.num_experts {
         if let Some(store) = store.as_deref_mut() {
             let layout = store.layout();
-            let bytes = if layout.quant_bytes.is_some() {
-                quant_expert_block(ck, &layout, layer, e)?
+            let block = store.block_mut(ordinal, e);
+            if layout.quant_bytes.is_some() {
+                write_quant_expert_block(ck, &layout, (layer, e), block)?;
             } else {
-                expert_block_bytes(ck, cfg, layer, e, ck.storage())?
-            };
-            store.block_mut(ordinal, e).copy_from_slice(&bytes);
+                block.copy_from_slice(&expert_block_bytes(ck, cfg, layer, e, ck.storage())?);
+            }
         }
         let q = format!("model.layers.{layer}.mlp.experts.{e}");
         ck.skip(&format!("{q}.gate_proj.weight"), &[i, h])?;

@@ -158,6 +158,15 @@ impl GgufTensors {
         Some((info, range))
     }
 
+    /// The GGUF stack (`[H or I, I or H, experts]`) holding MoE layer `layer`'s experts'
+    /// `proj` matrices (`"gate"`, `"up"` or `"down"`): one contiguous range per expert.
+    pub fn expert_stack(&self, layer: usize, proj: &str) -> Option<&TensorInfo> {
+        self.location(&format!(
+            "model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"
+        ))
+        .map(|(info, _)| info)
+    }
+
     /// `name` decoded to `f32`, row-major in its PyTorch shape.
     pub fn values(&self, name: &str) -> Result<Vec<f32>, EngineError> {
         let (info, range) = self

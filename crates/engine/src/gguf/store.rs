@@ -84,16 +84,15 @@ impl GgufStore {
     ) -> Result<GgufStore, EngineError> {
         let path = tensors.path().to_path_buf();
         let mut parts = Vec::with_capacity(moe_layers.len());
+        let mut experts = 0;
         for &layer in moe_layers {
-            let part = |proj: &str| -> Result<Part, EngineError> {
-                let name = format!("model.layers.{layer}.mlp.experts.0.{proj}_proj.weight");
-                let (info, range) =
-                    tensors
-                        .location(&name)
-                        .ok_or_else(|| EngineError::MissingTensor {
-                            name: name.clone(),
-                            searched: path.display().to_string(),
-                        })?;
+            let mut part = |proj: &str| -> Result<Part, EngineError> {
+                let info = tensors.expert_stack(layer, proj).ok_or_else(|| {
+                    EngineError::MissingTensor {
+                        name: format!("model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"),
+                        searched: path.display().to_string(),
+                    }
+                })?;
                 if !specfit_gguf::dequant::supports(info.ty) {
                     return Err(EngineError::Gguf {
                         path: path.clone(),
@@ -104,21 +103,15 @@ impl GgufStore {
                         },
                     });
                 }
+                experts = info.dims[2] as usize;
                 Ok(Part {
                     offset: tensors.file().absolute_offset(info),
-                    per_expert: range.end - range.start,
+                    per_expert: info.size / info.dims[2],
                     ty: info.ty,
                 })
             };
             parts.push([part("gate")?, part("up")?, part("down")?]);
         }
-        let experts = tensors
-            .file()
-            .header()
-            .tensors
-            .iter()
-            .find(|t| t.name.ends_with("ffn_gate_exps.weight"))
-            .map_or(0, |t| t.dims[2] as usize);
         let checksums = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
         let (file, direct) = if bypass_page_cache(tensors.file().len()) {

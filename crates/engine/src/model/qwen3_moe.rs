@@ -564,11 +564,7 @@ fn quant_expert_bytes(
     let g = ck.gguf()?;
     let mut most = 0;
     for layer in cfg.moe_layers() {
-        let ty = |proj: &str| {
-            g.ggml_type(&format!(
-                "model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"
-            ))
-        };
+        let ty = |proj: &str| g.expert_stack(layer, proj).map(|info| info.ty);
         let types = [ty("gate")?, ty("up")?, ty("down")?];
         most = most.max(layout.quant_block_len(types)?);
     }

@@ -89,12 +89,6 @@ impl QuantMatrix {
     pub fn view(&self) -> QuantView<'_> {
         QuantView::new(self.ty, self.n, self.k, &self.data)
     }
-
-    /// `out = x · Wᵀ` for `x` of `rows × k`, compiled for `isa`, on the worker pool when
-    /// `parallel` (see [`QuantView::gemm`]).
-    pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
-        self.view().gemm_with(isa, x, rows, out, parallel);
-    }
 }
 
 /// Quantized panels of an `n × k` matrix held elsewhere (e.g. in an expert slot).
@@ -244,13 +238,13 @@ mod tests {
                     for rows in [1, 2, 3, 4, 5, 8, 9, 17, 32] {
                         let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut state)).collect();
                         let (mut a, mut b) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-                        q.gemm_with(isa, &x, rows, &mut a, rows % 2 == 0);
+                        q.view().gemm_with(isa, &x, rows, &mut a, rows % 2 == 0);
                         f.view().gemm_with(isa, &x, rows, &mut b, false);
                         let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
                         assert!(same, "{} {isa:?} n {n} k {k} rows {rows}", ty.name());
                         // Row 0 alone gets the bits it gets inside the batch.
                         let mut alone = vec![0.0; n];
-                        q.gemm_with(isa, &x[..k], 1, &mut alone, false);
+                        q.view().gemm_with(isa, &x[..k], 1, &mut alone, false);
                         assert!(alone
                             .iter()
                             .zip(&a[..n])

@@ -178,29 +178,17 @@ impl Matrix {
         }
     }
 
-    /// `out = x · Wᵀ` for `rows × inp` → `rows × n`.
+    /// `out = x · Wᵀ` for `rows × inp` → `rows × n`, split over the worker pool when large.
     pub(crate) fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
-        self.gemm_maybe_serial(x, rows, out, true);
-    }
-
-    /// [`Matrix::gemm`], on the calling thread only unless `parallel`.
-    pub(crate) fn gemm_maybe_serial(
-        &self,
-        x: &[f32],
-        rows: usize,
-        out: &mut [f32],
-        parallel: bool,
-    ) {
-        let isa = crate::kernels::Isa::detected();
         match self {
-            Matrix::Float(m) => m.view().gemm_with(isa, x, rows, out, parallel),
-            Matrix::Quant(m) => m.gemm_with(isa, x, rows, out, parallel),
+            Matrix::Float(m) => m.gemm(x, rows, out),
+            Matrix::Quant(m) => m.view().gemm(x, rows, out),
             Matrix::Stack(parts) => {
                 let n: usize = parts.iter().map(|p| p.1).sum();
                 let mut at = 0;
                 for (m, w) in parts {
                     let mut part = vec![0.0f32; rows * w];
-                    m.gemm_maybe_serial(x, rows, &mut part, parallel);
+                    m.gemm(x, rows, &mut part);
                     for r in 0..rows {
                         out[r * n + at..r * n + at + w].copy_from_slice(&part[r * w..(r + 1) * w]);
                     }

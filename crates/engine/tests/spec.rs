@@ -427,10 +427,7 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 #[test]
 fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let tdir = target_dir();
-    let tmp = std::env::temp_dir().join(format!("specfit-spec-disk-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let file = tmp.join("experts.specfit");
-    specfit_engine::experts::convert(&tdir, &file, None).unwrap();
+    let file = fixture_expert_file("spec-disk");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
@@ -468,7 +465,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
         assert!(got.copies.misses > 0);
         disk.verify_slots().unwrap();
     }
-    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
 
 #[test]
@@ -477,10 +474,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
     let tdir = target_dir();
-    let tmp = std::env::temp_dir().join(format!("specfit-spec-ahead-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
-    let file = tmp.join("experts.specfit");
-    specfit_engine::experts::convert(&tdir, &file, None).unwrap();
+    let file = fixture_expert_file("spec-ahead");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
@@ -525,7 +519,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
         assert!(c.ahead_used <= c.read_ahead);
         disk.verify_slots().unwrap();
     }
-    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
 
 #[test]

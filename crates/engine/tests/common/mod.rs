@@ -77,6 +77,14 @@ pub fn drafter_dir() -> PathBuf {
     root().join("fixtures/eagle3/tiny")
 }
 
+/// The fixture target's experts converted to a disk expert file in a fresh temporary folder
+/// (`temp_dir(tag)/experts.specfit`).
+pub fn fixture_expert_file(tag: &str) -> PathBuf {
+    let file = temp_dir(tag).join("experts.specfit");
+    specfit_engine::experts::convert(&target_dir(), &file, None).unwrap();
+    file
+}
+
 /// The fixture target with its experts in RAM behind `slots` LRU slots per layer.
 pub fn fixture_target(slots: usize) -> (Qwen3Moe, ExpertCache) {
     specfit_engine::load_target(&target_dir(), &Tier::Ram, slots, CacheMode::Lru, None).unwrap()

@@ -153,6 +153,7 @@ pub fn run(args: &Args) -> Result<()> {
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         stop,
+        ..Default::default()
     };
     let mut out = std::io::stdout().lock();
     let mut ids = Vec::new();
@@ -238,6 +239,7 @@ fn run_spec(
         seed: args.seed,
         on_token: Some(stream_to_stdout(tokenizer.cloned())),
         read_ahead: args.read_ahead,
+        ..Default::default()
     };
     // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
     let saved = crate::paths::calibration(&args.target.model, crate::target::tier_key(cache));

@@ -54,6 +54,7 @@ fn main() {
         let options = GenerateOptions {
             max_tokens: 200,
             stop: stop.clone(),
+            ..Default::default()
         };
         let mut reference: Option<Vec<u32>> = None;
         for k in 0..caches {

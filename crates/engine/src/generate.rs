@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use crate::batch::{Batch, Logits};
+use crate::cancel::Cancel;
 use crate::error::EngineError;
 use crate::experts::{ExpertCache, LayerStats};
 use crate::kv::KvCache;
@@ -13,11 +14,13 @@ use crate::prefix::Prefix;
 use crate::sampling::Sampler;
 
 /// Settings of one generation.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GenerateOptions {
     pub max_tokens: usize,
     /// Stop after emitting any of these (the stop token is included in the output).
     pub stop: Vec<u32>,
+    /// Raised by someone else: stop after the token just emitted.
+    pub cancel: Cancel,
 }
 
 /// What a generation produced and what it cost.
@@ -137,7 +140,8 @@ fn decode(
     loop {
         report.tokens.push(next);
         on_token(next);
-        if report.tokens.len() >= options.max_tokens || options.stop.contains(&next) {
+        let done = report.tokens.len() >= options.max_tokens || options.stop.contains(&next);
+        if done || options.cancel.is_cancelled() {
             break;
         }
         let out = model.forward(&Batch::causal(&[next]), &mut kv, experts)?;

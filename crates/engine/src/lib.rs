@@ -11,6 +11,7 @@
 //! in one forward; the KV cache ([`kv::KvCache`]) truncates and compacts to the accepted path.
 
 pub mod batch;
+pub mod cancel;
 pub mod config;
 mod error;
 pub mod experts;
@@ -31,6 +32,7 @@ mod weights;
 use std::path::Path;
 
 pub use batch::{Batch, ForwardOutput, Logits, Mask};
+pub use cancel::Cancel;
 pub use config::{GenerationConfig, Qwen3MoeConfig};
 pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};

@@ -113,6 +113,12 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The checkpoint's Jinja chat template (`tokenizer_config.json`'s `chat_template`, or the
+    /// GGUF's `tokenizer.chat_template`), when it has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
     /// `prompt` as one user turn followed by the assistant's turn, in the checkpoint's ChatML
     /// format.
     pub fn chat_prompt(&self, prompt: &str) -> Result<String, EngineError> {

@@ -116,6 +116,7 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
             let options = GenerateOptions {
                 max_tokens: 8,
                 stop: vec![],
+                ..Default::default()
             };
             let got = generate(&model, &mut cache, &prompt, &mut sampler, &options, |_| {})
                 .unwrap()

@@ -22,6 +22,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let options = GenerateOptions {
         max_tokens: 24,
         stop: vec![],
+        ..Default::default()
     };
     for prompt in PROMPTS {
         for rule in [
@@ -161,6 +162,7 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
         &GenerateOptions {
             max_tokens: 3,
             stop: vec![],
+            ..Default::default()
         },
         |_| {},
     )

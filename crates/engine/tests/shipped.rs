@@ -88,6 +88,7 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
                 &GenerateOptions {
                     max_tokens: want.len(),
                     stop: vec![],
+                    ..Default::default()
                 },
                 |_| {},
             )

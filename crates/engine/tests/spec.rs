@@ -549,6 +549,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
             &GenerateOptions {
                 max_tokens: 40,
                 stop: vec![],
+                ..Default::default()
             },
             |_| {},
         )
@@ -613,5 +614,75 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
         let later = target.logits_of(&out.taps[0][r * h..(r + 1) * h]);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&later), bits(out.row(r)), "row {r}");
+    }
+}
+
+#[test]
+fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_output() {
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
+    let prompt = [1u32, 243, 56, 119, 188, 74];
+    let full = plain_tokens(
+        &target,
+        &mut cache,
+        &prompt,
+        Sampler::new(Sampling::Greedy, 0),
+        30,
+    );
+    // Plain decoding stops right after the token during which the flag went up.
+    let cancel = specfit_engine::Cancel::default();
+    let options = GenerateOptions {
+        max_tokens: 30,
+        cancel: cancel.clone(),
+        ..Default::default()
+    };
+    let mut seen = 0;
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let got = generate(&target, &mut cache, &prompt, &mut sampler, &options, |_| {
+        seen += 1;
+        if seen == 3 {
+            cancel.cancel();
+        }
+    })
+    .unwrap();
+    assert_eq!(got.tokens, full[..3]);
+    // Tree decoding finishes the cycle it is in, then stops.
+    for at in [1, 5] {
+        let cancel = specfit_engine::Cancel::default();
+        let raised = cancel.clone();
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        let options = SpecOptions {
+            max_tokens: 30,
+            cancel: cancel.clone(),
+            on_token: Some(specfit_engine::spec::TokenSink(std::sync::Arc::new(
+                move |_| {
+                    if count.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == at {
+                        raised.cancel();
+                    }
+                },
+            ))),
+            ..SpecOptions::default()
+        };
+        let got = generate_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Routes::None,
+            &prompt,
+            &mut TopK(7),
+            &options,
+        )
+        .unwrap();
+        assert!(
+            got.tokens.len() >= at && got.tokens.len() < 30,
+            "{at}: {got:?}"
+        );
+        assert_eq!(got.tokens, full[..got.tokens.len()]);
+        if at == 1 {
+            assert_eq!(
+                got.cycles, 0,
+                "raised by the prefill's token: no cycle runs"
+            );
+        }
     }
 }

@@ -483,6 +483,7 @@ fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result
         let options = GenerateOptions {
             max_tokens: s.max_tokens,
             stop: s.stop.clone(),
+            ..Default::default()
         };
         let mut sampler = Sampler::new(Sampling::Greedy, 0);
         let g = generate_from(

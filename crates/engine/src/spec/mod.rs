@@ -173,6 +173,8 @@ pub struct SpecOptions {
     /// ([`ExpertCache::read_ahead`]), so that the layers' reads overlap instead of waiting
     /// one layer at a time. Needs a route source; outputs are unchanged (only copies move).
     pub read_ahead: bool,
+    /// Raised by someone else: stop after the cycle (or plain step) in progress.
+    pub cancel: crate::cancel::Cancel,
 }
 
 /// A callback receiving committed tokens.
@@ -280,7 +282,10 @@ fn decode(
         Routes::Predictor(p) => (None, Some(p)),
     };
     let decode = Instant::now();
-    while report.tokens.len() < max_tokens && !stop.contains(&root) {
+    while report.tokens.len() < max_tokens
+        && !stop.contains(&root)
+        && !options.cancel.is_cancelled()
+    {
         let burst = rule.plain_steps();
         if burst > 0 {
             let t0 = Instant::now();
@@ -477,7 +482,8 @@ fn plain_burst(
 ) -> Result<u32, EngineError> {
     let h = target.config().hidden_size;
     for step in 0..burst {
-        if report.tokens.len() >= options.max_tokens || options.stop.contains(&root) {
+        let done = report.tokens.len() >= options.max_tokens || options.stop.contains(&root);
+        if done || options.cancel.is_cancelled() {
             break;
         }
         let at = kv.len();

@@ -106,6 +106,7 @@ pub fn plain_tokens(
     let options = GenerateOptions {
         max_tokens,
         stop: vec![],
+        ..Default::default()
     };
     generate(target, cache, prompt, &mut sampler, &options, |_| {})
         .unwrap()

@@ -12,6 +12,9 @@ use crate::error::EngineError;
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_template: Option<String>,
+    /// The texts of the beginning- and end-of-sequence tokens, for chat templates.
+    bos_token: Option<String>,
+    eos_token: Option<String>,
     path: PathBuf,
 }
 
@@ -51,22 +54,27 @@ impl Tokenizer {
             message: e.to_string(),
         })?;
         let config = dir.join("tokenizer_config.json");
-        let chat_template = if config.exists() {
+        let config: serde_json::Value = if config.exists() {
             let text = std::fs::read_to_string(&config).map_err(EngineError::io(&config))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| EngineError::Json {
-                    path: config.clone(),
-                    message: e.to_string(),
-                })?;
-            v.get("chat_template")
-                .and_then(|t| t.as_str())
-                .map(str::to_string)
+            serde_json::from_str(&text).map_err(|e| EngineError::Json {
+                path: config.clone(),
+                message: e.to_string(),
+            })?
         } else {
-            None
+            serde_json::Value::Null
+        };
+        // A special token is written as its text or as an added-token object with "content".
+        let special = |key: &str| {
+            let v = &config[key];
+            v.as_str()
+                .or_else(|| v["content"].as_str())
+                .map(str::to_string)
         };
         Ok(Tokenizer {
             inner,
-            chat_template,
+            chat_template: config["chat_template"].as_str().map(str::to_string),
+            bos_token: special("bos_token"),
+            eos_token: special("eos_token"),
             path,
         })
     }
@@ -82,7 +90,13 @@ impl Tokenizer {
             path: path.to_path_buf(),
             message: format!("the GGUF tokenizer: {e}"),
         })?;
+        let special = |key: &str| {
+            let id = file.header().get(key)?.as_u64()?;
+            inner.id_to_token(u32::try_from(id).ok()?)
+        };
         Ok(Tokenizer {
+            bos_token: special("tokenizer.ggml.bos_token_id"),
+            eos_token: special("tokenizer.ggml.eos_token_id"),
             inner,
             chat_template,
             path: path.to_path_buf(),
@@ -117,6 +131,17 @@ impl Tokenizer {
     /// GGUF's `tokenizer.chat_template`), when it has one.
     pub fn chat_template(&self) -> Option<&str> {
         self.chat_template.as_deref()
+    }
+
+    /// The text of the beginning-of-sequence token (`bos_token` of `tokenizer_config.json`, or
+    /// the GGUF's `tokenizer.ggml.bos_token_id`), when the model names one.
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    /// The text of the end-of-sequence token, when the model names one.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
     }
 
     /// `prompt` as one user turn followed by the assistant's turn, in the checkpoint's ChatML

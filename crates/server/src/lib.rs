@@ -1,0 +1,4 @@
+//! `specfit serve`: an OpenAI-compatible HTTP server over specfit's engine.
+pub mod chat;
+pub mod decoder;
+pub mod error;

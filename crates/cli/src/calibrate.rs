@@ -369,6 +369,31 @@ pub fn measure(
     Ok(file)
 }
 
+/// Measures a calibration with the shipped calibration prompts on a sibling of `base` (same tier
+/// and slots; `base` itself is untouched) and saves it atomically at `path`.
+pub fn measure_and_save(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    base: &ExpertCache,
+    tokenizer: &Tokenizer,
+    max_nodes: usize,
+    path: &Path,
+) -> Result<CalibrationJson> {
+    let prompts = default_prompts(tokenizer)?;
+    let mut cache = base.sibling(base.slots_per_layer(), specfit_engine::CacheMode::Lru)?;
+    let plan = Plan {
+        cycles: 32,
+        max_nodes,
+        shape: TreeShape::default(),
+        seed: 0,
+    };
+    let cal = measure(model, drafter, &mut cache, &prompts, &plan)?;
+    let json = serde_json::to_string_pretty(&cal)? + "\n";
+    write_atomic(path, json.as_bytes())?;
+    eprintln!("calibration -> {}", path.display());
+    Ok(cal)
+}
+
 /// `m` as JSON Lines: `specfit probe`'s output and `specfit calibrate --probes`'s input. Every
 /// row carries the cost fits' columns (`nodes`, `demand`, `ms`, `hits`, `misses`) plus what the
 /// replay and drafting fits need; `kind` marks resident verify forwards and plain steps.

@@ -13,6 +13,7 @@ mod probe;
 mod prompt;
 mod record;
 mod select;
+mod serve;
 mod simulate;
 mod synth;
 mod target;
@@ -46,6 +47,9 @@ enum Command {
     Simulate(simulate::Args),
     /// Fit the linear route predictor from routes recorded on the target.
     TrainPredictor(train_predictor::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming,
+    /// /v1/models, /health, /metrics) until SIGTERM or Ctrl-C.
+    Serve(serve::Args),
     /// Record the full draft pool at every position of a greedy output (a trace for replay).
     Record(record::Args),
     /// Measure verify forwards on this engine for `specfit calibrate`.
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         Command::Forward(args) => forward::run(&args),
         Command::Convert(args) => convert::run(&args),
         Command::Generate(args) => generate::run(&args),
+        Command::Serve(args) => serve::run(&args),
         Command::Probe(args) => probe::run(&args),
         Command::Record(args) => record::run(&args),
         Command::TrainPredictor(args) => train_predictor::run(&args),

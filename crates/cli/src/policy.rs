@@ -156,7 +156,7 @@ pub struct RuleSpec<'a> {
 }
 
 /// The verify rule of a policy: top-K for `ar`/`eagle3`, SpecFit's selector otherwise.
-pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn SpecRule>> {
+pub fn rule(spec: &RuleSpec<'_>, model: &Qwen3Moe) -> Result<Box<dyn SpecRule + Send>> {
     let residency = spec.policy == Policy::SpecfitResident;
     let objective = match spec.policy {
         Policy::Ar => return Ok(Box::new(TopK(0))),

@@ -113,3 +113,28 @@ pub fn tier_key(cache: &ExpertCache) -> &'static str {
         "ram"
     }
 }
+
+/// Converts a checkpoint's experts to the disk file when it does not exist yet or was written
+/// by an older build in another format (a GGUF file is its own expert store).
+pub fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
+    if specfit_engine::gguf::is_gguf(model) {
+        return Ok(());
+    }
+    let file = specfit_engine::default_expert_file(model);
+    if specfit_engine::experts::is_current_format(&file) {
+        return Ok(());
+    }
+    eprintln!(
+        "no expert file in this build's format at {}: converting the checkpoint first",
+        file.display()
+    );
+    let report = specfit_engine::experts::convert(model, &file, None)
+        .with_context(|| format!("converting {}", model.display()))?;
+    eprintln!(
+        "wrote {}: {} expert blocks, {:.1} MiB",
+        report.path.display(),
+        report.blocks,
+        report.bytes as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}

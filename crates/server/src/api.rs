@@ -153,17 +153,18 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
         Some(_) => return Err(ApiError::invalid(&at("role"), "role must be a string")),
         None => return Err(ApiError::invalid(&at("role"), "role is required")),
     };
-    let role =
-        match role {
-            "system" | "user" | "assistant" | "tool" => role,
-            "developer" => "system", // OpenAI's newer name for system instructions
-            other => return Err(ApiError::invalid(
+    let role = match role {
+        "system" | "user" | "assistant" | "tool" => role,
+        "developer" => "system", // OpenAI's newer name for system instructions
+        other => {
+            return Err(ApiError::invalid(
                 &at("role"),
                 format!(
                     "unknown role {other:?}: expected system, developer, user, assistant or tool"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let content = match m.get("content") {
         Some(Value::String(s)) => s.clone(),
         None | Some(Value::Null) if role == "assistant" => String::new(),

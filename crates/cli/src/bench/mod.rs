@@ -333,7 +333,7 @@ fn setup(args: &Args) -> Result<Setup> {
         }
     }
     if args.store == StoreArg::Disk {
-        ensure_expert_file(&args.model)?;
+        crate::target::ensure_expert_file(&args.model)?;
     }
     let target = TargetArgs {
         model: args.model.clone(),
@@ -390,31 +390,6 @@ fn setup(args: &Args) -> Result<Setup> {
     })
 }
 
-/// Converts the checkpoint's experts to the disk file when it does not exist yet or was written
-/// by an older build in another format.
-fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
-    if specfit_engine::gguf::is_gguf(model) {
-        return Ok(()); // a GGUF file is its own expert store
-    }
-    let file = specfit_engine::default_expert_file(model);
-    if specfit_engine::experts::is_current_format(&file) {
-        return Ok(());
-    }
-    eprintln!(
-        "no expert file in this build's format at {}: converting the checkpoint first",
-        file.display()
-    );
-    let report = specfit_engine::experts::convert(model, &file, None)
-        .with_context(|| format!("converting {}", model.display()))?;
-    eprintln!(
-        "wrote {}: {} expert blocks, {:.1} MiB",
-        report.path.display(),
-        report.blocks,
-        report.bytes as f64 / (1 << 20) as f64
-    );
-    Ok(())
-}
-
 /// The calibration: `--calibration`, else the one saved next to the model for this tier, else
 /// measured now (and saved there).
 fn calibration(
@@ -435,18 +410,8 @@ fn calibration(
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"
     );
-    let prompts = crate::calibrate::default_prompts(tokenizer)?;
-    let mut cache = base.sibling(base.slots_per_layer(), CacheMode::Lru)?;
-    let plan = crate::calibrate::Plan {
-        cycles: 32,
-        max_nodes: args.budget,
-        shape: specfit_engine::spec::TreeShape::default(),
-        seed: 0,
-    };
-    let cal = crate::calibrate::measure(model, drafter, &mut cache, &prompts, &plan)?;
-    let json = serde_json::to_string_pretty(&cal)? + "\n";
-    crate::files::write_atomic(&path, json.as_bytes())?;
-    eprintln!("calibration -> {}", path.display());
+    let cal =
+        crate::calibrate::measure_and_save(model, drafter, base, tokenizer, args.budget, &path)?;
     Ok((cal, path))
 }
 

@@ -1,0 +1,272 @@
+//! `specfit serve`: loads the target (and, for speculative policies, the drafter, its verify rule
+//! and route source) once, then hands them to the OpenAI-compatible server in `specfit-server`
+//! until SIGTERM or Ctrl-C.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use specfit_engine::spec::TreeShape;
+use specfit_engine::{Eagle3, GenerationConfig, Tokenizer};
+use specfit_server::{DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation};
+
+use crate::policy::{self, Policy, RouteChoice};
+use crate::target::{StoreArg, TargetArgs, WeightsArg};
+
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Hugging Face checkpoint directory or a llama.cpp GGUF file (qwen3moe); default: the
+    /// shipped target.
+    #[arg(long, default_value_os_t = crate::paths::target())]
+    model: PathBuf,
+    /// The id clients name in `model` (default: the model's directory or file name).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Where routed experts rest (disk: the expert file, converted first when missing; a GGUF
+    /// file is read in place).
+    #[arg(long, value_enum, default_value = "disk")]
+    store: StoreArg,
+    /// Expert slots per MoE layer (default: a quarter of the experts).
+    #[arg(long)]
+    slots: Option<usize>,
+    /// Storage dtype of the matrices (default: the checkpoint's).
+    #[arg(long, value_enum)]
+    weights: Option<WeightsArg>,
+    /// EAGLE-3 drafter directory (default: the shipped drafter; not loaded with --policy ar).
+    #[arg(long, default_value_os_t = crate::paths::drafter())]
+    drafter: PathBuf,
+    /// Which draft nodes to verify each cycle (`ar`: plain decoding, no drafter).
+    #[arg(long, value_enum, default_value = "specfit")]
+    policy: Policy,
+    /// K: draft nodes verified per cycle by eagle3, at most by the specfit policies.
+    #[arg(long = "max-nodes", default_value_t = 7)]
+    budget: usize,
+    /// Children per expanded draft node, and nodes expanded per level.
+    #[arg(long, default_value_t = 2)]
+    branching: usize,
+    /// Drafted levels.
+    #[arg(long, default_value_t = 5)]
+    levels: usize,
+    /// Cost calibration of the specfit policies (default: the one saved next to the model for
+    /// this tier, measured first — about 25 s on the shipped model — when there is none).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// λ of specfit-lambda in tokens per ms (default: the calibrated plain-decoding rate).
+    #[arg(long)]
+    lambda: Option<f64>,
+    /// Route source of the specfit policies: `predictor:FILE` (default: the shipped route
+    /// predictor), `atlas` (the target's routers on the pool, every expert also kept in RAM), or
+    /// `corrupt:P`.
+    #[arg(long)]
+    routes: Option<String>,
+    /// Read each verify forward's expected experts ahead (specfit policies).
+    #[arg(long)]
+    read_ahead: bool,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests that may wait while one is decoded; more are answered 429.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Largest request body, in bytes (413 beyond).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_body_bytes: usize,
+    /// Seconds a client has to send its whole request body (408 beyond).
+    #[arg(long, default_value_t = 30.0)]
+    body_timeout: f64,
+    /// Seconds requests in progress may run after SIGTERM before they are cancelled.
+    #[arg(long, default_value_t = 10.0)]
+    shutdown_grace: f64,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    ensure!(args.budget > 0, "--max-nodes must be positive");
+    ensure!(
+        args.branching > 0 && args.levels > 0,
+        "--branching and --levels must be positive"
+    );
+    for (name, secs) in [
+        ("--body-timeout", args.body_timeout),
+        ("--shutdown-grace", args.shutdown_grace),
+    ] {
+        ensure!(
+            secs.is_finite() && secs >= 0.0,
+            "{name} {secs} must be a number of seconds >= 0"
+        );
+    }
+    ensure!(
+        !args.read_ahead || args.policy.needs_routes(),
+        "--read-ahead needs a specfit policy (it reads ahead on the policy's routes)"
+    );
+    let route = match &args.routes {
+        Some(text) => RouteChoice::parse(text)?,
+        None => RouteChoice::Predictor(crate::paths::predictor()),
+    };
+    let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)
+        .with_context(|| format!("loading {}", args.model.display()))?;
+    let slots = args
+        .slots
+        .unwrap_or_else(|| crate::calibrate::default_slots(&cfg));
+    ensure!(
+        (1..=cfg.num_experts).contains(&slots),
+        "--slots {slots}: the model has {} experts per layer",
+        cfg.num_experts
+    );
+    if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
+        bail!("--calibration {} does not exist", path.display());
+    }
+    let tokenizer = Tokenizer::load(&args.model)?;
+    if args.store == StoreArg::Disk {
+        crate::target::ensure_expert_file(&args.model)?;
+    }
+    let target = TargetArgs {
+        model: args.model.clone(),
+        store: args.store,
+        experts: None,
+        slots: Some(slots),
+        clear_cache: false,
+        weights: args.weights,
+    };
+    let (model, cache) = target.load()?;
+    let served = served(args, &model, tokenizer.clone())?;
+    let speculation = if args.policy == Policy::Ar {
+        None
+    } else {
+        let drafter = Eagle3::load(&args.drafter, model.config())
+            .with_context(|| format!("loading the drafter {}", args.drafter.display()))?;
+        let routes = match (&route, args.policy.needs_routes()) {
+            (_, false) => DraftRoutes::None,
+            (RouteChoice::Predictor(path), true) => {
+                DraftRoutes::Predictor(Box::new(policy::load_predictor(path, &model, &drafter)?))
+            }
+            (RouteChoice::Atlas | RouteChoice::Corrupt(_), true) => {
+                DraftRoutes::Atlas(Box::new(policy::atlas_for(target.atlas()?, &route, 0)))
+            }
+        };
+        let calibration = if args.policy.needs_routes() {
+            Some(calibration(args, &model, &drafter, &cache, &tokenizer)?)
+        } else {
+            None
+        };
+        let lambda = match (args.lambda, &calibration) {
+            (Some(l), _) => l,
+            (None, Some(cal)) if args.policy == Policy::SpecfitLambda => {
+                policy::default_lambda(cal, &model)?
+            }
+            _ => 0.0,
+        };
+        let rule = policy::rule(
+            &policy::RuleSpec {
+                policy: args.policy,
+                budget: args.budget,
+                lambda,
+                beta_scale: 1.0,
+                calibration: calibration.as_ref(),
+            },
+            &model,
+        )?;
+        Some(Speculation {
+            drafter,
+            rule,
+            routes,
+            shape: TreeShape {
+                branching: args.branching,
+                levels: args.levels,
+            },
+            read_ahead: args.read_ahead,
+        })
+    };
+    let served = Served {
+        tree_positions: speculation.as_ref().map_or(0, |s| s.shape.levels),
+        ..served
+    };
+    let decoder = EngineDecoder::new(model, cache, speculation, args.policy.name());
+    let options = ServeOptions {
+        host: args.host.clone(),
+        port: args.port,
+        queue: args.queue,
+        limits: Limits {
+            max_body_bytes: args.max_body_bytes,
+            body_timeout: Duration::from_secs_f64(args.body_timeout),
+        },
+        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+    };
+    let (name, policy) = (served.name.clone(), served.policy.clone());
+    let tier = format!(
+        "{} store, {slots} slots/layer",
+        if args.store == StoreArg::Disk {
+            "disk"
+        } else {
+            "ram"
+        }
+    );
+    specfit_server::run(decoder, served, &options, |addr| {
+        eprintln!(
+            "specfit serve: listening on http://{addr} (model {name:?}, policy {policy}, {tier})"
+        );
+    })?;
+    eprintln!("specfit serve: stopped");
+    Ok(())
+}
+
+/// The model as clients see it: name, tokenizer, chat template, context and stop tokens.
+fn served(args: &Args, model: &specfit_engine::Qwen3Moe, tokenizer: Tokenizer) -> Result<Served> {
+    let cfg = model.config();
+    let name = match &args.served_model_name {
+        Some(n) => n.clone(),
+        None => args
+            .model
+            .file_stem()
+            .map_or_else(|| "specfit".into(), |s| s.to_string_lossy().into_owned()),
+    };
+    let template = specfit_server::chat::ChatTemplate::new(
+        tokenizer.chat_template(),
+        tokenizer.bos_token(),
+        tokenizer.eos_token(),
+    )?;
+    let stop_tokens: Vec<u32> = GenerationConfig::load(&args.model)?
+        .eos_token_id
+        .or(cfg.eos_token_id.clone())
+        .map(|t| t.to_vec())
+        .unwrap_or_default();
+    let mut chat_stop_tokens = stop_tokens.clone();
+    chat_stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
+    chat_stop_tokens.extend(tokenizer.eos_token().and_then(|t| tokenizer.token_id(t)));
+    chat_stop_tokens.dedup();
+    Ok(Served {
+        name,
+        template,
+        context: cfg.max_position_embeddings,
+        tree_positions: 0,
+        vocab: cfg.vocab_size,
+        stop_tokens,
+        chat_stop_tokens,
+        policy: args.policy.name().to_string(),
+        tokenizer,
+    })
+}
+
+/// `--calibration`, else the one saved next to the model for this tier, else measured now.
+fn calibration(
+    args: &Args,
+    model: &specfit_engine::Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &specfit_engine::ExpertCache,
+    tokenizer: &Tokenizer,
+) -> Result<specfit_selector::json::CalibrationJson> {
+    if let Some(path) = &args.calibration {
+        return policy::load_calibration(path, model);
+    }
+    let path = crate::paths::calibration(&args.model, crate::target::tier_key(cache));
+    if path.exists() {
+        return policy::load_calibration(&path, model);
+    }
+    eprintln!(
+        "no calibration at {}: measuring this machine's costs first (probe forwards)",
+        path.display()
+    );
+    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.budget, &path)
+}

@@ -1,0 +1,668 @@
+//! The HTTP side: routes, request bodies (size limit, read timeout), prompt building and context
+//! checks, queueing a job on the engine, and answering as one JSON body or as server-sent events.
+//! Every failure is an OpenAI-style error; nothing a client sends can make it panic.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use futures_util::StreamExt;
+use specfit_engine::{Cancel, Sampling, Tokenizer};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::api::{self, Endpoint, Params, Prompt};
+use crate::chat::ChatTemplate;
+use crate::decoder::{DecodeRequest, DecodeStats};
+use crate::error::ApiError;
+use crate::metrics::{Live, Metrics, Outcome};
+use crate::queue::{Engine, Event, Job, Refused};
+use crate::response::{self, Finish, Head};
+use crate::text::TextStream;
+
+/// The model as the API presents it.
+pub struct Served {
+    /// The `model` id clients name (`GET /v1/models`).
+    pub name: String,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    /// Positions the model has (`max_position_embeddings`).
+    pub context: usize,
+    /// Positions a decode needs past its output (the draft tree's levels).
+    pub tree_positions: usize,
+    pub vocab: usize,
+    /// End-of-sequence ids of completions; chat adds the template's end-of-turn token.
+    pub stop_tokens: Vec<u32>,
+    pub chat_stop_tokens: Vec<u32>,
+    /// The decoding policy, for responses and logs.
+    pub policy: String,
+}
+
+/// Limits on what a client may send.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// The whole body must arrive within this.
+    pub body_timeout: Duration,
+}
+
+/// Everything the handlers share.
+pub struct App {
+    pub served: Served,
+    pub engine: Engine,
+    pub metrics: Arc<Metrics>,
+    pub limits: Limits,
+    /// Set once shutdown began: new requests get 503.
+    pub draining: AtomicBool,
+    next_id: AtomicU64,
+    started: u64,
+}
+
+impl App {
+    pub fn new(served: Served, engine: Engine, metrics: Arc<Metrics>, limits: Limits) -> App {
+        App {
+            served,
+            engine,
+            metrics,
+            limits,
+            draining: AtomicBool::new(false),
+            next_id: AtomicU64::new(0),
+            started: unix_seconds(),
+        }
+    }
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(app)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut r = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body(),
+        )
+            .into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if self.status == 408 || self.status == 413 {
+            // The client may still be sending: do not read the rest.
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        r
+    }
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::request(
+        404,
+        format!("no route {} {}", req.method(), req.uri().path()),
+    )
+    .with_kind("not_found_error")
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::request(
+        405,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    if app.draining.load(Ordering::SeqCst) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "stopping"})),
+        )
+            .into_response();
+    }
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let live = Live {
+        queue_length: app.engine.queue_length(),
+        in_flight: app.engine.in_flight(),
+    };
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.metrics.render(live),
+    )
+        .into_response()
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": app.served.name,
+            "object": "model",
+            "created": app.started,
+            "owned_by": "specfit",
+            "max_model_len": app.served.context,
+        }],
+    }))
+    .into_response()
+}
+
+async fn chat(State(app): State<Arc<App>>, req: Request) -> Response {
+    generate(app, Endpoint::Chat, req).await
+}
+
+async fn completions(State(app): State<Arc<App>>, req: Request) -> Response {
+    generate(app, Endpoint::Completions, req).await
+}
+
+/// A request that is queued on the engine.
+struct Queued {
+    params: Params,
+    head: Head,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    events: UnboundedReceiver<Event>,
+    cancel: Cancel,
+    submitted: Instant,
+}
+
+async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request) -> Response {
+    match admit(&app, endpoint, req).await {
+        Err(e) => {
+            let outcome = if e.status == 429 || e.status == 503 {
+                Outcome::Refused
+            } else {
+                Outcome::Invalid
+            };
+            app.metrics.request(endpoint.name(), outcome);
+            e.into_response()
+        }
+        Ok(q) if q.params.stream => stream(app, q),
+        Ok(q) => whole(app, q).await,
+    }
+}
+
+/// Reads and checks the request, builds the prompt and queues it.
+async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, ApiError> {
+    if app.draining.load(Ordering::SeqCst) {
+        return Err(ApiError::busy(503, "the server is shutting down", 5));
+    }
+    let body = read_body(req, app.limits).await?;
+    let params = api::parse(endpoint, &body)?;
+    let served = &app.served;
+    if let Some(name) = params.model.as_deref().filter(|n| *n != served.name) {
+        return Err(ApiError {
+            param: Some("model".into()),
+            ..ApiError::request(
+                404,
+                format!(
+                    "the model {name:?} does not exist; this server serves {:?}",
+                    served.name
+                ),
+            )
+            .with_kind("not_found_error")
+            .with_code("model_not_found")
+        });
+    }
+    let prompt = prompt_ids(served, &params)?;
+    let max_tokens = fit_context(served, prompt.len(), params.max_tokens)?;
+    let stop = match endpoint {
+        Endpoint::Chat => served.chat_stop_tokens.clone(),
+        Endpoint::Completions => served.stop_tokens.clone(),
+    };
+    let sampling = if params.temperature == 0.0 {
+        Sampling::Greedy
+    } else {
+        Sampling::TopP {
+            temperature: params.temperature,
+            top_p: params.top_p,
+        }
+    };
+    let n = app.next_id.fetch_add(1, Ordering::Relaxed);
+    let request = DecodeRequest {
+        prompt: prompt.clone(),
+        max_tokens,
+        sampling,
+        seed: params.seed.unwrap_or_else(|| fresh_seed(n)),
+        stop,
+    };
+    let (events, receiver) = unbounded_channel();
+    let cancel = Cancel::default();
+    let job = Job {
+        request,
+        cancel: cancel.clone(),
+        events,
+    };
+    app.engine.submit(job).map_err(|r| match r {
+        Refused::Full => ApiError::busy(
+            429,
+            format!(
+                "the request queue is full ({} waiting); retry later",
+                app.engine.queue_length()
+            ),
+            1,
+        ),
+        Refused::Stopped => ApiError::busy(503, "the server is shutting down", 5),
+    })?;
+    let head = Head {
+        endpoint,
+        id: format!(
+            "{}-{:x}{n:06x}",
+            if endpoint == Endpoint::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            app.started
+        ),
+        created: unix_seconds(),
+        model: served.name.clone(),
+    };
+    Ok(Queued {
+        params,
+        head,
+        prompt,
+        max_tokens,
+        events: receiver,
+        cancel,
+        submitted: Instant::now(),
+    })
+}
+
+/// The body, at most `max_body_bytes`, all of it within `body_timeout`.
+async fn read_body(req: Request, limits: Limits) -> Result<Vec<u8>, ApiError> {
+    let too_large = || {
+        ApiError::request(
+            413,
+            format!(
+                "the request body is larger than {} bytes",
+                limits.max_body_bytes
+            ),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
+        return Err(too_large());
+    }
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    let mut stream = req.into_body().into_data_stream();
+    let mut body = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => {
+                return Err(ApiError::request(
+                    408,
+                    format!(
+                        "the request body did not arrive within {:?}",
+                        limits.body_timeout
+                    ),
+                ))
+            }
+            Ok(None) => return Ok(body),
+            Ok(Some(Err(e))) => {
+                return Err(ApiError::request(
+                    400,
+                    format!("reading the request body: {e}"),
+                ))
+            }
+            Ok(Some(Ok(chunk))) => {
+                if body.len() + chunk.len() > limits.max_body_bytes {
+                    return Err(too_large());
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
+    }
+}
+
+/// The prompt's token ids: the chat template rendered and tokenized, text tokenized, or ids
+/// checked against the vocabulary.
+fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
+    let encode = |text: &str, param: &str| {
+        served
+            .tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::invalid(param, format!("tokenizing: {e}")))
+    };
+    let ids = match &params.prompt {
+        Prompt::Chat { messages, kwargs } => {
+            encode(&served.template.render(messages, kwargs)?, "messages")?
+        }
+        Prompt::Text(text) => encode(text, "prompt")?,
+        Prompt::Ids(ids) => {
+            if let Some((i, t)) = ids
+                .iter()
+                .enumerate()
+                .find(|(_, &t)| t as usize >= served.vocab)
+            {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {t} at position {i} is outside the vocabulary ({} tokens)",
+                        served.vocab
+                    ),
+                ));
+            }
+            ids.clone()
+        }
+    };
+    if ids.is_empty() {
+        let param = if params.endpoint == Endpoint::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
+    }
+    Ok(ids)
+}
+
+/// `max_tokens` checked against the context (default: all the room left).
+fn fit_context(
+    served: &Served,
+    prompt: usize,
+    max_tokens: Option<usize>,
+) -> Result<usize, ApiError> {
+    let room = served
+        .context
+        .saturating_sub(prompt + served.tree_positions);
+    if room == 0 {
+        return Err(ApiError::invalid(
+            if max_tokens.is_some() { "messages" } else { "prompt" },
+            format!(
+                "the prompt is {prompt} tokens; this model's context is {} tokens{}, which leaves no room to generate",
+                served.context,
+                tree_note(served)
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    match max_tokens {
+        None => Ok(room),
+        Some(n) if n <= room => Ok(n),
+        Some(n) => Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({prompt} tokens) plus max_tokens {n} exceeds this model's context of {} tokens{}; use max_tokens {room} or less",
+                served.context,
+                tree_note(served)
+            ),
+        )
+        .with_code("context_length_exceeded")),
+    }
+}
+
+fn tree_note(served: &Served) -> String {
+    if served.tree_positions > 0 {
+        format!(
+            " ({} positions are kept for the draft tree)",
+            served.tree_positions
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// Why the output ended.
+fn finish(served: &Served, text: &TextStream, stats: &DecodeStats, q: &Queued) -> Finish {
+    let last = text.tokens().last();
+    let stop_tokens = match q.head.endpoint {
+        Endpoint::Chat => &served.chat_stop_tokens,
+        Endpoint::Completions => &served.stop_tokens,
+    };
+    if text.stopped() || last.is_some_and(|t| stop_tokens.contains(t)) {
+        Finish::Stop
+    } else if stats.completion_tokens >= q.max_tokens {
+        Finish::Length
+    } else {
+        Finish::Abort
+    }
+}
+
+/// Counts the request as cancelled unless it was marked finished (a dropped stream or handler).
+struct Tally {
+    app: Arc<App>,
+    endpoint: Endpoint,
+    outcome: Option<Outcome>,
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
+        self.app.metrics.request(self.endpoint.name(), outcome);
+    }
+}
+
+/// Waits for the whole output, then answers with one JSON body.
+async fn whole(app: Arc<App>, mut q: Queued) -> Response {
+    let mut tally = Tally {
+        app: app.clone(),
+        endpoint: q.head.endpoint,
+        outcome: None,
+    };
+    let served = &app.served;
+    let mut text = TextStream::new(q.params.stop.clone());
+    let mut out = String::new();
+    let mut first_token = None;
+    while let Some(event) = q.events.recv().await {
+        match event {
+            Event::Token(t) => {
+                first_token.get_or_insert_with(|| q.submitted.elapsed().as_secs_f64());
+                match text.push(&served.tokenizer, t) {
+                    Ok(piece) => out.push_str(&piece),
+                    Err(e) => return failed(&mut tally, &q, e),
+                }
+                if text.stopped() {
+                    q.cancel.cancel();
+                }
+            }
+            Event::Done(Err(e)) => return failed(&mut tally, &q, ApiError::internal(e)),
+            Event::Done(Ok(stats)) => {
+                match text.finish(&served.tokenizer) {
+                    Ok(rest) => out.push_str(&rest),
+                    Err(e) => return failed(&mut tally, &q, e),
+                }
+                let completion = text.tokens().len();
+                let finish = finish(served, &text, &stats, &q);
+                tally.outcome = Some(Outcome::Ok);
+                let body = response::whole(
+                    &q.head,
+                    response::Whole {
+                        text: &out,
+                        finish,
+                        usage: response::usage(&stats, completion),
+                        extension: response::extension(
+                            &served.policy,
+                            &stats,
+                            first_token.unwrap_or(0.0),
+                        ),
+                        token_ids: q
+                            .params
+                            .return_token_ids
+                            .then_some((&q.prompt[..], text.tokens())),
+                    },
+                );
+                return axum::Json(body).into_response();
+            }
+        }
+    }
+    failed(
+        &mut tally,
+        &q,
+        ApiError::internal("the decoding thread stopped"),
+    )
+}
+
+fn failed(tally: &mut Tally, q: &Queued, e: ApiError) -> Response {
+    q.cancel.cancel();
+    tally.outcome = Some(Outcome::Failed);
+    e.into_response()
+}
+
+/// Answers with server-sent events: a chunk per piece of text, the last chunk with the finish
+/// reason, the usage chunk when asked, then `[DONE]`. Dropping the stream (the client left)
+/// drops the receiver, which cancels the decode at its next token.
+fn stream(app: Arc<App>, q: Queued) -> Response {
+    let tally = Tally {
+        app: app.clone(),
+        endpoint: q.head.endpoint,
+        outcome: None,
+    };
+    let state = Streaming {
+        text: TextStream::new(q.params.stop.clone()),
+        q,
+        app,
+        tally,
+        first: true,
+        first_token: None,
+        done: false,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        let batch = s.next().await?;
+        Some((
+            futures_util::stream::iter(batch.into_iter().map(Ok::<_, Infallible>)),
+            s,
+        ))
+    })
+    .flatten();
+    Sse::new(events).into_response()
+}
+
+struct Streaming {
+    q: Queued,
+    app: Arc<App>,
+    text: TextStream,
+    tally: Tally,
+    first: bool,
+    first_token: Option<f64>,
+    done: bool,
+}
+
+impl Streaming {
+    /// The next events to send; None when the stream is over.
+    async fn next(&mut self) -> Option<Vec<SseEvent>> {
+        if self.done {
+            return None;
+        }
+        let usage_field = self.q.params.include_usage;
+        loop {
+            let Some(event) = self.q.events.recv().await else {
+                return Some(self.fail(ApiError::internal("the decoding thread stopped")));
+            };
+            match event {
+                Event::Token(t) => {
+                    self.first_token
+                        .get_or_insert_with(|| self.q.submitted.elapsed().as_secs_f64());
+                    let piece = match self.text.push(&self.app.served.tokenizer, t) {
+                        Ok(p) => p,
+                        Err(e) => return Some(self.fail(e)),
+                    };
+                    if self.text.stopped() {
+                        self.q.cancel.cancel();
+                    }
+                    if piece.is_empty() && !self.first {
+                        continue;
+                    }
+                    let c = response::chunk(&self.q.head, &piece, self.first, usage_field);
+                    self.first = false;
+                    return Some(vec![json_event(&c)]);
+                }
+                Event::Done(Err(e)) => return Some(self.fail(ApiError::internal(e))),
+                Event::Done(Ok(stats)) => return Some(self.end(&stats)),
+            }
+        }
+    }
+
+    fn end(&mut self, stats: &DecodeStats) -> Vec<SseEvent> {
+        self.done = true;
+        let served = &self.app.served;
+        let rest = match self.text.finish(&served.tokenizer) {
+            Ok(r) => r,
+            Err(e) => return self.fail(e),
+        };
+        let usage_field = self.q.params.include_usage;
+        let mut out = Vec::new();
+        if !rest.is_empty() || self.first {
+            out.push(json_event(&response::chunk(
+                &self.q.head,
+                &rest,
+                self.first,
+                usage_field,
+            )));
+        }
+        let finish = finish(served, &self.text, stats, &self.q);
+        let completion = self.text.tokens().len();
+        let ext = response::extension(&served.policy, stats, self.first_token.unwrap_or(0.0));
+        let ids = self.q.params.return_token_ids.then_some(self.text.tokens());
+        out.push(json_event(&response::last_chunk(
+            &self.q.head,
+            finish,
+            ext,
+            ids,
+            usage_field,
+        )));
+        if usage_field {
+            out.push(json_event(&response::usage_chunk(
+                &self.q.head,
+                response::usage(stats, completion),
+            )));
+        }
+        out.push(SseEvent::default().data("[DONE]"));
+        self.tally.outcome = Some(Outcome::Ok);
+        out
+    }
+
+    /// An error after the headers went out: an `error` event, then the end.
+    fn fail(&mut self, e: ApiError) -> Vec<SseEvent> {
+        self.done = true;
+        self.q.cancel.cancel();
+        self.tally.outcome = Some(Outcome::Failed);
+        vec![
+            SseEvent::default().data(e.body()),
+            SseEvent::default().data("[DONE]"),
+        ]
+    }
+}
+
+fn json_event(v: &serde_json::Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A seed for a request that gave none: differs between requests and between runs.
+fn fresh_seed(n: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    // splitmix64 of the clock and the request number
+    let mut z = nanos ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

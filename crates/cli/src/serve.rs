@@ -62,6 +62,10 @@ pub struct Args {
     /// Read each verify forward's expected experts ahead (specfit policies).
     #[arg(long)]
     read_ahead: bool,
+    /// Positions a request may use, prompt and output together (default and most: the model's
+    /// max_position_embeddings).
+    #[arg(long)]
+    max_model_len: Option<usize>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -236,10 +240,18 @@ fn served(args: &Args, model: &specfit_engine::Qwen3Moe, tokenizer: Tokenizer) -
     chat_stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
     chat_stop_tokens.extend(tokenizer.eos_token().and_then(|t| tokenizer.token_id(t)));
     chat_stop_tokens.dedup();
+    let context = cfg.max_position_embeddings;
+    let context = match args.max_model_len {
+        None => context,
+        Some(n) if (1..=context).contains(&n) => n,
+        Some(n) => {
+            bail!("--max-model-len {n} must be between 1 and the model's {context} positions")
+        }
+    };
     Ok(Served {
         name,
         template,
-        context: cfg.max_position_embeddings,
+        context,
         tree_positions: 0,
         vocab: cfg.vocab_size,
         stop_tokens,

@@ -52,6 +52,8 @@ pub struct Params {
     pub include_usage: bool,
     /// vLLM's extension: the prompt's and the output's token ids in the response.
     pub return_token_ids: bool,
+    /// vLLM's extension: do not stop at end-of-sequence tokens (for timing fixed lengths).
+    pub ignore_eos: bool,
 }
 
 /// Most stop sequences, as OpenAI allows.
@@ -120,6 +122,7 @@ pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Params, ApiError> {
         stream,
         include_usage,
         return_token_ids: boolean(&o, "return_token_ids")?.unwrap_or(false),
+        ignore_eos: boolean(&o, "ignore_eos")?.unwrap_or(false),
     })
 }
 
@@ -425,7 +428,7 @@ mod tests {
         assert_eq!(p.max_tokens, Some(9));
         assert_eq!((p.temperature, p.top_p, p.seed), (0.0, 0.5, Some(u64::MAX)));
         assert_eq!(p.stop, ["x", "y"]);
-        assert!(p.stream && p.include_usage && !p.return_token_ids);
+        assert!(p.stream && p.include_usage && !p.return_token_ids && !p.ignore_eos);
         assert_eq!(p.model.as_deref(), Some("m"));
     }
 

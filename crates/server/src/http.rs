@@ -225,6 +225,7 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
     let prompt = prompt_ids(served, &params)?;
     let max_tokens = fit_context(served, prompt.len(), params.max_tokens)?;
     let stop = match endpoint {
+        _ if params.ignore_eos => Vec::new(),
         Endpoint::Chat => served.chat_stop_tokens.clone(),
         Endpoint::Completions => served.stop_tokens.clone(),
     };
@@ -431,7 +432,8 @@ fn finish(served: &Served, text: &TextStream, stats: &DecodeStats, q: &Queued) -
         Endpoint::Chat => &served.chat_stop_tokens,
         Endpoint::Completions => &served.stop_tokens,
     };
-    if text.stopped() || last.is_some_and(|t| stop_tokens.contains(t)) {
+    let stop_token = !q.params.ignore_eos && last.is_some_and(|t| stop_tokens.contains(t));
+    if text.stopped() || stop_token {
         Finish::Stop
     } else if stats.completion_tokens >= q.max_tokens {
         Finish::Length

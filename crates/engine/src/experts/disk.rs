@@ -179,7 +179,7 @@ pub fn convert(
     };
     let json = serde_json::to_vec(&header).expect("serialisable");
     debug_assert!(16 + json.len() <= data_offset);
-    let tmp = out.with_extension("tmp");
+    let tmp = out.with_extension(format!("tmp.{}", std::process::id()));
     let write = || -> Result<u64, EngineError> {
         let file = File::create(&tmp).map_err(EngineError::io(&tmp))?;
         let mut w = BufWriter::with_capacity(1 << 20, file);

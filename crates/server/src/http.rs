@@ -617,18 +617,12 @@ impl Streaming {
         let completion = self.text.tokens().len();
         let ext = response::extension(&served.policy, stats, self.first_token.unwrap_or(0.0));
         let ids = self.q.params.return_token_ids.then_some(self.text.tokens());
-        out.push(json_event(&response::last_chunk(
-            &self.q.head,
-            finish,
-            ext,
-            ids,
-            usage_field,
-        )));
+        let usage = response::usage(stats, completion);
+        let inline = (!usage_field).then(|| usage.clone());
+        let last = response::last_chunk(&self.q.head, finish, ext, ids, inline);
+        out.push(json_event(&last));
         if usage_field {
-            out.push(json_event(&response::usage_chunk(
-                &self.q.head,
-                response::usage(stats, completion),
-            )));
+            out.push(json_event(&response::usage_chunk(&self.q.head, usage)));
         }
         out.push(SseEvent::default().data("[DONE]"));
         self.tally.outcome = Some(Outcome::Ok);

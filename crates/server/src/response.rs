@@ -144,16 +144,18 @@ pub fn chunk(head: &Head, text: &str, first: bool, with_usage_field: bool) -> Va
     c
 }
 
-/// The chunk that ends the choice: its finish reason, the `specfit` extension and, with
-/// `token_ids`, the output's ids.
+/// The chunk that ends the choice: its finish reason, the `specfit` extension, with
+/// `token_ids` the output's ids, and `usage` — null when a separate usage chunk follows
+/// (`stream_options.include_usage`, as OpenAI specifies), else the usage itself.
 pub fn last_chunk(
     head: &Head,
     finish: Finish,
     extension: Value,
     token_ids: Option<&[u32]>,
-    with_usage_field: bool,
+    usage: Option<Value>,
 ) -> Value {
-    let mut c = chunk(head, "", false, with_usage_field);
+    let mut c = chunk(head, "", false, true);
+    c["usage"] = usage.unwrap_or(Value::Null);
     let choice = &mut c["choices"][0];
     choice["finish_reason"] = finish.name().into();
     if head.endpoint == Endpoint::Chat {
@@ -176,4 +178,82 @@ pub fn usage_chunk(head: &Head, usage: Value) -> Value {
         "choices": [],
         "usage": usage,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(endpoint: Endpoint) -> Head {
+        Head {
+            endpoint,
+            id: "x-1".into(),
+            created: 7,
+            model: "m".into(),
+        }
+    }
+
+    fn stats() -> DecodeStats {
+        DecodeStats {
+            prompt_tokens: 5,
+            completion_tokens: 3,
+            cycles: 2,
+            committed: 2,
+            decode_seconds: 0.5,
+            ..DecodeStats::default()
+        }
+    }
+
+    #[test]
+    fn whole_responses_carry_the_choice_usage_and_extension_in_openai_shape() {
+        let w = |endpoint| {
+            whole(
+                &head(endpoint),
+                Whole {
+                    text: "hi",
+                    finish: Finish::Length,
+                    usage: usage(&stats(), 3),
+                    extension: extension("specfit", &stats(), 0.01),
+                    token_ids: Some((&[1, 2], &[3])),
+                },
+            )
+        };
+        let chat = w(Endpoint::Chat);
+        assert_eq!(chat["object"], "chat.completion");
+        assert_eq!(chat["choices"][0]["message"]["content"], "hi");
+        assert_eq!(chat["choices"][0]["finish_reason"], "length");
+        assert_eq!(chat["usage"]["total_tokens"], 8);
+        assert_eq!(chat["specfit"]["tokens_per_cycle"], 1.0);
+        assert_eq!(chat["specfit"]["decode_tokens_per_second"], 4.0);
+        assert_eq!(chat["choices"][0]["prompt_token_ids"], json!([1, 2]));
+        let text = w(Endpoint::Completions);
+        assert_eq!(text["object"], "text_completion");
+        assert_eq!(text["choices"][0]["text"], "hi");
+    }
+
+    #[test]
+    fn streamed_chunks_follow_openai_usage_rules() {
+        let h = head(Endpoint::Chat);
+        let first = chunk(&h, "a", true, false);
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        assert!(first.get("usage").is_none());
+        assert!(chunk(&h, "b", false, false)["choices"][0]["delta"]
+            .get("role")
+            .is_none());
+        // With include_usage: null on every choice chunk, then a usage chunk with no choices.
+        let last = last_chunk(&h, Finish::Stop, json!({}), None, None);
+        assert_eq!(last["usage"], Value::Null);
+        assert_eq!(last["choices"][0]["delta"], json!({}));
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        let u = usage_chunk(&h, usage(&stats(), 3));
+        assert_eq!(u["choices"], json!([]));
+        assert_eq!(u["usage"]["completion_tokens"], 3);
+        // Without it, the usage rides on the last chunk.
+        let last = last_chunk(&h, Finish::Stop, json!({}), None, Some(usage(&stats(), 3)));
+        assert_eq!(last["usage"]["prompt_tokens"], 5);
+        assert_eq!(
+            chunk(&head(Endpoint::Completions), "t", true, false)["object"],
+            "text_completion"
+        );
+    }
 }

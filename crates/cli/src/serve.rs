@@ -143,9 +143,14 @@ pub fn run(args: &Args) -> Result<()> {
             .with_context(|| format!("loading the drafter {}", args.drafter.display()))?;
         let routes = match (&route, args.policy.needs_routes()) {
             (_, false) => DraftRoutes::None,
-            (RouteChoice::Predictor(path), true) => {
-                DraftRoutes::Predictor(Box::new(policy::load_predictor(path, &model, &drafter)?))
-            }
+            (RouteChoice::Predictor(path), true) => DraftRoutes::Predictor(Box::new(
+                policy::load_predictor(path, &model, &drafter).with_context(|| {
+                    format!(
+                        "route predictor {} (the specfit policies' route source; for another model train one with `specfit train-predictor`, or pass --routes atlas)",
+                        path.display()
+                    )
+                })?,
+            )),
             (RouteChoice::Atlas | RouteChoice::Corrupt(_), true) => {
                 DraftRoutes::Atlas(Box::new(policy::atlas_for(target.atlas()?, &route, 0)))
             }

@@ -10,11 +10,14 @@ Servers (all on the shipped target, 2 threads):
   specfit-ar        specfit serve --policy ar --store ram               (plain decoding, experts in RAM)
   specfit-specfit   specfit serve                                       (the defaults: SpecFit, disk tier, 16 of 64 slots)
   specfit-eagle3    specfit serve --policy eagle3 --store ram           (EAGLE-3 tree, experts in RAM)
-  llama.cpp         python -m llama_cpp.server on the f32 GGUF of the same target (n_threads 2;
-                    --interrupt_requests False, else each new request cuts the stream in progress)
+  llama-server      llama.cpp's C++ server (tools/bench/build_llama_server.sh) on the f32 GGUF of
+                    the same target, 2 threads, one slot (one sequence at a time, as specfit)
+  llama-server-np4  the same with 4 parallel slots (continuous batching of 4 sequences)
+  llama-cpp-python  python -m llama_cpp.server on the same GGUF (n_threads 2; --interrupt_requests
+                    False, else each new request cuts the stream in progress)
 
-Completion tokens come from the `usage` a stream reports; llama-cpp-python's server reports none
-in streams, so there they are the count of content chunks (one per token). Resident memory is read
+Completion tokens come from the `usage` a stream reports; where a server reports none in streams
+they are the count of content chunks (one per token). Resident memory is read
 from /proc/PID/status (VmRSS after the load, VmHWM peak).
 
     tools/.venv/bin/python tools/bench/serve_load.py      # writes bench-results/serve_load.json
@@ -40,6 +43,7 @@ import httpx
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPECFIT = ROOT / "target/release/specfit"
+LLAMA_SERVER = ROOT / "bench-models/llama-server-build/bin/llama-server"
 GGUF = ROOT / "bench-models/target-gguf/target-f32.gguf"
 
 
@@ -55,7 +59,13 @@ def servers(port: int) -> dict[str, list[str]]:
         "specfit-ar": base + ["--policy", "ar", "--store", "ram"],
         "specfit-specfit": base,
         "specfit-eagle3": base + ["--policy", "eagle3", "--store", "ram"],
-        "llama.cpp": [sys.executable, "-m", "llama_cpp.server", "--model", str(GGUF),
+        "llama-server": [str(LLAMA_SERVER), "-m", str(GGUF), "--alias", "target", "-t", "2",
+                         "-tb", "2", "-c", "4096", "-np", "1", "--host", "127.0.0.1",
+                         "--port", str(port)],
+        "llama-server-np4": [str(LLAMA_SERVER), "-m", str(GGUF), "--alias", "target", "-t", "2",
+                             "-tb", "2", "-c", "16384", "-np", "4", "--host", "127.0.0.1",
+                             "--port", str(port)],
+        "llama-cpp-python": [sys.executable, "-m", "llama_cpp.server", "--model", str(GGUF),
                       "--model_alias", "target", "--n_threads", "2", "--n_threads_batch", "2",
                       "--n_ctx", "4096", "--interrupt_requests", "False", "--host", "127.0.0.1", "--port", str(port)],
     }
@@ -163,7 +173,7 @@ def run_server(name: str, cmd: list[str], port: int, args) -> dict:
         broken = [r for r in results if r["status"] == 0]
         tokens = sum(r["tokens"] for r in ok)
         row = {
-            "server": name, "command": " ".join(cmd[1:] if name == "llama.cpp" else cmd),
+            "server": name, "command": " ".join(cmd[1:] if name == "llama-cpp-python" else cmd),
             "clients": args.clients, "requests": len(results), "completed": len(ok),
             "refused": len(results) - len(ok) - len(broken), "broken": len(broken), "wall_s": wall,
             "requests_per_s": len(ok) / wall, "tokens_per_s": tokens / wall,
@@ -200,8 +210,11 @@ def main() -> None:
     for name in servers(0):
         if args.only and name not in args.only.split(","):
             continue
-        if name == "llama.cpp" and not GGUF.exists():
-            print(f"skipping llama.cpp: no {GGUF}", file=sys.stderr)
+        if name.startswith("llama") and not GGUF.exists():
+            print(f"skipping {name}: no {GGUF}", file=sys.stderr)
+            continue
+        if name.startswith("llama-server") and not LLAMA_SERVER.exists():
+            print(f"skipping {name}: build it with tools/bench/build_llama_server.sh", file=sys.stderr)
             continue
         port = free_port()
         rows.append(run_server(name, servers(port)[name], port, args))

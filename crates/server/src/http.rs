@@ -129,6 +129,11 @@ async fn method_not_allowed(req: Request) -> ApiError {
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
+    if !app.engine.is_alive() {
+        let body =
+            serde_json::json!({"status": "error", "message": "the engine stopped after a failure"});
+        return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+    }
     if app.draining.load(Ordering::SeqCst) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -260,6 +265,11 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
                 app.engine.queue_length()
             ),
             1,
+        ),
+        Refused::Stopped if !app.engine.is_alive() => ApiError::busy(
+            503,
+            "the engine stopped after a failure; the server needs a restart",
+            30,
         ),
         Refused::Stopped => ApiError::busy(503, "the server is shutting down", 5),
     })?;

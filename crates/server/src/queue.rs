@@ -44,6 +44,8 @@ pub struct Engine {
     waiting: Arc<AtomicUsize>,
     busy: Arc<AtomicUsize>,
     abort: Cancel,
+    /// Set when the decoding thread stopped after a panic.
+    dead: Arc<std::sync::atomic::AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -54,15 +56,28 @@ impl Engine {
         let waiting = Arc::new(AtomicUsize::new(0));
         let busy = Arc::new(AtomicUsize::new(0));
         let abort = Cancel::default();
-        let (w, b, a) = (waiting.clone(), busy.clone(), abort.clone());
+        let dead = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (w, b, a, d) = (waiting.clone(), busy.clone(), abort.clone(), dead.clone());
         let thread = std::thread::Builder::new()
             .name("specfit-decode".into())
             .spawn(move || {
                 while let Ok(job) = receiver.recv() {
                     b.store(1, Ordering::SeqCst);
                     w.fetch_sub(1, Ordering::SeqCst);
-                    run(&mut decoder, job, &a, &metrics);
+                    let events = job.events.clone();
+                    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run(&mut decoder, job, &a, &metrics)
+                    }));
                     b.store(0, Ordering::SeqCst);
+                    if decoded.is_err() {
+                        // The engine's state is unknown after a panic: answer this request,
+                        // then stop taking work (health turns 503, new requests get 503).
+                        let _ = events.send(Event::Done(Err(
+                            "the engine failed on this request and stopped".into(),
+                        )));
+                        d.store(true, Ordering::SeqCst);
+                        return;
+                    }
                 }
             })
             .expect("spawning the decoding thread");
@@ -71,6 +86,7 @@ impl Engine {
             waiting,
             busy,
             abort,
+            dead,
             thread: Mutex::new(Some(thread)),
         }
     }
@@ -92,6 +108,11 @@ impl Engine {
                 })
             }
         }
+    }
+
+    /// Whether the decoding thread is still taking work.
+    pub fn is_alive(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst)
     }
 
     /// Jobs waiting behind the one being decoded.

@@ -78,9 +78,10 @@ pub struct Args {
     /// Largest request body, in bytes (413 beyond).
     #[arg(long, default_value_t = 4 << 20)]
     max_body_bytes: usize,
-    /// Seconds a client has to send its whole request body (408 beyond).
+    /// Seconds a client has to send a request's headers (the connection is closed beyond), and
+    /// then its whole body (408 beyond).
     #[arg(long, default_value_t = 30.0)]
-    body_timeout: f64,
+    read_timeout: f64,
     /// Seconds requests in progress may run after SIGTERM before they are cancelled.
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace: f64,
@@ -93,7 +94,7 @@ pub fn run(args: &Args) -> Result<()> {
         "--branching and --levels must be positive"
     );
     for (name, secs) in [
-        ("--body-timeout", args.body_timeout),
+        ("--read-timeout", args.read_timeout),
         ("--shutdown-grace", args.shutdown_grace),
     ] {
         ensure!(
@@ -199,7 +200,7 @@ pub fn run(args: &Args) -> Result<()> {
         queue: args.queue,
         limits: Limits {
             max_body_bytes: args.max_body_bytes,
-            body_timeout: Duration::from_secs_f64(args.body_timeout),
+            read_timeout: Duration::from_secs_f64(args.read_timeout),
         },
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
     };

@@ -378,7 +378,7 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         "ar",
         "--max-body-bytes",
         "65536",
-        "--body-timeout",
+        "--read-timeout",
         "1",
     ]);
     let chat = server.url("/v1/chat/completions");
@@ -485,6 +485,18 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
     let (answer, took) = stalled_body(&server.base);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(took < Duration::from_secs(5), "{took:?}");
+    // A client that never finishes its headers has its connection closed.
+    let mut s = std::net::TcpStream::connect(server.base.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let start = Instant::now();
+    write!(s, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le").unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest); // returns when the server closes the connection
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
     // Still serving.
     let (status, v) = post(
         &chat,

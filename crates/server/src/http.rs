@@ -48,8 +48,9 @@ pub struct Served {
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_body_bytes: usize,
-    /// The whole body must arrive within this.
-    pub body_timeout: Duration,
+    /// A request's headers must arrive within this (else the connection is closed), and then
+    /// its whole body (else 408).
+    pub read_timeout: Duration,
 }
 
 /// Everything the handlers share.
@@ -298,7 +299,7 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
     })
 }
 
-/// The body, at most `max_body_bytes`, all of it within `body_timeout`.
+/// The body, at most `max_body_bytes`, all of it within `read_timeout`.
 async fn read_body(req: Request, limits: Limits) -> Result<Vec<u8>, ApiError> {
     let too_large = || {
         ApiError::request(
@@ -316,7 +317,7 @@ async fn read_body(req: Request, limits: Limits) -> Result<Vec<u8>, ApiError> {
     if declared.is_some_and(|n| n > limits.max_body_bytes as u64) {
         return Err(too_large());
     }
-    let deadline = tokio::time::Instant::now() + limits.body_timeout;
+    let deadline = tokio::time::Instant::now() + limits.read_timeout;
     let mut stream = req.into_body().into_data_stream();
     let mut body = Vec::new();
     loop {
@@ -326,7 +327,7 @@ async fn read_body(req: Request, limits: Limits) -> Result<Vec<u8>, ApiError> {
                     408,
                     format!(
                         "the request body did not arrive within {:?}",
-                        limits.body_timeout
+                        limits.read_timeout
                     ),
                 ))
             }

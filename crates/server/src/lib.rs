@@ -15,7 +15,7 @@ pub mod queue;
 pub mod response;
 pub mod text;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -76,22 +76,17 @@ pub async fn serve(
     let metrics = Arc::new(metrics::Metrics::default());
     let engine = queue::Engine::start(decoder, options.queue, metrics.clone());
     let app = Arc::new(http::App::new(served, engine, metrics, options.limits));
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let (tx, rx) = tokio::sync::watch::channel(false);
     let draining = app.clone();
-    let signal = async move {
+    tokio::spawn(async move {
         shutdown.await;
         draining.draining.store(true, Ordering::SeqCst);
         let _ = tx.send(true);
-    };
-    let server = axum::serve(listener, http::router(app.clone()))
-        .with_graceful_shutdown(signal)
-        .into_future();
-    tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => return finish(&app, r),
-        _ = rx.wait_for(|stopping| *stopping) => {}
-    }
-    if tokio::time::timeout(options.shutdown_grace, &mut server)
+    });
+    let connections = accept(listener, http::router(app.clone()), rx, options.limits).await;
+    let drained = connections.shutdown();
+    tokio::pin!(drained);
+    if tokio::time::timeout(options.shutdown_grace, &mut drained)
         .await
         .is_err()
     {
@@ -101,10 +96,46 @@ pub async fn serve(
         );
         app.engine.abort();
         // A cancelled decode ends within a cycle; its stream then closes.
-        let _ = tokio::time::timeout(Duration::from_secs(10), &mut server).await;
+        let _ = tokio::time::timeout(Duration::from_secs(10), &mut drained).await;
     }
     app.engine.abort();
     finish(&app, Ok(()))
+}
+
+/// Accepts HTTP/1.1 connections until `stop` turns true, each served by `router` with a bound on
+/// how long a client may take to send a request's headers (a client that opens connections and
+/// never finishes its headers cannot hold them forever). Returns the open connections, to be
+/// drained.
+async fn accept(
+    listener: tokio::net::TcpListener,
+    router: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    limits: Limits,
+) -> hyper_util::server::graceful::GracefulShutdown {
+    let connections = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.read_timeout.max(Duration::from_millis(100)));
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, then go on accepting.
+                    eprintln!("specfit serve: accepting a connection: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = stop.wait_for(|stopping| *stopping) => return connections,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = connections.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
 }
 
 fn finish(app: &http::App, result: std::io::Result<()>) -> Result<(), ServerError> {

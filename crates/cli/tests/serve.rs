@@ -682,7 +682,7 @@ async fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_disconnects_mid_stream_frees_the_engine_for_the_next_request() {
+async fn a_client_that_disconnects_streamed_or_not_frees_the_engine_for_the_next_request() {
     let server = Server::start(&["--policy", "specfit", "--calibration", calibration()]);
     let body = json!({"model": "target", "prompt": "Once upon a time", "max_tokens": 3000,
         "temperature": 0.9, "seed": 1, "stream": true, "ignore_eos": true});
@@ -722,6 +722,35 @@ async fn a_client_that_disconnects_mid_stream_frees_the_engine_for_the_next_requ
         1.0
     );
     assert!(metric(&text, "specfit_completion_tokens_total") < 1000.0);
+    // A client waiting for a whole (non-streamed) answer that hangs up cancels it too.
+    let gone = reqwest::Client::new()
+        .post(server.url("/v1/chat/completions"))
+        .timeout(Duration::from_millis(300))
+        .body(
+            json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3000,
+            "ignore_eos": true, "temperature": 0.9})
+            .to_string(),
+        )
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up first");
+    let (status, v) = post(
+        &server.url("/v1/completions"),
+        r#"{"prompt":"Hello","max_tokens":4}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let waited = v["specfit"]["time_to_first_token_ms"].as_f64().unwrap();
+    assert!(waited < 2000.0, "the next request waited {waited} ms");
+    let (_, text) = get(&server.url("/metrics")).await;
+    assert_eq!(
+        metric(
+            &text,
+            "specfit_requests_total{endpoint=\"chat\",outcome=\"cancelled\"}"
+        ),
+        1.0
+    );
+    assert!(metric(&text, "specfit_completion_tokens_total") < 2000.0);
 }
 
 /// One streaming client: its text, time to first chunk and total time; or the refusal status.

@@ -77,6 +77,25 @@ impl KvCache {
         &self.values[layer]
     }
 
+    /// Whether both caches hold the same tokens with bit-identical keys and values (whatever
+    /// stale floats lie past their length in a partly used key tile).
+    pub fn same_entries(&self, other: &KvCache) -> bool {
+        let shape = (self.keys.len(), self.kv_heads, self.head_dim, self.len);
+        if shape != (other.keys.len(), other.kv_heads, other.head_dim, other.len) {
+            return false;
+        }
+        (0..self.keys.len()).all(|l| {
+            (0..self.len).all(|t| {
+                (0..self.kv_heads).all(|h| {
+                    (0..self.head_dim).all(|d| {
+                        self.key(l, t, h, d).to_bits() == other.key(l, t, h, d).to_bits()
+                            && self.value(l, t, h, d).to_bits() == other.value(l, t, h, d).to_bits()
+                    })
+                })
+            })
+        })
+    }
+
     /// Key `d` of head `h` of token `t` in `layer`.
     pub fn key(&self, layer: usize, t: usize, h: usize, d: usize) -> f32 {
         self.keys[layer][self.key_index(t, h, d)]

@@ -22,6 +22,8 @@ pub struct Prefix {
     /// Drafter cache over the same positions (tokens shifted by one, target features), when a
     /// drafter was given.
     pub(crate) draft_kv: Option<KvCache>,
+    /// The whole prompt, to find what a later prompt shares with it.
+    tokens: Vec<u32>,
 }
 
 impl Prefix {
@@ -33,32 +35,53 @@ impl Prefix {
         experts: &mut ExpertCache,
         prompt: &[u32],
     ) -> Result<Prefix, EngineError> {
-        let (&last, head) = prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
-        let mut target_kv = target.new_kv_cache();
-        let mut draft_kv = drafter.map(Eagle3::new_kv_cache);
-        if !head.is_empty() {
-            let taps = drafter.map_or(&[][..], Eagle3::taps);
-            let batch = Batch {
-                taps,
-                logits: Logits::None,
-                ..Batch::causal(head)
-            };
-            let out = target.forward(&batch, &mut target_kv, experts)?;
-            if let (Some(drafter), Some(kv)) = (drafter, draft_kv.take()) {
-                let h = target.config().hidden_size;
-                let features = crate::spec::concat_taps(&out.taps, head.len(), h);
-                // Drafter entry i reads token i+1 with the target's features of token i.
-                let state =
-                    crate::spec::feed_drafter(target, drafter, kv, &prompt[1..], &features, 0)?;
-                draft_kv = Some(state.kv);
-            }
+        let target_kv = target.new_kv_cache();
+        let draft_kv = drafter.map(Eagle3::new_kv_cache);
+        fill(target, drafter, experts, prompt, (target_kv, draft_kv))
+    }
+
+    /// The prefix of `prompt`, reusing this prefix's caches over the positions the two prompts
+    /// share (a chat's earlier turns, a common system prompt) and running only the rest: bit for
+    /// bit the prefix [`Prefix::new`] makes, because every position's cache entries depend only
+    /// on the tokens up to it. With a drafter, the last shared position is run again (the
+    /// drafter's entry there pairs it with the next token, whose features this prefix did not
+    /// keep). A drafter given to one and not the other makes a fresh prefix.
+    pub fn extend(
+        &self,
+        target: &Qwen3Moe,
+        drafter: Option<&Eagle3>,
+        experts: &mut ExpertCache,
+        prompt: &[u32],
+    ) -> Result<Prefix, EngineError> {
+        if drafter.is_some() != self.draft_kv.is_some() {
+            return Prefix::new(target, drafter, experts, prompt);
         }
-        Ok(Prefix {
-            prompt_len: prompt.len(),
-            last,
-            target_kv,
-            draft_kv,
-        })
+        let keep = self.reusable(prompt);
+        let mut target_kv = self.target_kv.clone();
+        target_kv.truncate(keep)?;
+        let mut draft_kv = self.draft_kv.clone();
+        if let Some(kv) = draft_kv.as_mut() {
+            kv.truncate(keep)?;
+        }
+        fill(target, drafter, experts, prompt, (target_kv, draft_kv))
+    }
+
+    /// Positions of `prompt`'s prefix that [`Prefix::extend`] takes from this one.
+    pub fn reusable(&self, prompt: &[u32]) -> usize {
+        let common = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let cached = self.tokens.len().saturating_sub(1);
+        let needed = prompt.len().saturating_sub(1);
+        let shared = if self.draft_kv.is_some() {
+            common.saturating_sub(1)
+        } else {
+            common
+        };
+        shared.min(cached).min(needed)
     }
 
     /// Length of the prompt this prefix was made from.
@@ -66,8 +89,63 @@ impl Prefix {
         self.prompt_len
     }
 
+    /// Whether both hold the same prompt with bit-identical caches.
+    pub fn same_state(&self, other: &Prefix) -> bool {
+        let drafts = match (&self.draft_kv, &other.draft_kv) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.same_entries(b),
+            _ => false,
+        };
+        self.tokens == other.tokens && self.target_kv.same_entries(&other.target_kv) && drafts
+    }
+
     /// Whether the drafter's cache was prefilled too (needed for speculative decoding).
     pub fn has_drafter(&self) -> bool {
         self.draft_kv.is_some()
     }
+}
+
+/// Runs `prompt[..n-1]` after the positions the caches already hold (the target's with the
+/// drafter's taps; the drafter's with the new positions' features, each paired with the next
+/// token) and returns the prefix.
+fn fill(
+    target: &Qwen3Moe,
+    drafter: Option<&Eagle3>,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+    (mut target_kv, mut draft_kv): (KvCache, Option<KvCache>),
+) -> Result<Prefix, EngineError> {
+    let (&last, head) = prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
+    let done = target_kv.len();
+    let fresh = &head[done..];
+    if !fresh.is_empty() {
+        let taps = drafter.map_or(&[][..], Eagle3::taps);
+        let batch = Batch {
+            taps,
+            logits: Logits::None,
+            ..Batch::causal(fresh)
+        };
+        let out = target.forward(&batch, &mut target_kv, experts)?;
+        if let (Some(drafter), Some(kv)) = (drafter, draft_kv.take()) {
+            let h = target.config().hidden_size;
+            let features = crate::spec::concat_taps(&out.taps, fresh.len(), h);
+            // Drafter entry i reads token i+1 with the target's features of token i.
+            let state = crate::spec::feed_drafter(
+                target,
+                drafter,
+                kv,
+                &prompt[done + 1..],
+                &features,
+                done,
+            )?;
+            draft_kv = Some(state.kv);
+        }
+    }
+    Ok(Prefix {
+        prompt_len: prompt.len(),
+        last,
+        target_kv,
+        draft_kv,
+        tokens: prompt.to_vec(),
+    })
 }

@@ -169,3 +169,121 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
     .unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
 }
+
+#[test]
+fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
+    let (target, mut all) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
+    let base: &[u32] = &[1, 243, 56, 119, 188, 74, 255, 15];
+    // (earlier prompt, new prompt): the same, a longer turn, a shorter one, a change in the
+    // middle, at the start, at the last token, one-token prompts.
+    let pairs: [(&[u32], &[u32]); 7] = [
+        (base, base),
+        (base, &[1, 243, 56, 119, 188, 74, 255, 15, 9, 9, 30]),
+        (base, &[1, 243, 56]),
+        (base, &[1, 243, 56, 7, 188, 74]),
+        (base, &[5, 243, 56, 119]),
+        (base, &[1, 243, 56, 119, 188, 74, 255, 16]),
+        (&[7], &[7, 8]),
+    ];
+    for (earlier, prompt) in pairs {
+        // Plain decoding.
+        let options = GenerateOptions {
+            max_tokens: 12,
+            ..Default::default()
+        };
+        let rule = Sampling::TopP {
+            temperature: 0.9,
+            top_p: 0.95,
+        };
+        let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
+        let want = generate(
+            &target,
+            &mut fresh,
+            prompt,
+            &mut Sampler::new(rule, 5),
+            &options,
+            |_| {},
+        )
+        .unwrap();
+        let old = Prefix::new(&target, None, &mut all, earlier).unwrap();
+        let common = earlier
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = old.reusable(prompt);
+        assert_eq!(keep, common.min(earlier.len() - 1).min(prompt.len() - 1));
+        let prefix = old.extend(&target, None, &mut all, prompt).unwrap();
+        let made = Prefix::new(&target, None, &mut all, prompt).unwrap();
+        assert!(
+            prefix.same_state(&made),
+            "plain: {earlier:?} then {prompt:?}"
+        );
+        let mut cache = all.sibling(2, CacheMode::Lru).unwrap();
+        let got = generate_from(
+            &target,
+            &mut cache,
+            &prefix,
+            &mut Sampler::new(rule, 5),
+            &options,
+            |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            got.tokens, want.tokens,
+            "plain: {earlier:?} then {prompt:?}"
+        );
+        // Speculative decoding: the drafter's cache is extended too.
+        let options = SpecOptions {
+            max_tokens: 12,
+            sampling: rule,
+            seed: 5,
+            ..SpecOptions::default()
+        };
+        let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
+        let want = generate_spec(
+            &target,
+            &drafter,
+            &mut fresh,
+            Routes::None,
+            prompt,
+            &mut TopK(5),
+            &options,
+        )
+        .unwrap();
+        let old = Prefix::new(&target, Some(&drafter), &mut all, earlier).unwrap();
+        assert_eq!(old.reusable(prompt), keep.min(common.saturating_sub(1)));
+        let prefix = old
+            .extend(&target, Some(&drafter), &mut all, prompt)
+            .unwrap();
+        assert_eq!(prefix.prompt_len(), prompt.len());
+        let made = Prefix::new(&target, Some(&drafter), &mut all, prompt).unwrap();
+        assert!(
+            prefix.same_state(&made),
+            "with drafter: {earlier:?} then {prompt:?}"
+        );
+        let mut cache = all.sibling(3, CacheMode::Lru).unwrap();
+        let got = generate_spec_from(
+            &target,
+            &drafter,
+            &mut cache,
+            Routes::None,
+            &prefix,
+            &mut TopK(5),
+            &options,
+        )
+        .unwrap();
+        assert_eq!(
+            got.tokens, want.tokens,
+            "speculative: {earlier:?} then {prompt:?}"
+        );
+        assert_eq!((got.cycles, got.committed), (want.cycles, want.committed));
+        // A prefix made without the drafter cannot be extended into one with it: it starts over.
+        let plain = Prefix::new(&target, None, &mut all, earlier).unwrap();
+        assert!(plain
+            .extend(&target, Some(&drafter), &mut all, prompt)
+            .unwrap()
+            .has_drafter());
+    }
+}

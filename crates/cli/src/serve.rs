@@ -66,6 +66,10 @@ pub struct Args {
     /// max_position_embeddings).
     #[arg(long)]
     max_model_len: Option<usize>,
+    /// Prefill every prompt in full instead of extending the previous request's prefill over
+    /// the positions the prompts share (outputs are the same either way).
+    #[arg(long)]
+    no_prompt_cache: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -193,7 +197,8 @@ pub fn run(args: &Args) -> Result<()> {
         tree_positions: speculation.as_ref().map_or(0, |s| s.shape.levels),
         ..served
     };
-    let decoder = EngineDecoder::new(model, cache, speculation, args.policy.name());
+    let decoder = EngineDecoder::new(model, cache, speculation, args.policy.name())
+        .reuse_prompts(!args.no_prompt_cache);
     let options = ServeOptions {
         host: args.host.clone(),
         port: args.port,

@@ -933,3 +933,67 @@ async fn sigterm_finishes_the_request_in_progress_refuses_new_ones_and_exits_zer
     }
     assert!(said(), "{}", server.log.lock().unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_turn_reuses_the_earlier_prefill_and_decodes_the_same_tokens() {
+    let cal = calibration();
+    let server = Server::start(&["--calibration", cal]);
+    let url = server.url("/v1/chat/completions");
+    let turn = |messages: Value| {
+        json!({"messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": true})
+            .to_string()
+    };
+    let first = json!([{"role": "system", "content": "You are a careful tutor."},
+        {"role": "user", "content": QUESTION}]);
+    let (status, one) = post(&url, &turn(first.clone())).await;
+    assert_eq!(status, 200, "{one}");
+    let answer = one["choices"][0]["message"]["content"].as_str().unwrap();
+    let mut second = first.as_array().unwrap().clone();
+    second.push(json!({"role": "assistant", "content": answer}));
+    second.push(json!({"role": "user", "content": "Now explain it step by step."}));
+    let (status, two) = post(&url, &turn(Value::Array(second))).await;
+    assert_eq!(status, 200, "{two}");
+    // The second prompt starts with the whole first prompt: all of it but its last position
+    // comes from the cache (the drafter reruns one more).
+    let first_len = one["usage"]["prompt_tokens"].as_u64().unwrap();
+    let cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= first_len - 2 && cached < two["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "{cached} of {first_len}"
+    );
+    let (_, metrics) = get(&server.url("/metrics")).await;
+    assert_eq!(
+        metric(&metrics, "specfit_prompt_tokens_cached_total"),
+        cached as f64
+    );
+    // And the tokens are what `specfit generate` gives on the whole prompt.
+    let ids = |v: &Value| -> String {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let prompt = ids(&two["choices"][0]["prompt_token_ids"]);
+    let want = generate(&[
+        "--prompt-ids",
+        &prompt,
+        "--max-tokens",
+        "24",
+        "--store",
+        "disk",
+        "--slots",
+        "16",
+        "--drafter",
+        "--policy",
+        "specfit",
+        "--calibration",
+        cal,
+        "--routes",
+        "predictor:models/route-predictor.safetensors",
+    ]);
+    assert_eq!(ids(&two["choices"][0]["token_ids"]), want);
+}

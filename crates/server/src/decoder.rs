@@ -1,14 +1,16 @@
 //! The engine behind the server: the target with its expert cache and, for speculative policies,
 //! the EAGLE-3 drafter with its verify rule and route source, decoding one request at a time.
-//! Token ids in, token ids out; it knows nothing of HTTP, text or queues.
+//! Each request extends the previous request's prefill over the prompt positions they share (a
+//! chat's earlier turns, a common system prompt), which changes no output bit. Token ids in,
+//! token ids out; it knows nothing of HTTP, text or queues.
 
 use specfit_engine::predictor::RoutePredictor;
 use specfit_engine::spec::{
-    generate_spec, Atlas, Routes, SpecOptions, SpecRule, TokenSink, TreeShape,
+    generate_spec_from, Atlas, Routes, SpecOptions, SpecRule, TokenSink, TreeShape,
 };
 use specfit_engine::{
-    generate, Cancel, Eagle3, EngineError, ExpertCache, GenerateOptions, Qwen3Moe, Qwen3MoeConfig,
-    Sampler, Sampling,
+    generate_from, Cancel, Eagle3, EngineError, ExpertCache, GenerateOptions, Prefix, Qwen3Moe,
+    Qwen3MoeConfig, Sampler, Sampling,
 };
 
 /// One decode: the prompt's ids and how to continue it.
@@ -26,6 +28,8 @@ pub struct DecodeRequest {
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct DecodeStats {
     pub prompt_tokens: usize,
+    /// Prompt positions taken from the previous request's prefill (the prompt cache).
+    pub cached_prompt_tokens: usize,
     pub completion_tokens: usize,
     /// Draft–verify cycles (plain decoding: one per decoded token after the first).
     pub cycles: usize,
@@ -65,6 +69,10 @@ pub struct EngineDecoder {
     cache: ExpertCache,
     speculation: Option<Speculation>,
     policy: String,
+    /// The previous request's prefill, which the next one extends over the positions their
+    /// prompts share (None when prompt caching is off).
+    prompt_cache: Option<Prefix>,
+    reuse_prompts: bool,
 }
 
 impl EngineDecoder {
@@ -80,7 +88,16 @@ impl EngineDecoder {
             cache,
             speculation,
             policy: policy.into(),
+            prompt_cache: None,
+            reuse_prompts: true,
         }
+    }
+
+    /// Whether each request reuses the previous request's prefill over the prompt positions
+    /// they share (on by default; outputs are the same either way, bit for bit).
+    pub fn reuse_prompts(mut self, on: bool) -> EngineDecoder {
+        self.reuse_prompts = on;
+        self
     }
 
     pub fn config(&self) -> &Qwen3MoeConfig {
@@ -105,6 +122,66 @@ impl EngineDecoder {
         cancel: &Cancel,
         sink: TokenSink,
     ) -> Result<DecodeStats, EngineError> {
+        let started = std::time::Instant::now();
+        let before = self.cache.stats().clone();
+        let (prefix, cached) = self.prefill(&request.prompt)?;
+        let mut stats = DecodeStats {
+            prompt_tokens: request.prompt.len(),
+            cached_prompt_tokens: cached,
+            prefill_seconds: started.elapsed().as_secs_f64(),
+            ..DecodeStats::default()
+        };
+        let prefill = self.cache.stats().since(&before).total;
+        stats.expert_copies += prefill.misses;
+        stats.expert_bytes += prefill.bytes_copied;
+        let decoded = self.decode_from(&prefix, request, cancel, sink);
+        if self.reuse_prompts {
+            self.prompt_cache = Some(prefix);
+        }
+        let d = decoded?;
+        Ok(DecodeStats {
+            completion_tokens: d.completion_tokens,
+            cycles: d.cycles,
+            verified_nodes: d.verified_nodes,
+            committed: d.committed,
+            expert_copies: stats.expert_copies + d.expert_copies,
+            expert_bytes: stats.expert_bytes + d.expert_bytes,
+            prefill_seconds: stats.prefill_seconds + d.prefill_seconds,
+            decode_seconds: d.decode_seconds,
+            ..stats
+        })
+    }
+
+    /// The prefill of all but the prompt's last token, extending the previous request's where
+    /// the prompts agree; and how many positions were reused.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(Prefix, usize), EngineError> {
+        let drafter = self.speculation.as_ref().map(|s| &s.drafter);
+        match self.prompt_cache.take().filter(|_| self.reuse_prompts) {
+            Some(old) => {
+                let cached = if old.has_drafter() == drafter.is_some() {
+                    old.reusable(prompt)
+                } else {
+                    0
+                };
+                let prefix = old.extend(&self.model, drafter, &mut self.cache, prompt)?;
+                Ok((prefix, cached))
+            }
+            None => Ok((
+                Prefix::new(&self.model, drafter, &mut self.cache, prompt)?,
+                0,
+            )),
+        }
+    }
+
+    /// Runs the prompt's last token and decodes (`prefill_seconds` and the copies cover that
+    /// last token and the decode).
+    fn decode_from(
+        &mut self,
+        prefix: &Prefix,
+        request: &DecodeRequest,
+        cancel: &Cancel,
+        sink: TokenSink,
+    ) -> Result<DecodeStats, EngineError> {
         let Some(spec) = self.speculation.as_mut() else {
             let options = GenerateOptions {
                 max_tokens: request.max_tokens,
@@ -112,25 +189,24 @@ impl EngineDecoder {
                 cancel: cancel.clone(),
             };
             let mut sampler = Sampler::new(request.sampling, request.seed);
-            let r = generate(
+            let r = generate_from(
                 &self.model,
                 &mut self.cache,
-                &request.prompt,
+                prefix,
                 &mut sampler,
                 &options,
                 |t| (sink.0)(t),
             )?;
             let decoded = r.tokens.len().saturating_sub(1);
             return Ok(DecodeStats {
-                prompt_tokens: request.prompt.len(),
                 completion_tokens: r.tokens.len(),
                 cycles: decoded,
-                verified_nodes: 0,
                 committed: decoded,
                 expert_copies: r.prefill_copies.misses + r.decode_copies.misses,
                 expert_bytes: r.prefill_copies.bytes_copied + r.decode_copies.bytes_copied,
                 prefill_seconds: r.prefill_seconds,
                 decode_seconds: r.decode_seconds,
+                ..DecodeStats::default()
             });
         };
         let options = SpecOptions {
@@ -148,17 +224,16 @@ impl EngineDecoder {
             DraftRoutes::Atlas(a) => Routes::Atlas(a),
             DraftRoutes::Predictor(p) => Routes::Predictor(p),
         };
-        let r = generate_spec(
+        let r = generate_spec_from(
             &self.model,
             &spec.drafter,
             &mut self.cache,
             routes,
-            &request.prompt,
+            prefix,
             spec.rule.as_mut(),
             &options,
         )?;
         Ok(DecodeStats {
-            prompt_tokens: request.prompt.len(),
             completion_tokens: r.tokens.len(),
             cycles: r.cycles,
             verified_nodes: r.verified_nodes,
@@ -167,6 +242,7 @@ impl EngineDecoder {
             expert_bytes: r.prefill_copies.bytes_copied + r.copies.bytes_copied,
             prefill_seconds: r.prefill_seconds,
             decode_seconds: r.decode_seconds,
+            ..DecodeStats::default()
         })
     }
 }

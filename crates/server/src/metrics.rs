@@ -50,6 +50,7 @@ struct Totals {
     /// `[endpoint][outcome]`.
     requests: [[u64; 5]; 2],
     prompt_tokens: u64,
+    cached_prompt_tokens: u64,
     completion_tokens: u64,
     decode_seconds: f64,
     prefill_seconds: f64,
@@ -87,6 +88,7 @@ impl Metrics {
     pub fn decoded(&self, s: &DecodeStats) {
         let mut t = self.lock();
         t.prompt_tokens += s.prompt_tokens as u64;
+        t.cached_prompt_tokens += s.cached_prompt_tokens as u64;
         t.completion_tokens += s.completion_tokens as u64;
         t.decode_seconds += s.decode_seconds;
         t.prefill_seconds += s.prefill_seconds;
@@ -140,6 +142,12 @@ impl Metrics {
             "counter",
             "Prompt tokens of decoded requests.",
             &one(t.prompt_tokens as f64),
+        );
+        metric(
+            "specfit_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens taken from the previous request's prefill.",
+            &one(t.cached_prompt_tokens as f64),
         );
         metric(
             "specfit_completion_tokens_total",
@@ -264,6 +272,7 @@ mod tests {
         m.request("completions", Outcome::Refused);
         let stats = DecodeStats {
             prompt_tokens: 10,
+            cached_prompt_tokens: 4,
             completion_tokens: 9,
             cycles: 4,
             verified_nodes: 6,
@@ -294,6 +303,7 @@ mod tests {
             1.0
         );
         assert_eq!(value(&text, "specfit_completion_tokens_total"), 18.0);
+        assert_eq!(value(&text, "specfit_prompt_tokens_cached_total"), 8.0);
         assert_eq!(value(&text, "specfit_tokens_per_cycle"), 2.0);
         assert_eq!(value(&text, "specfit_nodes_verified_per_cycle"), 1.5);
         assert_eq!(value(&text, "specfit_expert_copies_per_token"), 2.0);

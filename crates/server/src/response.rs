@@ -47,12 +47,14 @@ impl Finish {
     }
 }
 
-/// `usage`: prompt, completion and total tokens.
+/// `usage`: prompt, completion and total tokens, and the prompt tokens taken from the prompt
+/// cache (`prompt_tokens_details.cached_tokens`, as OpenAI reports it).
 pub fn usage(stats: &DecodeStats, completion_tokens: usize) -> Value {
     json!({
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": stats.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_prompt_tokens},
     })
 }
 
@@ -196,6 +198,7 @@ mod tests {
     fn stats() -> DecodeStats {
         DecodeStats {
             prompt_tokens: 5,
+            cached_prompt_tokens: 2,
             completion_tokens: 3,
             cycles: 2,
             committed: 2,
@@ -223,6 +226,7 @@ mod tests {
         assert_eq!(chat["choices"][0]["message"]["content"], "hi");
         assert_eq!(chat["choices"][0]["finish_reason"], "length");
         assert_eq!(chat["usage"]["total_tokens"], 8);
+        assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
         assert_eq!(chat["specfit"]["tokens_per_cycle"], 1.0);
         assert_eq!(chat["specfit"]["decode_tokens_per_second"], 4.0);
         assert_eq!(chat["choices"][0]["prompt_token_ids"], json!([1, 2]));

@@ -997,3 +997,40 @@ async fn a_follow_up_turn_reuses_the_earlier_prefill_and_decodes_the_same_tokens
     ]);
     assert_eq!(ids(&two["choices"][0]["token_ids"]), want);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_file_is_served_with_its_own_tokenizer_and_chat_template() {
+    let gguf = "fixtures/gguf/tiny-q4_k_m.gguf";
+    let server = Server::start(&["--model", gguf, "--policy", "ar", "--slots", "2"]);
+    let client = server.client();
+    let models = client.models().list().await.unwrap();
+    assert_eq!(models.data[0].id, "tiny-q4_k_m");
+    let request = CreateChatCompletionRequestArgs::default()
+        .model("tiny-q4_k_m")
+        .messages([ChatCompletionRequestUserMessageArgs::default()
+            .content("What is 12 times 7?")
+            .build()
+            .unwrap()
+            .into()])
+        .max_completion_tokens(16_u32)
+        .temperature(0.0)
+        .build()
+        .unwrap();
+    let reply = client.chat().create(request).await.unwrap();
+    let want = generate(&[
+        "--model",
+        gguf,
+        "--prompt",
+        "What is 12 times 7?",
+        "--chat",
+        "--store",
+        "disk",
+        "--slots",
+        "2",
+        "--max-tokens",
+        "16",
+    ]);
+    assert!(!want.is_empty());
+    assert_eq!(reply.choices[0].message.content.clone().unwrap(), want);
+    assert!(reply.usage.unwrap().prompt_tokens > 5);
+}

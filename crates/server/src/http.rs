@@ -229,7 +229,7 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
         });
     }
     let prompt = prompt_ids(served, &params)?;
-    let max_tokens = fit_context(served, prompt.len(), params.max_tokens)?;
+    let max_tokens = fit_context(served, &params, prompt.len())?;
     let stop = match endpoint {
         _ if params.ignore_eos => Vec::new(),
         Endpoint::Chat => served.chat_stop_tokens.clone(),
@@ -362,23 +362,27 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
             encode(&served.template.render(messages, kwargs)?, "messages")?
         }
         Prompt::Text(text) => encode(text, "prompt")?,
-        Prompt::Ids(ids) => {
-            if let Some((i, t)) = ids
-                .iter()
-                .enumerate()
-                .find(|(_, &t)| t as usize >= served.vocab)
-            {
-                return Err(ApiError::invalid(
-                    "prompt",
-                    format!(
-                        "token id {t} at position {i} is outside the vocabulary ({} tokens)",
-                        served.vocab
-                    ),
-                ));
-            }
-            ids.clone()
-        }
+        Prompt::Ids(ids) => ids.clone(),
     };
+    // Ids a client sent, or a tokenizer whose added tokens lie past the model's embeddings.
+    if let Some((i, t)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= served.vocab)
+    {
+        let param = if params.endpoint == Endpoint::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(ApiError::invalid(
+            param,
+            format!(
+                "token id {t} at position {i} is outside the vocabulary ({} tokens)",
+                served.vocab
+            ),
+        ));
+    }
     if ids.is_empty() {
         let param = if params.endpoint == Endpoint::Chat {
             "messages"
@@ -391,17 +395,18 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
 }
 
 /// `max_tokens` checked against the context (default: all the room left).
-fn fit_context(
-    served: &Served,
-    prompt: usize,
-    max_tokens: Option<usize>,
-) -> Result<usize, ApiError> {
+fn fit_context(served: &Served, params: &Params, prompt: usize) -> Result<usize, ApiError> {
     let room = served
         .context
         .saturating_sub(prompt + served.tree_positions);
     if room == 0 {
+        let param = if params.endpoint == Endpoint::Chat {
+            "messages"
+        } else {
+            "prompt"
+        };
         return Err(ApiError::invalid(
-            if max_tokens.is_some() { "messages" } else { "prompt" },
+            param,
             format!(
                 "the prompt is {prompt} tokens; this model's context is {} tokens{}, which leaves no room to generate",
                 served.context,
@@ -410,7 +415,7 @@ fn fit_context(
         )
         .with_code("context_length_exceeded"));
     }
-    match max_tokens {
+    match params.max_tokens {
         None => Ok(room),
         Some(n) if n <= room => Ok(n),
         Some(n) => Err(ApiError::invalid(

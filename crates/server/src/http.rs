@@ -199,6 +199,13 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request) -> Response {
                 Outcome::Invalid
             };
             app.metrics.request(endpoint.name(), outcome);
+            eprintln!(
+                "specfit serve: {} {} {}: {}",
+                endpoint.name(),
+                e.status,
+                e.param.as_deref().unwrap_or("-"),
+                e.message
+            );
             e.into_response()
         }
         Ok(q) if q.params.stream => stream(app, q),
@@ -458,27 +465,72 @@ fn finish(served: &Served, text: &TextStream, stats: &DecodeStats, q: &Queued) -
     }
 }
 
-/// Counts the request as cancelled unless it was marked finished (a dropped stream or handler).
+/// Counts the request (as cancelled unless it was marked finished: a dropped stream or handler)
+/// and writes its one log line.
 struct Tally {
     app: Arc<App>,
     endpoint: Endpoint,
+    id: String,
     outcome: Option<Outcome>,
+    /// What the log line says after the outcome.
+    detail: String,
+}
+
+impl Tally {
+    fn new(app: &Arc<App>, q: &Queued) -> Tally {
+        Tally {
+            app: app.clone(),
+            endpoint: q.head.endpoint,
+            id: q.head.id.clone(),
+            outcome: None,
+            detail: String::new(),
+        }
+    }
+
+    /// Marks the request completed, with its figures for the log.
+    fn done(&mut self, stats: &DecodeStats, completion: usize, ttft: f64, finish: Finish) {
+        self.outcome = Some(Outcome::Ok);
+        let rate = if stats.decode_seconds > 0.0 {
+            completion.saturating_sub(1) as f64 / stats.decode_seconds
+        } else {
+            0.0
+        };
+        self.detail = format!(
+            "prompt {} (cached {}), completion {completion}, first token {:.0} ms, {rate:.1} tok/s, {:.2} tokens/cycle, finish {}",
+            stats.prompt_tokens,
+            stats.cached_prompt_tokens,
+            1e3 * ttft,
+            if stats.cycles > 0 { stats.committed as f64 / stats.cycles as f64 } else { 0.0 },
+            finish.name()
+        );
+    }
+
+    fn failed(&mut self, e: &ApiError) {
+        self.outcome = Some(Outcome::Failed);
+        self.detail = e.message.clone();
+    }
 }
 
 impl Drop for Tally {
     fn drop(&mut self) {
         let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
         self.app.metrics.request(self.endpoint.name(), outcome);
+        let detail = match outcome {
+            Outcome::Cancelled => "the client went away",
+            _ => &self.detail,
+        };
+        eprintln!(
+            "specfit serve: {} {} {}: {detail}",
+            self.id,
+            self.endpoint.name(),
+            outcome.label()
+        );
     }
 }
 
 /// Waits for the whole output, then answers with one JSON body.
 async fn whole(app: Arc<App>, mut q: Queued) -> Response {
-    let mut tally = Tally {
-        app: app.clone(),
-        endpoint: q.head.endpoint,
-        outcome: None,
-    };
+    let mut tally = Tally::new(&app, &q);
     let served = &app.served;
     let mut text = TextStream::new(q.params.stop.clone());
     let mut out = String::new();
@@ -503,7 +555,7 @@ async fn whole(app: Arc<App>, mut q: Queued) -> Response {
                 }
                 let completion = text.tokens().len();
                 let finish = finish(served, &text, &stats, &q);
-                tally.outcome = Some(Outcome::Ok);
+                tally.done(&stats, completion, first_token.unwrap_or(0.0), finish);
                 let body = response::whole(
                     &q.head,
                     response::Whole {
@@ -534,7 +586,7 @@ async fn whole(app: Arc<App>, mut q: Queued) -> Response {
 
 fn failed(tally: &mut Tally, q: &Queued, e: ApiError) -> Response {
     q.cancel.cancel();
-    tally.outcome = Some(Outcome::Failed);
+    tally.failed(&e);
     e.into_response()
 }
 
@@ -542,11 +594,7 @@ fn failed(tally: &mut Tally, q: &Queued, e: ApiError) -> Response {
 /// reason, the usage chunk when asked, then `[DONE]`. Dropping the stream (the client left)
 /// drops the receiver, which cancels the decode at its next token.
 fn stream(app: Arc<App>, q: Queued) -> Response {
-    let tally = Tally {
-        app: app.clone(),
-        endpoint: q.head.endpoint,
-        outcome: None,
-    };
+    let tally = Tally::new(&app, &q);
     let state = Streaming {
         text: TextStream::new(q.params.stop.clone()),
         q,
@@ -641,7 +689,8 @@ impl Streaming {
             out.push(json_event(&response::usage_chunk(&self.q.head, usage)));
         }
         out.push(SseEvent::default().data("[DONE]"));
-        self.tally.outcome = Some(Outcome::Ok);
+        let ttft = self.first_token.unwrap_or(0.0);
+        self.tally.done(stats, completion, ttft, finish);
         out
     }
 
@@ -649,7 +698,7 @@ impl Streaming {
     fn fail(&mut self, e: ApiError) -> Vec<SseEvent> {
         self.done = true;
         self.q.cancel.cancel();
-        self.tally.outcome = Some(Outcome::Failed);
+        self.tally.failed(&e);
         vec![
             SseEvent::default().data(e.body()),
             SseEvent::default().data("[DONE]"),

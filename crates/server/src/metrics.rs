@@ -32,7 +32,7 @@ impl Outcome {
         Outcome::Failed,
     ];
 
-    fn label(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
             Outcome::Invalid => "invalid",

@@ -8,7 +8,9 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, GenerationConfig, Tokenizer};
-use specfit_server::{DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation};
+use specfit_server::{
+    Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
+};
 
 use crate::policy::{self, Policy, RouteChoice};
 use crate::target::{StoreArg, TargetArgs, WeightsArg};
@@ -70,6 +72,14 @@ pub struct Args {
     /// the positions the prompts share (outputs are the same either way).
     #[arg(long)]
     no_prompt_cache: bool,
+    /// Require `Authorization: Bearer KEY` on every /v1/ request (401 otherwise); the
+    /// SPECFIT_API_KEY environment variable sets it too.
+    #[arg(long, env = "SPECFIT_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Let web pages from this origin call the API from a browser (CORS; repeat it, or `*` for
+    /// any origin).
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -208,6 +218,10 @@ pub fn run(args: &Args) -> Result<()> {
             read_timeout: Duration::from_secs_f64(args.read_timeout),
         },
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        access: Access {
+            api_key: args.api_key.clone(),
+            allowed_origins: args.allowed_origins.clone(),
+        },
     };
     let (name, policy) = (served.name.clone(), served.policy.clone());
     let tier = format!(

@@ -1034,3 +1034,71 @@ async fn a_gguf_file_is_served_with_its_own_tokenizer_and_chat_template() {
     assert_eq!(reply.choices[0].message.content.clone().unwrap(), want);
     assert!(reply.usage.unwrap().prompt_tokens > 5);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_and_allowed_origins_guard_the_api() {
+    let server = Server::start(&[
+        "--policy",
+        "ar",
+        "--api-key",
+        "sesame",
+        "--allowed-origin",
+        "http://chat.example",
+    ]);
+    // A standard client with the key works; without it or with another key: 401.
+    let keyed = async_openai::Client::with_config(
+        OpenAIConfig::new()
+            .with_api_base(server.url("/v1"))
+            .with_api_key("sesame"),
+    );
+    assert_eq!(keyed.models().list().await.unwrap().data[0].id, "target");
+    let err = server.client().models().list().await.unwrap_err();
+    assert!(err.to_string().contains("API key"), "{err}");
+    let (status, v) = post(
+        &server.url("/v1/completions"),
+        r#"{"prompt":"x","max_tokens":2}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("invalid_api_key"))
+    );
+    let r = reqwest::Client::new()
+        .get(server.url("/v1/models/target"))
+        .bearer_auth("sesame")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = reqwest::Client::new()
+        .get(server.url("/v1/models/gpt-4o"))
+        .bearer_auth("sesame")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // Health and metrics stay open.
+    assert_eq!(get(&server.url("/health")).await.0, 200);
+    assert_eq!(get(&server.url("/metrics")).await.0, 200);
+    // CORS: the allowed origin's preflight is answered, another origin's is not.
+    let preflight = |origin: &'static str| {
+        reqwest::Client::new()
+            .request(reqwest::Method::OPTIONS, server.url("/v1/chat/completions"))
+            .header("Origin", origin)
+            .header("Access-Control-Request-Method", "POST")
+            .header(
+                "Access-Control-Request-Headers",
+                "authorization, content-type",
+            )
+            .send()
+    };
+    let ok = preflight("http://chat.example").await.unwrap();
+    assert_eq!(
+        ok.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap()),
+        Some("http://chat.example")
+    );
+    let other = preflight("http://elsewhere.example").await.unwrap();
+    assert!(other.headers().get("access-control-allow-origin").is_none());
+}

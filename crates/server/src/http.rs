@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -44,6 +44,17 @@ pub struct Served {
     pub policy: String,
 }
 
+/// Who may call the API.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// When set, every `/v1/` request needs `Authorization: Bearer KEY` (401 otherwise);
+    /// `/health` and `/metrics` stay open.
+    pub api_key: Option<String>,
+    /// Origins whose web pages may call the API from a browser (CORS; `*` for any). Empty:
+    /// none (a page on another site cannot read the answers).
+    pub allowed_origins: Vec<String>,
+}
+
 /// Limits on what a client may send.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -59,6 +70,7 @@ pub struct App {
     pub engine: Engine,
     pub metrics: Arc<Metrics>,
     pub limits: Limits,
+    pub access: Access,
     /// Set once shutdown began: new requests get 503.
     pub draining: AtomicBool,
     next_id: AtomicU64,
@@ -66,12 +78,18 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(served: Served, engine: Engine, metrics: Arc<Metrics>, limits: Limits) -> App {
+    pub fn new(
+        served: Served,
+        engine: Engine,
+        metrics: Arc<Metrics>,
+        (limits, access): (Limits, Access),
+    ) -> App {
         App {
             served,
             engine,
             metrics,
             limits,
+            access,
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(0),
             started: unix_seconds(),
@@ -79,17 +97,74 @@ impl App {
     }
 }
 
-/// The routes.
+/// The routes, behind the API key check (for `/v1/`), CORS (when origins are allowed) and a
+/// guard that turns a panicking handler into a 500 with an error body.
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), authorize));
+    let mut router = Router::new()
+        .merge(api)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(app)
+        .with_state(app.clone())
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked));
+    if let Some(cors) = cors(&app.access.allowed_origins) {
+        router = router.layer(cors);
+    }
+    router
+}
+
+/// Refuses `/v1/` requests without the API key (when one is set) with a 401.
+async fn authorize(
+    State(app): State<Arc<App>>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(key) = &app.access.api_key else {
+        return next.run(req).await;
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        return next.run(req).await;
+    }
+    ApiError::request(401, "a valid API key is needed: Authorization: Bearer KEY")
+        .with_kind("invalid_request_error")
+        .with_code("invalid_api_key")
+        .into_response()
+}
+
+/// The CORS layer for `origins` (`*`: any), or None when no origin is allowed.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+            .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]),
+    )
+}
+
+/// A handler that panicked: a 500 with an error body (the server keeps serving).
+fn panicked(_: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    ApiError::internal("the server failed on this request").into_response()
 }
 
 impl IntoResponse for ApiError {
@@ -158,17 +233,34 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn models(State(app): State<Arc<App>>) -> Response {
-    axum::Json(serde_json::json!({
-        "object": "list",
-        "data": [{
-            "id": app.served.name,
-            "object": "model",
-            "created": app.started,
-            "owned_by": "specfit",
-            "max_model_len": app.served.context,
-        }],
-    }))
-    .into_response()
+    axum::Json(serde_json::json!({"object": "list", "data": [model_card(&app)]})).into_response()
+}
+
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if id != app.served.name {
+        return ApiError::request(
+            404,
+            format!(
+                "the model {id:?} does not exist; this server serves {:?}",
+                app.served.name
+            ),
+        )
+        .with_kind("not_found_error")
+        .with_code("model_not_found")
+        .into_response();
+    }
+    axum::Json(model_card(&app)).into_response()
+}
+
+/// The served model as `/v1/models` lists it.
+fn model_card(app: &App) -> serde_json::Value {
+    serde_json::json!({
+        "id": app.served.name,
+        "object": "model",
+        "created": app.started,
+        "owned_by": "specfit",
+        "max_model_len": app.served.context,
+    })
 }
 
 async fn chat(State(app): State<Arc<App>>, req: Request) -> Response {

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 pub use decoder::{DecodeRequest, DecodeStats, DraftRoutes, EngineDecoder, Speculation};
 pub use error::{ApiError, ServerError};
-pub use http::{Limits, Served};
+pub use http::{Access, Limits, Served};
 
 /// How the server listens and how much it takes.
 #[derive(Debug, Clone)]
@@ -34,6 +34,7 @@ pub struct ServeOptions {
     /// Requests that may wait behind the one being decoded; more are refused with 429.
     pub queue: usize,
     pub limits: Limits,
+    pub access: Access,
     /// After SIGTERM, how long requests in progress may finish before they are cancelled.
     pub shutdown_grace: Duration,
 }
@@ -75,7 +76,12 @@ pub async fn serve(
 ) -> Result<(), ServerError> {
     let metrics = Arc::new(metrics::Metrics::default());
     let engine = queue::Engine::start(decoder, options.queue, metrics.clone());
-    let app = Arc::new(http::App::new(served, engine, metrics, options.limits));
+    let app = Arc::new(http::App::new(
+        served,
+        engine,
+        metrics,
+        (options.limits, options.access.clone()),
+    ));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let draining = app.clone();
     tokio::spawn(async move {

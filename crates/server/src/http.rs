@@ -1,30 +1,28 @@
-//! The HTTP side: routes, request bodies (size limit, read timeout), prompt building and context
-//! checks, queueing a job on the engine, and answering as one JSON body or as server-sent events.
-//! Every failure is an OpenAI-style error; nothing a client sends can make it panic.
+//! The HTTP side: routes, API key and CORS, request bodies (size limit, read timeout), prompt
+//! building and context checks, and queueing a job on the engine; `answer` turns the job's tokens
+//! into the response. Every failure is an OpenAI-style error.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use futures_util::StreamExt;
 use specfit_engine::{Cancel, Sampling, Tokenizer};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 
+use crate::answer::{self, Queued};
 use crate::api::{self, Endpoint, Params, Prompt};
 use crate::chat::ChatTemplate;
-use crate::decoder::{DecodeRequest, DecodeStats};
+use crate::decoder::DecodeRequest;
 use crate::error::ApiError;
 use crate::metrics::{Live, Metrics, Outcome};
-use crate::queue::{Engine, Event, Job, Refused};
-use crate::response::{self, Finish, Head};
-use crate::text::TextStream;
+use crate::queue::{Engine, Job, Refused};
+use crate::response::Head;
 
 /// The model as the API presents it.
 pub struct Served {
@@ -271,17 +269,6 @@ async fn completions(State(app): State<Arc<App>>, req: Request) -> Response {
     generate(app, Endpoint::Completions, req).await
 }
 
-/// A request that is queued on the engine.
-struct Queued {
-    params: Params,
-    head: Head,
-    prompt: Vec<u32>,
-    max_tokens: usize,
-    events: UnboundedReceiver<Event>,
-    cancel: Cancel,
-    submitted: Instant,
-}
-
 async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request) -> Response {
     match admit(&app, endpoint, req).await {
         Err(e) => {
@@ -300,8 +287,8 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request) -> Response {
             );
             e.into_response()
         }
-        Ok(q) if q.params.stream => stream(app, q),
-        Ok(q) => whole(app, q).await,
+        Ok(q) if q.params.stream => answer::stream(app, q),
+        Ok(q) => answer::whole(app, q).await,
     }
 }
 
@@ -538,268 +525,6 @@ fn tree_note(served: &Served) -> String {
     } else {
         String::new()
     }
-}
-
-/// Why the output ended.
-fn finish(served: &Served, text: &TextStream, stats: &DecodeStats, q: &Queued) -> Finish {
-    let last = text.tokens().last();
-    let stop_tokens = match q.head.endpoint {
-        Endpoint::Chat => &served.chat_stop_tokens,
-        Endpoint::Completions => &served.stop_tokens,
-    };
-    let stop_token = !q.params.ignore_eos && last.is_some_and(|t| stop_tokens.contains(t));
-    if text.stopped() || stop_token {
-        Finish::Stop
-    } else if stats.completion_tokens >= q.max_tokens {
-        Finish::Length
-    } else {
-        Finish::Abort
-    }
-}
-
-/// Counts the request (as cancelled unless it was marked finished: a dropped stream or handler)
-/// and writes its one log line.
-struct Tally {
-    app: Arc<App>,
-    endpoint: Endpoint,
-    id: String,
-    outcome: Option<Outcome>,
-    /// What the log line says after the outcome.
-    detail: String,
-}
-
-impl Tally {
-    fn new(app: &Arc<App>, q: &Queued) -> Tally {
-        Tally {
-            app: app.clone(),
-            endpoint: q.head.endpoint,
-            id: q.head.id.clone(),
-            outcome: None,
-            detail: String::new(),
-        }
-    }
-
-    /// Marks the request completed, with its figures for the log.
-    fn done(&mut self, stats: &DecodeStats, completion: usize, ttft: f64, finish: Finish) {
-        self.outcome = Some(Outcome::Ok);
-        let rate = if stats.decode_seconds > 0.0 {
-            completion.saturating_sub(1) as f64 / stats.decode_seconds
-        } else {
-            0.0
-        };
-        self.detail = format!(
-            "prompt {} (cached {}), completion {completion}, first token {:.0} ms, {rate:.1} tok/s, {:.2} tokens/cycle, finish {}",
-            stats.prompt_tokens,
-            stats.cached_prompt_tokens,
-            1e3 * ttft,
-            if stats.cycles > 0 { stats.committed as f64 / stats.cycles as f64 } else { 0.0 },
-            finish.name()
-        );
-    }
-
-    fn failed(&mut self, e: &ApiError) {
-        self.outcome = Some(Outcome::Failed);
-        self.detail = e.message.clone();
-    }
-}
-
-impl Drop for Tally {
-    fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
-        self.app.metrics.request(self.endpoint.name(), outcome);
-        let detail = match outcome {
-            Outcome::Cancelled => "the client went away",
-            _ => &self.detail,
-        };
-        eprintln!(
-            "specfit serve: {} {} {}: {detail}",
-            self.id,
-            self.endpoint.name(),
-            outcome.label()
-        );
-    }
-}
-
-/// Waits for the whole output, then answers with one JSON body.
-async fn whole(app: Arc<App>, mut q: Queued) -> Response {
-    let mut tally = Tally::new(&app, &q);
-    let served = &app.served;
-    let mut text = TextStream::new(q.params.stop.clone());
-    let mut out = String::new();
-    let mut first_token = None;
-    while let Some(event) = q.events.recv().await {
-        match event {
-            Event::Token(t) => {
-                first_token.get_or_insert_with(|| q.submitted.elapsed().as_secs_f64());
-                match text.push(&served.tokenizer, t) {
-                    Ok(piece) => out.push_str(&piece),
-                    Err(e) => return failed(&mut tally, &q, e),
-                }
-                if text.stopped() {
-                    q.cancel.cancel();
-                }
-            }
-            Event::Done(Err(e)) => return failed(&mut tally, &q, ApiError::internal(e)),
-            Event::Done(Ok(stats)) => {
-                match text.finish(&served.tokenizer) {
-                    Ok(rest) => out.push_str(&rest),
-                    Err(e) => return failed(&mut tally, &q, e),
-                }
-                let completion = text.tokens().len();
-                let finish = finish(served, &text, &stats, &q);
-                tally.done(&stats, completion, first_token.unwrap_or(0.0), finish);
-                let body = response::whole(
-                    &q.head,
-                    response::Whole {
-                        text: &out,
-                        finish,
-                        usage: response::usage(&stats, completion),
-                        extension: response::extension(
-                            &served.policy,
-                            &stats,
-                            first_token.unwrap_or(0.0),
-                        ),
-                        token_ids: q
-                            .params
-                            .return_token_ids
-                            .then_some((&q.prompt[..], text.tokens())),
-                    },
-                );
-                return axum::Json(body).into_response();
-            }
-        }
-    }
-    failed(
-        &mut tally,
-        &q,
-        ApiError::internal("the decoding thread stopped"),
-    )
-}
-
-fn failed(tally: &mut Tally, q: &Queued, e: ApiError) -> Response {
-    q.cancel.cancel();
-    tally.failed(&e);
-    e.into_response()
-}
-
-/// Answers with server-sent events: a chunk per piece of text, the last chunk with the finish
-/// reason, the usage chunk when asked, then `[DONE]`. Dropping the stream (the client left)
-/// drops the receiver, which cancels the decode at its next token.
-fn stream(app: Arc<App>, q: Queued) -> Response {
-    let tally = Tally::new(&app, &q);
-    let state = Streaming {
-        text: TextStream::new(q.params.stop.clone()),
-        q,
-        app,
-        tally,
-        first: true,
-        first_token: None,
-        done: false,
-    };
-    let events = futures_util::stream::unfold(state, |mut s| async move {
-        let batch = s.next().await?;
-        Some((
-            futures_util::stream::iter(batch.into_iter().map(Ok::<_, Infallible>)),
-            s,
-        ))
-    })
-    .flatten();
-    Sse::new(events).into_response()
-}
-
-struct Streaming {
-    q: Queued,
-    app: Arc<App>,
-    text: TextStream,
-    tally: Tally,
-    first: bool,
-    first_token: Option<f64>,
-    done: bool,
-}
-
-impl Streaming {
-    /// The next events to send; None when the stream is over.
-    async fn next(&mut self) -> Option<Vec<SseEvent>> {
-        if self.done {
-            return None;
-        }
-        let usage_field = self.q.params.include_usage;
-        loop {
-            let Some(event) = self.q.events.recv().await else {
-                return Some(self.fail(ApiError::internal("the decoding thread stopped")));
-            };
-            match event {
-                Event::Token(t) => {
-                    self.first_token
-                        .get_or_insert_with(|| self.q.submitted.elapsed().as_secs_f64());
-                    let piece = match self.text.push(&self.app.served.tokenizer, t) {
-                        Ok(p) => p,
-                        Err(e) => return Some(self.fail(e)),
-                    };
-                    if self.text.stopped() {
-                        self.q.cancel.cancel();
-                    }
-                    if piece.is_empty() && !self.first {
-                        continue;
-                    }
-                    let c = response::chunk(&self.q.head, &piece, self.first, usage_field);
-                    self.first = false;
-                    return Some(vec![json_event(&c)]);
-                }
-                Event::Done(Err(e)) => return Some(self.fail(ApiError::internal(e))),
-                Event::Done(Ok(stats)) => return Some(self.end(&stats)),
-            }
-        }
-    }
-
-    fn end(&mut self, stats: &DecodeStats) -> Vec<SseEvent> {
-        self.done = true;
-        let served = &self.app.served;
-        let rest = match self.text.finish(&served.tokenizer) {
-            Ok(r) => r,
-            Err(e) => return self.fail(e),
-        };
-        let usage_field = self.q.params.include_usage;
-        let mut out = Vec::new();
-        if !rest.is_empty() || self.first {
-            out.push(json_event(&response::chunk(
-                &self.q.head,
-                &rest,
-                self.first,
-                usage_field,
-            )));
-        }
-        let finish = finish(served, &self.text, stats, &self.q);
-        let completion = self.text.tokens().len();
-        let ext = response::extension(&served.policy, stats, self.first_token.unwrap_or(0.0));
-        let ids = self.q.params.return_token_ids.then_some(self.text.tokens());
-        let usage = response::usage(stats, completion);
-        let inline = (!usage_field).then(|| usage.clone());
-        let last = response::last_chunk(&self.q.head, finish, ext, ids, inline);
-        out.push(json_event(&last));
-        if usage_field {
-            out.push(json_event(&response::usage_chunk(&self.q.head, usage)));
-        }
-        out.push(SseEvent::default().data("[DONE]"));
-        let ttft = self.first_token.unwrap_or(0.0);
-        self.tally.done(stats, completion, ttft, finish);
-        out
-    }
-
-    /// An error after the headers went out: an `error` event, then the end.
-    fn fail(&mut self, e: ApiError) -> Vec<SseEvent> {
-        self.done = true;
-        self.q.cancel.cancel();
-        self.tally.failed(&e);
-        vec![
-            SseEvent::default().data(e.body()),
-            SseEvent::default().data("[DONE]"),
-        ]
-    }
-}
-
-fn json_event(v: &serde_json::Value) -> SseEvent {
-    SseEvent::default().data(v.to_string())
 }
 
 fn unix_seconds() -> u64 {

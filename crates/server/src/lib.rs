@@ -5,6 +5,7 @@
 //! that disconnects cancels its decode at the next cycle, and SIGTERM or Ctrl-C drains the
 //! server within a bound. It does not load models; the caller hands it an [`EngineDecoder`].
 
+mod answer;
 pub mod api;
 pub mod chat;
 pub mod decoder;

@@ -68,15 +68,22 @@ impl Engine {
                     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         run(&mut decoder, job, &a, &metrics)
                     }));
+                    // Idle before the answer goes out: whoever reads it sees the engine free.
                     b.store(0, Ordering::SeqCst);
-                    if decoded.is_err() {
-                        // The engine's state is unknown after a panic: answer this request,
-                        // then stop taking work (health turns 503, new requests get 503).
-                        let _ = events.send(Event::Done(Err(
-                            "the engine failed on this request and stopped".into(),
-                        )));
-                        d.store(true, Ordering::SeqCst);
-                        return;
+                    match decoded {
+                        Ok(Some(done)) => {
+                            let _ = events.send(Event::Done(done));
+                        }
+                        Ok(None) => {}
+                        Err(_) => {
+                            // The engine's state is unknown after a panic: answer this request,
+                            // then stop taking work (health turns 503, new requests get 503).
+                            let _ = events.send(Event::Done(Err(
+                                "the engine failed on this request and stopped".into(),
+                            )));
+                            d.store(true, Ordering::SeqCst);
+                            return;
+                        }
                     }
                 }
             })
@@ -148,15 +155,18 @@ impl Drop for Engine {
 }
 
 /// Decodes one job, sending tokens as they come; a closed receiver or the abort flag cancels.
-fn run(decoder: &mut EngineDecoder, job: Job, abort: &Cancel, metrics: &Metrics) {
+/// Returns what its `Done` event says (None: the client left before it started).
+fn run(
+    decoder: &mut EngineDecoder,
+    job: Job,
+    abort: &Cancel,
+    metrics: &Metrics,
+) -> Option<Result<DecodeStats, String>> {
     if abort.is_cancelled() {
-        let _ = job
-            .events
-            .send(Event::Done(Err("the server is shutting down".into())));
-        return;
+        return Some(Err("the server is shutting down".into()));
     }
     if job.cancel.is_cancelled() || job.events.is_closed() {
-        return; // the client left while waiting
+        return None;
     }
     let (events, cancel, abort) = (job.events.clone(), job.cancel.clone(), abort.clone());
     let sink = TokenSink(Arc::new(move |t| {
@@ -168,7 +178,5 @@ fn run(decoder: &mut EngineDecoder, job: Job, abort: &Cancel, metrics: &Metrics)
     if let Ok(stats) = &result {
         metrics.decoded(stats);
     }
-    let _ = job
-        .events
-        .send(Event::Done(result.map_err(|e| e.to_string())));
+    Some(result.map_err(|e| e.to_string()))
 }

@@ -4,7 +4,7 @@
 use std::io::Write;
 
 use anyhow::{ensure, Result};
-use specfit_engine::{generate, GenerateOptions, GenerationConfig, Sampler, Sampling, Tokenizer};
+use specfit_engine::{generate, GenerateOptions, Sampler, Sampling, Tokenizer};
 
 use crate::policy::{self, Policy, RouteChoice};
 use crate::prompt::PromptArgs;
@@ -115,11 +115,7 @@ pub fn run(args: &Args) -> Result<()> {
     let (model, mut cache) = args.target.load()?;
     let prompt = args.prompt.tokens(tokenizer.as_ref(), args.chat)?;
     check_context(model.config(), prompt.len(), args)?;
-    let mut stop = GenerationConfig::load(&args.target.model)?
-        .eos_token_id
-        .or(model.config().eos_token_id.clone())
-        .map(|t| t.to_vec())
-        .unwrap_or_default();
+    let mut stop = crate::target::eos_tokens(&args.target.model, model.config())?;
     if let Some(end) = tokenizer
         .as_ref()
         .and_then(|t| t.token_id("<|im_end|>"))

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use specfit_engine::spec::TreeShape;
-use specfit_engine::{Eagle3, GenerationConfig, Tokenizer};
+use specfit_engine::{Eagle3, Tokenizer};
 use specfit_server::{
     Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
 };
@@ -126,14 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)
         .with_context(|| format!("loading {}", args.model.display()))?;
-    let slots = args
-        .slots
-        .unwrap_or_else(|| crate::calibrate::default_slots(&cfg));
-    ensure!(
-        (1..=cfg.num_experts).contains(&slots),
-        "--slots {slots}: the model has {} experts per layer",
-        cfg.num_experts
-    );
+    let slots = crate::target::slots_or_default(&cfg, args.slots)?;
     if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
         bail!("--calibration {} does not exist", path.display());
     }
@@ -256,11 +249,7 @@ fn served(args: &Args, model: &specfit_engine::Qwen3Moe, tokenizer: Tokenizer) -
         tokenizer.bos_token(),
         tokenizer.eos_token(),
     )?;
-    let stop_tokens: Vec<u32> = GenerationConfig::load(&args.model)?
-        .eos_token_id
-        .or(cfg.eos_token_id.clone())
-        .map(|t| t.to_vec())
-        .unwrap_or_default();
+    let stop_tokens = crate::target::eos_tokens(&args.model, cfg)?;
     let mut chat_stop_tokens = stop_tokens.clone();
     chat_stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
     chat_stop_tokens.extend(tokenizer.eos_token().and_then(|t| tokenizer.token_id(t)));

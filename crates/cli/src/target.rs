@@ -138,3 +138,30 @@ pub fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
     );
     Ok(())
 }
+
+/// The model's end-of-sequence ids: `generation_config.json`'s, else the config's.
+pub fn eos_tokens(
+    model: &std::path::Path,
+    cfg: &specfit_engine::Qwen3MoeConfig,
+) -> Result<Vec<u32>> {
+    Ok(specfit_engine::GenerationConfig::load(model)?
+        .eos_token_id
+        .or(cfg.eos_token_id.clone())
+        .map(|t| t.to_vec())
+        .unwrap_or_default())
+}
+
+/// `--slots`, else a quarter of the experts ([`crate::calibrate::default_slots`]), checked
+/// against the model's experts per layer.
+pub fn slots_or_default(
+    cfg: &specfit_engine::Qwen3MoeConfig,
+    slots: Option<usize>,
+) -> Result<usize> {
+    let slots = slots.unwrap_or_else(|| crate::calibrate::default_slots(cfg));
+    anyhow::ensure!(
+        (1..=cfg.num_experts).contains(&slots),
+        "--slots {slots}: the model has {} experts per layer",
+        cfg.num_experts
+    );
+    Ok(slots)
+}

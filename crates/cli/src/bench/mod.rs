@@ -16,8 +16,8 @@ use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use specfit_engine::spec::{generate_spec_from, Atlas, Routes, SpecOptions, SpecRule};
 use specfit_engine::{
-    generate_from, CacheMode, Eagle3, ExpertCache, GenerateOptions, GenerationConfig, Prefix,
-    Qwen3Moe, Sampler, Sampling, Tokenizer,
+    generate_from, CacheMode, Eagle3, ExpertCache, GenerateOptions, Prefix, Qwen3Moe, Sampler,
+    Sampling, Tokenizer,
 };
 use specfit_selector::json::CalibrationJson;
 
@@ -273,14 +273,7 @@ fn setup(args: &Args) -> Result<Setup> {
     ensure!(args.max_tokens > 0, "--max-tokens must be positive");
     ensure!(args.budget > 0, "--max-nodes must be positive");
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
-    let default_slots = args
-        .slots
-        .unwrap_or_else(|| crate::calibrate::default_slots(&cfg));
-    ensure!(
-        (1..=cfg.num_experts).contains(&default_slots),
-        "--slots {default_slots}: the model has {} experts per layer",
-        cfg.num_experts
-    );
+    let default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
     if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
         bail!("--calibration {} does not exist", path.display());
     }
@@ -345,11 +338,7 @@ fn setup(args: &Args) -> Result<Setup> {
     };
     let (model, base) = target.load()?;
     let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let mut stop = GenerationConfig::load(&args.model)?
-        .eos_token_id
-        .or(model.config().eos_token_id.clone())
-        .map(|t| t.to_vec())
-        .unwrap_or_default();
+    let mut stop = crate::target::eos_tokens(&args.model, model.config())?;
     stop.extend(tokenizer.token_id("<|im_end|>"));
     let predictor = if args.predictor.exists() {
         Some(policy::load_predictor(&args.predictor, &model, &drafter)?)

@@ -74,17 +74,13 @@ impl Tally {
     /// Marks the request completed, with its figures for the log.
     fn done(&mut self, stats: &DecodeStats, completion: usize, ttft: f64, finish: Finish) {
         self.outcome = Some(Outcome::Ok);
-        let rate = if stats.decode_seconds > 0.0 {
-            completion.saturating_sub(1) as f64 / stats.decode_seconds
-        } else {
-            0.0
-        };
         self.detail = format!(
-            "prompt {} (cached {}), completion {completion}, first token {:.0} ms, {rate:.1} tok/s, {:.2} tokens/cycle, finish {}",
+            "prompt {} (cached {}), completion {completion}, first token {:.0} ms, {:.1} tok/s, {:.2} tokens/cycle, finish {}",
             stats.prompt_tokens,
             stats.cached_prompt_tokens,
             1e3 * ttft,
-            if stats.cycles > 0 { stats.committed as f64 / stats.cycles as f64 } else { 0.0 },
+            stats.decode_tokens_per_second(),
+            stats.tokens_per_cycle(),
             finish.name()
         );
     }

@@ -21,6 +21,14 @@ impl Endpoint {
             Endpoint::Completions => "completions",
         }
     }
+
+    /// The request field that holds the prompt (`messages` or `prompt`), named in errors about it.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
 }
 
 /// What to continue.

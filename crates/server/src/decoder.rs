@@ -44,6 +44,26 @@ pub struct DecodeStats {
     pub decode_seconds: f64,
 }
 
+impl DecodeStats {
+    /// Tokens decoded per second after the first (which the prompt's forward produces).
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        if self.decode_seconds > 0.0 {
+            self.completion_tokens.saturating_sub(1) as f64 / self.decode_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Tokens committed per draft–verify cycle (0 without cycles).
+    pub fn tokens_per_cycle(&self) -> f64 {
+        if self.cycles > 0 {
+            self.committed as f64 / self.cycles as f64
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Where the speculative policies get draft-node routes.
 pub enum DraftRoutes {
     /// Policies that need none (`eagle3`).
@@ -125,31 +145,19 @@ impl EngineDecoder {
         let started = std::time::Instant::now();
         let before = self.cache.stats().clone();
         let (prefix, cached) = self.prefill(&request.prompt)?;
-        let mut stats = DecodeStats {
-            prompt_tokens: request.prompt.len(),
-            cached_prompt_tokens: cached,
-            prefill_seconds: started.elapsed().as_secs_f64(),
-            ..DecodeStats::default()
-        };
+        let prefill_seconds = started.elapsed().as_secs_f64();
         let prefill = self.cache.stats().since(&before).total;
-        stats.expert_copies += prefill.misses;
-        stats.expert_bytes += prefill.bytes_copied;
         let decoded = self.decode_from(&prefix, request, cancel, sink);
         if self.reuse_prompts {
             self.prompt_cache = Some(prefix);
         }
-        let d = decoded?;
-        Ok(DecodeStats {
-            completion_tokens: d.completion_tokens,
-            cycles: d.cycles,
-            verified_nodes: d.verified_nodes,
-            committed: d.committed,
-            expert_copies: stats.expert_copies + d.expert_copies,
-            expert_bytes: stats.expert_bytes + d.expert_bytes,
-            prefill_seconds: stats.prefill_seconds + d.prefill_seconds,
-            decode_seconds: d.decode_seconds,
-            ..stats
-        })
+        let mut stats = decoded?;
+        stats.prompt_tokens = request.prompt.len();
+        stats.cached_prompt_tokens = cached;
+        stats.prefill_seconds += prefill_seconds;
+        stats.expert_copies += prefill.misses;
+        stats.expert_bytes += prefill.bytes_copied;
+        Ok(stats)
     }
 
     /// The prefill of all but the prompt's last token, extending the previous request's where

@@ -456,11 +456,7 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
         .enumerate()
         .find(|(_, &t)| t as usize >= served.vocab)
     {
-        let param = if params.endpoint == Endpoint::Chat {
-            "messages"
-        } else {
-            "prompt"
-        };
+        let param = params.endpoint.prompt_field();
         return Err(ApiError::invalid(
             param,
             format!(
@@ -470,11 +466,7 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
         ));
     }
     if ids.is_empty() {
-        let param = if params.endpoint == Endpoint::Chat {
-            "messages"
-        } else {
-            "prompt"
-        };
+        let param = params.endpoint.prompt_field();
         return Err(ApiError::invalid(param, "the prompt encodes to no tokens"));
     }
     Ok(ids)
@@ -486,11 +478,7 @@ fn fit_context(served: &Served, params: &Params, prompt: usize) -> Result<usize,
         .context
         .saturating_sub(prompt + served.tree_positions);
     if room == 0 {
-        let param = if params.endpoint == Endpoint::Chat {
-            "messages"
-        } else {
-            "prompt"
-        };
+        let param = params.endpoint.prompt_field();
         return Err(ApiError::invalid(
             param,
             format!(

@@ -98,8 +98,7 @@ impl Metrics {
         t.expert_copies += s.expert_copies;
         t.expert_bytes += s.expert_bytes;
         if s.decode_seconds > 0.0 {
-            t.last_tokens_per_second =
-                s.completion_tokens.saturating_sub(1) as f64 / s.decode_seconds;
+            t.last_tokens_per_second = s.decode_tokens_per_second();
         }
     }
 

@@ -64,18 +64,14 @@ pub fn extension(policy: &str, stats: &DecodeStats, time_to_first_token: f64) ->
     json!({
         "policy": policy,
         "cycles": stats.cycles,
-        "tokens_per_cycle": per(stats.committed as f64, stats.cycles),
+        "tokens_per_cycle": stats.tokens_per_cycle(),
         "nodes_verified_per_cycle": per(stats.verified_nodes as f64, stats.cycles),
         "expert_copies": stats.expert_copies,
         "expert_bytes_copied": stats.expert_bytes,
         "expert_copies_per_token": per(stats.expert_copies as f64, stats.completion_tokens),
         "prefill_ms": 1e3 * stats.prefill_seconds,
         "time_to_first_token_ms": 1e3 * time_to_first_token,
-        "decode_tokens_per_second": if stats.decode_seconds > 0.0 {
-            stats.completion_tokens.saturating_sub(1) as f64 / stats.decode_seconds
-        } else {
-            0.0
-        },
+        "decode_tokens_per_second": stats.decode_tokens_per_second(),
     })
 }
 

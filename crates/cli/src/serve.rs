@@ -143,7 +143,14 @@ pub fn run(args: &Args) -> Result<()> {
         weights: args.weights,
     };
     let (model, cache) = target.load()?;
-    let served = served(args, &model, tokenizer.clone())?;
+    // Checked before the drafter and the calibration load: a template that does not compile
+    // or a context the model does not have.
+    let template = specfit_server::chat::ChatTemplate::new(
+        tokenizer.chat_template(),
+        tokenizer.bos_token(),
+        tokenizer.eos_token(),
+    )?;
+    let context = context(args, model.config())?;
     let speculation = if args.policy == Policy::Ar {
         None
     } else {
@@ -196,12 +203,9 @@ pub fn run(args: &Args) -> Result<()> {
             read_ahead: args.read_ahead,
         })
     };
-    let served = Served {
-        tree_positions: speculation.as_ref().map_or(0, |s| s.shape.levels),
-        ..served
-    };
     let decoder = EngineDecoder::new(model, cache, speculation, args.policy.name())
         .reuse_prompts(!args.no_prompt_cache);
+    let served = served(args, &decoder, (tokenizer, template), context)?;
     let options = ServeOptions {
         host: args.host.clone(),
         port: args.port,
@@ -234,9 +238,25 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The model as clients see it: name, tokenizer, chat template, context and stop tokens.
-fn served(args: &Args, model: &specfit_engine::Qwen3Moe, tokenizer: Tokenizer) -> Result<Served> {
-    let cfg = model.config();
+/// Positions a request may use: `--max-model-len`, else all the model has.
+fn context(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<usize> {
+    let most = cfg.max_position_embeddings;
+    match args.max_model_len {
+        None => Ok(most),
+        Some(n) if (1..=most).contains(&n) => Ok(n),
+        Some(n) => bail!("--max-model-len {n} must be between 1 and the model's {most} positions"),
+    }
+}
+
+/// The model as clients see it: name, tokenizer, chat template, context, stop tokens, and
+/// what the decoder reports of itself (policy, draft-tree positions).
+fn served(
+    args: &Args,
+    decoder: &EngineDecoder,
+    (tokenizer, template): (Tokenizer, specfit_server::chat::ChatTemplate),
+    context: usize,
+) -> Result<Served> {
+    let cfg = decoder.config();
     let name = match &args.served_model_name {
         Some(n) => n.clone(),
         None => args
@@ -244,33 +264,20 @@ fn served(args: &Args, model: &specfit_engine::Qwen3Moe, tokenizer: Tokenizer) -
             .file_stem()
             .map_or_else(|| "specfit".into(), |s| s.to_string_lossy().into_owned()),
     };
-    let template = specfit_server::chat::ChatTemplate::new(
-        tokenizer.chat_template(),
-        tokenizer.bos_token(),
-        tokenizer.eos_token(),
-    )?;
     let stop_tokens = crate::target::eos_tokens(&args.model, cfg)?;
     let mut chat_stop_tokens = stop_tokens.clone();
     chat_stop_tokens.extend(tokenizer.token_id("<|im_end|>"));
     chat_stop_tokens.extend(tokenizer.eos_token().and_then(|t| tokenizer.token_id(t)));
     chat_stop_tokens.dedup();
-    let context = cfg.max_position_embeddings;
-    let context = match args.max_model_len {
-        None => context,
-        Some(n) if (1..=context).contains(&n) => n,
-        Some(n) => {
-            bail!("--max-model-len {n} must be between 1 and the model's {context} positions")
-        }
-    };
     Ok(Served {
         name,
         template,
         context,
-        tree_positions: 0,
+        tree_positions: decoder.tree_positions(),
         vocab: cfg.vocab_size,
         stop_tokens,
         chat_stop_tokens,
-        policy: args.policy.name().to_string(),
+        policy: decoder.policy().to_string(),
         tokenizer,
     })
 }

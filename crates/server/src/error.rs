@@ -120,8 +120,6 @@ pub enum ServerError {
     Template(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    #[error("the decoding thread stopped unexpectedly")]
-    Worker,
 }
 
 #[cfg(test)]

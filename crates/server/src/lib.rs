@@ -105,8 +105,10 @@ pub async fn serve(
         // A cancelled decode ends within a cycle; its stream then closes.
         let _ = tokio::time::timeout(Duration::from_secs(10), &mut drained).await;
     }
+    // Nothing left to answer: cancel whatever still runs and wait for the decoding thread.
     app.engine.abort();
-    finish(&app, Ok(()))
+    app.engine.stop();
+    Ok(())
 }
 
 /// Accepts HTTP/1.1 connections until `stop` turns true, each served by `router` with a bound on
@@ -143,11 +145,6 @@ async fn accept(
             let _ = conn.await;
         });
     }
-}
-
-fn finish(app: &http::App, result: std::io::Result<()>) -> Result<(), ServerError> {
-    app.engine.stop();
-    result.map_err(ServerError::Io)
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT).

@@ -152,6 +152,17 @@ fn generate(args: &[&str]) -> String {
     text.strip_suffix('\n').unwrap_or(&text).to_string()
 }
 
+/// A JSON array of token ids as `specfit generate` prints them (comma-separated).
+fn ids(v: &Value) -> String {
+    let ids: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    ids.join(",")
+}
+
 /// A raw JSON request; the status and the parsed body.
 async fn post(url: &str, body: &str) -> (u16, Value) {
     let r = reqwest::Client::new()
@@ -287,21 +298,14 @@ async fn every_policy_gives_a_standard_client_what_specfit_generate_prints() {
                 "max_tokens": 24, "temperature": temperature, "top_p": 0.9, "seed": 7, "return_token_ids": true});
             let (status, v) = post(&server.url("/v1/chat/completions"), &body.to_string()).await;
             assert_eq!(status, 200, "{v}");
-            let ids = |v: &Value| -> Vec<String> {
-                v.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|t| t.to_string())
-                    .collect()
-            };
-            let prompt = ids(&v["choices"][0]["prompt_token_ids"]).join(",");
+            let prompt = ids(&v["choices"][0]["prompt_token_ids"]);
             let mut a = vec!["--prompt-ids", prompt.as_str()];
             if temperature == 0.0 {
                 a.extend(["--top-p", "0.9"]);
             }
             a.extend(extra.iter());
             assert_eq!(
-                ids(&v["choices"][0]["token_ids"]).join(","),
+                ids(&v["choices"][0]["token_ids"]),
                 run(&a),
                 "{policy}: tokens at temperature {temperature}"
             );
@@ -969,14 +973,6 @@ async fn a_follow_up_turn_reuses_the_earlier_prefill_and_decodes_the_same_tokens
         cached as f64
     );
     // And the tokens are what `specfit generate` gives on the whole prompt.
-    let ids = |v: &Value| -> String {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.to_string())
-            .collect::<Vec<_>>()
-            .join(",")
-    };
     let prompt = ids(&two["choices"][0]["prompt_token_ids"]);
     let want = generate(&[
         "--prompt-ids",

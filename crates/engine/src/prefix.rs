@@ -45,9 +45,10 @@ impl Prefix {
     /// bit the prefix [`Prefix::new`] makes, because every position's cache entries depend only
     /// on the tokens up to it. With a drafter, the last shared position is run again (the
     /// drafter's entry there pairs it with the next token, whose features this prefix did not
-    /// keep). A drafter given to one and not the other makes a fresh prefix.
+    /// keep). A drafter given to one and not the other makes a fresh prefix. Consumes this
+    /// prefix, so its caches are truncated in place rather than copied.
     pub fn extend(
-        &self,
+        self,
         target: &Qwen3Moe,
         drafter: Option<&Eagle3>,
         experts: &mut ExpertCache,
@@ -57,9 +58,8 @@ impl Prefix {
             return Prefix::new(target, drafter, experts, prompt);
         }
         let keep = self.reusable(prompt);
-        let mut target_kv = self.target_kv.clone();
+        let (mut target_kv, mut draft_kv) = (self.target_kv, self.draft_kv);
         target_kv.truncate(keep)?;
-        let mut draft_kv = self.draft_kv.clone();
         if let Some(kv) = draft_kv.as_mut() {
             kv.truncate(keep)?;
         }

@@ -126,14 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
     if args.ignore_eos {
         stop.clear();
     }
-    let rule = if args.temperature == 0.0 {
-        Sampling::Greedy
-    } else {
-        Sampling::TopP {
-            temperature: args.temperature,
-            top_p: args.top_p,
-        }
-    };
+    let rule = Sampling::from_temperature(args.temperature, args.top_p);
     if let (Some(dir), true) = (&args.drafter, args.policy != Policy::Ar) {
         let dir = dir.clone().unwrap_or_else(crate::paths::drafter);
         return run_spec(

@@ -14,6 +14,18 @@ pub enum Sampling {
     TopP { temperature: f32, top_p: f32 },
 }
 
+impl Sampling {
+    /// The rule `temperature` and `top_p` describe, as OpenAI's API and `specfit generate` take
+    /// them: greedy at temperature 0, else top-p sampling.
+    pub fn from_temperature(temperature: f32, top_p: f32) -> Sampling {
+        if temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::TopP { temperature, top_p }
+        }
+    }
+}
+
 /// A sampling rule with its random stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
@@ -99,6 +111,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temperature_zero_is_greedy_and_any_other_samples_top_p() {
+        assert_eq!(Sampling::from_temperature(0.0, 0.5), Sampling::Greedy);
+        assert_eq!(
+            Sampling::from_temperature(0.7, 0.9),
+            Sampling::TopP {
+                temperature: 0.7,
+                top_p: 0.9
+            }
+        );
+    }
 
     #[test]
     fn top_p_keeps_the_smallest_head_reaching_the_mass() {

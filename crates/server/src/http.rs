@@ -321,14 +321,7 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
         Endpoint::Chat => served.chat_stop_tokens.clone(),
         Endpoint::Completions => served.stop_tokens.clone(),
     };
-    let sampling = if params.temperature == 0.0 {
-        Sampling::Greedy
-    } else {
-        Sampling::TopP {
-            temperature: params.temperature,
-            top_p: params.top_p,
-        }
-    };
+    let sampling = Sampling::from_temperature(params.temperature, params.top_p);
     let n = app.next_id.fetch_add(1, Ordering::Relaxed);
     let request = DecodeRequest {
         prompt: prompt.clone(),

@@ -1,7 +1,8 @@
 //! GGUF files written by llama.cpp's own converter and quantizer (fixtures/gguf, made by
 //! tools/gguf/make_gguf_fixtures.py): the config and tokenizer they carry, specfit's forward on
-//! them against transformers on the same dequantized weights (exact arithmetic) and against
-//! llama.cpp on the same file, and experts streamed from the file itself.
+//! them against transformers on the same dequantized weights (`--weights f32`, exact arithmetic)
+//! and, run quantized, against llama.cpp on the same file, and experts streamed from the file
+//! itself.
 
 mod common;
 use common::*;
@@ -92,8 +93,9 @@ fn the_tokenizer_in_the_file_encodes_like_the_tokenizer_json_it_was_made_from() 
 fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights() {
     for name in QUANTS {
         let r = reference(name);
+        let f32 = Some(specfit_engine::WeightDtype::F32);
         let (model, mut cache) =
-            load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+            load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, f32).unwrap();
         for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
             let prompt = ints(&run["prompt"]);
             let mut kv = model.new_kv_cache();
@@ -144,22 +146,21 @@ fn agreement(a: &[f32], b: &[f32], vocab: usize) -> (f64, f32) {
     (same as f64 / rows as f64, rel_err(a, b))
 }
 
-/// llama.cpp quantizes the activations too (to 8-bit blocks: Q8_0 for Q8_0/Q4_0/Q5_0 weights,
-/// Q8_K for k-quants) before each quantized matrix product, where specfit multiplies the exact
-/// dequantized weights by f32 activations; so the two agree only up to that rounding. The
-/// bounds are what this tiny random model measures (largest relative error 0.019 for Q8_0,
-/// 0.039 for Q4_0, 0.163 for Q4_K_M, whose tied output matrix is Q6_K against Q8_K-rounded
-/// activations; argmax agreement ≥ 0.88) with headroom, not a claim of equality: the exact
-/// reference is transformers on the same weights, above.
+/// specfit runs a GGUF's quantized matrices as llama.cpp does: activations rounded per row to
+/// 8-bit blocks (Q8_0 blocks for Q8_0/Q4_0/Q5_0 weights, Q8_K for k-quants) and integer dot
+/// products per block. The float steps around them are ordered differently (and llama.cpp's
+/// attention, norms and softmax are its own), so logits agree closely but not bitwise. Measured
+/// on these files: largest relative error 1.3e-7 for Q8_0, 0.015 for Q4_0, 0.020 for Q4_K_M
+/// (before the integer kernels, with f32 activations: 0.019, 0.039, 0.163); the bounds leave
+/// headroom. The exact reference is transformers on the same weights, above.
 #[test]
-fn logits_agree_with_llama_cpp_on_the_same_file_up_to_its_activation_rounding() {
-    let bound = [("q8_0", 0.05f32), ("q4_0", 0.08), ("q4_k_m", 0.3)];
+fn quantized_logits_and_greedy_tokens_agree_with_llama_cpp_on_the_same_file() {
+    let bound = [("q8_0", 1e-5f32), ("q4_0", 0.03), ("q4_k_m", 0.04)];
     for (name, max_rel) in bound {
         let (model, mut cache) =
             load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
         let vocab = model.config().vocab_size;
         let r = reference(name);
-        let mut same = 0;
         for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
             let prompt = ints(&run["prompt"]);
             let mut kv = model.new_kv_cache();
@@ -167,26 +168,33 @@ fn logits_agree_with_llama_cpp_on_the_same_file_up_to_its_activation_rounding() 
                 .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
                 .unwrap();
             let (argmax, err) = agreement(&out.logits, &recorded(name, "llama", k), vocab);
-            eprintln!("{name} prompt {k}: against llama.cpp relative error {err:.4}, argmax agreement {argmax:.2}");
+            eprintln!("{name} prompt {k}: against llama.cpp relative error {err:.2e}, argmax agreement {argmax:.2}");
             assert!(err <= max_rel, "{name} prompt {k}: {err}");
-            assert!(
-                argmax >= 0.8,
-                "{name} prompt {k}: argmax agreement {argmax}"
+            assert_eq!(argmax, 1.0, "{name} prompt {k}: argmax agreement {argmax}");
+            let want = ints(&run["llama_greedy"]);
+            let mut sampler = Sampler::new(Sampling::Greedy, 0);
+            let options = GenerateOptions {
+                max_tokens: want.len(),
+                stop: vec![],
+                ..Default::default()
+            };
+            let got = generate(&model, &mut cache, &prompt, &mut sampler, &options, |_| {})
+                .unwrap()
+                .tokens;
+            assert_eq!(
+                got, want,
+                "{name} prompt {k}: greedy tokens against llama.cpp's"
             );
-            same += ints(&run["hf_greedy"])
-                .iter()
-                .zip(ints(&run["llama_greedy"]))
-                .take_while(|(a, b)| **a == *b)
-                .count();
         }
-        eprintln!("{name}: greedy prefix shared with llama.cpp: {same} of 16 tokens");
     }
 }
 
+/// The quantized kernels against the exact decode of the same file (`--weights f32`): close,
+/// within the rounding of 8-bit activations.
 #[test]
-fn quantized_panels_give_the_bits_of_the_dequantized_f32_matrices() {
+fn quantized_kernels_stay_close_to_the_exact_decode_of_the_same_weights() {
     use specfit_engine::WeightDtype;
-    for name in QUANTS {
+    for (name, max_rel) in [("q8_0", 0.03f32), ("q4_0", 0.03), ("q4_k_m", 0.04)] {
         let prompt = [1u32, 45, 300, 17, 999, 5, 6, 7, 8];
         let logits = |dtype: Option<WeightDtype>| {
             let (model, mut cache) =
@@ -197,12 +205,10 @@ fn quantized_panels_give_the_bits_of_the_dequantized_f32_matrices() {
                 .unwrap()
                 .logits
         };
-        // Native: quantized matrices stay quantized; f32 forces every matrix to be decoded.
-        assert_eq!(
-            bits(&logits(None)),
-            bits(&logits(Some(WeightDtype::F32))),
-            "{name}"
-        );
+        let (quantized, exact) = (logits(None), logits(Some(WeightDtype::F32)));
+        let err = rel_err(&quantized, &exact);
+        eprintln!("{name}: quantized kernels against the exact decode: relative error {err:.2e}");
+        assert!(err <= max_rel && err > 0.0, "{name}: {err}");
     }
 }
 

@@ -83,15 +83,16 @@ pub fn supports(ty: GgmlType) -> bool {
     )
 }
 
-/// A quantized block as small integers with one scale (and, for some types, one offset) per group
-/// of consecutive elements: element `i` is `q[i]·scale[g] (+ offset[g])`, `g = i / group`,
-/// evaluated as one f32 product (and one f32 sum) — exactly the bits [`dequantize`] gives. Lets
-/// a kernel keep one byte per weight and rebuild each weight in registers.
+/// A quantized block as small integers: element `i` of group `g = i / group` is
+/// `(d · scale[g]) · q[i] (+ dmin · min[g])`, `d` and `dmin` the block's f32 factors and
+/// `scale`, `min` its integer sub-scales (1 for types with one scale per block), evaluated in
+/// f32 in that order — exactly the bits [`dequantize`] gives. Lets a kernel multiply the integers
+/// by integer activations and apply the float factors once per block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IntGroups {
     /// Elements per group (32, or 16 for `Q6_K`).
     pub group: usize,
-    /// Whether groups carry an offset.
+    /// Whether groups carry an offset (`dmin · min[g]`).
     pub offset: bool,
 }
 
@@ -107,43 +108,72 @@ pub fn int_groups(ty: GgmlType) -> Option<IntGroups> {
     Some(IntGroups { group, offset })
 }
 
-/// Splits one block of `ty` into integers `q` (one per element), `scale` and `offset` (one per
-/// group; `offset` untouched for types without). `ty` must have an [`int_groups`] form.
-pub fn split_block(ty: GgmlType, x: &[u8], q: &mut [i8], scale: &mut [f32], offset: &mut [f32]) {
+/// The float factors of one block in its integer form ([`IntGroups`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockScale {
+    /// Multiplies every group's integer scale.
+    pub d: f32,
+    /// Multiplies every group's integer min (0 for types without offsets; negative for the
+    /// k-quants, whose mins are subtracted).
+    pub dmin: f32,
+}
+
+/// Splits one block of `ty` into integers `q` (one per element) and integer `scale` and `min`
+/// (one per group; `min` untouched for types without offsets) and returns its float factors.
+/// `ty` must have an [`int_groups`] form.
+pub fn split_block(
+    ty: GgmlType,
+    x: &[u8],
+    q: &mut [i8],
+    scale: &mut [i32],
+    min: &mut [i32],
+) -> BlockScale {
     match ty {
         GgmlType::Q8_0 => {
-            scale[0] = f16(&x[0..2]);
+            scale[0] = 1;
             for (qv, &b) in q.iter_mut().zip(&x[2..34]) {
                 *qv = b as i8;
             }
+            BlockScale {
+                d: f16(&x[0..2]),
+                dmin: 0.0,
+            }
         }
         GgmlType::Q4_0 | GgmlType::Q4_1 => {
-            let (d, qs) = if ty == GgmlType::Q4_0 {
-                (f16(&x[0..2]), &x[2..18])
+            let (out, qs) = if ty == GgmlType::Q4_0 {
+                ((f16(&x[0..2]), 0.0), &x[2..18])
             } else {
-                offset[0] = f16(&x[2..4]);
-                (f16(&x[0..2]), &x[4..20])
+                min[0] = 1;
+                ((f16(&x[0..2]), f16(&x[2..4])), &x[4..20])
             };
             let bias = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-            scale[0] = d;
+            scale[0] = 1;
             for j in 0..16 {
                 q[j] = (qs[j] & 0x0F) as i8 - bias;
                 q[j + 16] = (qs[j] >> 4) as i8 - bias;
             }
+            BlockScale {
+                d: out.0,
+                dmin: out.1,
+            }
         }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            let (d, qh, qs, bias) = if ty == GgmlType::Q5_0 {
-                (f16(&x[0..2]), &x[2..6], &x[6..22], 16)
+            let (out, qh, qs, bias) = if ty == GgmlType::Q5_0 {
+                ((f16(&x[0..2]), 0.0), &x[2..6], &x[6..22], 16)
             } else {
-                offset[0] = f16(&x[2..4]);
-                (f16(&x[0..2]), &x[4..8], &x[8..24], 0)
+                min[0] = 1;
+                ((f16(&x[0..2]), f16(&x[2..4])), &x[4..8], &x[8..24], 0)
             };
-            scale[0] = d;
+            scale[0] = 1;
             let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
             for j in 0..16 {
                 let (a, b) = five_bits(qh, qs, j);
                 q[j] = a as i8 - bias;
                 q[j + 16] = b as i8 - bias;
+            }
+            BlockScale {
+                d: out.0,
+                dmin: out.1,
             }
         }
         GgmlType::Q4_K | GgmlType::Q5_K => {
@@ -158,9 +188,8 @@ pub fn split_block(ty: GgmlType, x: &[u8], q: &mut [i8], scale: &mut [f32], offs
                 for half in 0..2 {
                     let g = 2 * chunk + half;
                     let (sc, m) = scale_min(g, scales);
-                    scale[g] = d * sc as f32;
-                    // `s·q − m1` is `s·q + (−m1)` bit for bit.
-                    offset[g] = -(dmin * m as f32);
+                    scale[g] = sc as i32;
+                    min[g] = m as i32;
                     for l in 0..32 {
                         let b = qs[32 * chunk + l];
                         let low = if half == 0 { b & 0x0F } else { b >> 4 };
@@ -175,12 +204,13 @@ pub fn split_block(ty: GgmlType, x: &[u8], q: &mut [i8], scale: &mut [f32], offs
                     }
                 }
             }
+            // `d1·q − dmin·m` is `d1·q + (−dmin)·m` bit for bit.
+            BlockScale { d, dmin: -dmin }
         }
         GgmlType::Q6_K => {
             let (ql, qh, sc) = (&x[0..128], &x[128..192], &x[192..208]);
-            let d = f16(&x[208..210]);
             for (g, s) in scale.iter_mut().enumerate().take(16) {
-                *s = d * sc[g] as i8 as f32;
+                *s = sc[g] as i8 as i32;
             }
             for half in 0..2 {
                 let (ql, qh) = (&ql[64 * half..], &qh[32 * half..]);
@@ -191,6 +221,10 @@ pub fn split_block(ty: GgmlType, x: &[u8], q: &mut [i8], scale: &mut [f32], offs
                     q[l + 64] = (((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) as i32 - 32) as i8;
                     q[l + 96] = (((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) as i32 - 32) as i8;
                 }
+            }
+            BlockScale {
+                d: f16(&x[208..210]),
+                dmin: 0.0,
             }
         }
         other => panic!("{} has no integer form", other.name()),
@@ -423,13 +457,13 @@ mod tests {
                 dequantize(ty, &x, &mut want).unwrap();
                 let mut q = vec![0i8; elems];
                 let groups = elems / form.group;
-                let (mut s, mut m) = (vec![0.0f32; groups], vec![0.0f32; groups]);
-                split_block(ty, &x, &mut q, &mut s, &mut m);
+                let (mut s, mut m) = (vec![0i32; groups], vec![0i32; groups]);
+                let f = split_block(ty, &x, &mut q, &mut s, &mut m);
                 for i in 0..elems {
                     let g = i / form.group;
-                    let mut v = q[i] as f32 * s[g];
+                    let mut v = q[i] as f32 * (f.d * s[g] as f32);
                     if form.offset {
-                        v += m[g];
+                        v += f.dmin * m[g] as f32;
                     }
                     assert_eq!(v.to_bits(), want[i].to_bits(), "{} element {i}", ty.name());
                 }

@@ -3,14 +3,14 @@
 //! (`H × I`), each repacked into K-major panels ([`crate::kernels::packed::pack`]) so that the
 //! experts run straight from their slots with the batch-efficient panel kernels. Experts of a
 //! quantized GGUF file stay quantized: a 64-byte header naming the three matrices' GGUF types,
-//! then `gate`, `up` and `down` as quantized panels ([`crate::kernels::quant`]), every block
-//! padded to the largest layer's size.
+//! then `gate`, `up` and `down` as the file stores them (row-major GGUF blocks, run as they are
+//! by [`crate::kernels::quant`]), every block padded to the largest layer's size.
 
 use specfit_gguf::GgmlType;
 
 use crate::error::EngineError;
 use crate::kernels::packed::{pack, packed_len};
-use crate::kernels::quant::{panels_len, repack, QuantView};
+use crate::kernels::quant::{rows_len, QuantView};
 use crate::kernels::{PackedView, WeightBuf, WeightDtype, WeightView};
 
 /// Bytes of a quantized block's header: the GGUF type ids of gate, up and down.
@@ -38,7 +38,7 @@ pub enum ExpertMatrices<'a> {
         gate_up: PackedView<'a>,
         down: PackedView<'a>,
     },
-    /// `gate`, `up` (`I × H`) and `down` (`H × I`) quantized panels.
+    /// `gate`, `up` (`I × H`) and `down` (`H × I`) GGUF rows.
     Quant {
         gate: QuantView<'a>,
         up: QuantView<'a>,
@@ -73,9 +73,9 @@ impl ExpertLayout {
         let (h, i) = (self.hidden, self.intermediate);
         Some(
             QUANT_HEAD
-                + panels_len(types[0], i, h)?
-                + panels_len(types[1], i, h)?
-                + panels_len(types[2], h, i)?,
+                + rows_len(types[0], i, h)?
+                + rows_len(types[1], i, h)?
+                + rows_len(types[2], h, i)?,
         )
     }
 
@@ -88,8 +88,8 @@ impl ExpertLayout {
         for (slot, ((ty, bytes), (n, k))) in parts.iter().zip([(i, h), (i, h), (h, i)]).enumerate()
         {
             out[4 * slot..4 * slot + 4].copy_from_slice(&ty.id().to_le_bytes());
-            let len = panels_len(*ty, n, k).expect("an integer form");
-            repack(*ty, bytes, n, k, &mut out[at..at + len]);
+            let len = rows_len(*ty, n, k).expect("an integer form");
+            out[at..at + len].copy_from_slice(bytes);
             at += len;
         }
     }
@@ -108,7 +108,7 @@ impl ExpertLayout {
         let mut at = QUANT_HEAD;
         let mut view = |slot: usize, n: usize, k: usize| {
             let t = ty(slot);
-            let len = panels_len(t, n, k).expect("an integer form");
+            let len = rows_len(t, n, k).expect("an integer form");
             let v = QuantView::new(t, n, k, &block[at..at + len]);
             at += len;
             v

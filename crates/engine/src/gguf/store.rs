@@ -1,9 +1,9 @@
 //! Routed experts streamed straight from a GGUF file: expert `e` of a layer is one contiguous
 //! byte range in each of the layer's `ffn_{gate,up,down}_exps` stacks, read (the 4 KiB-aligned
 //! cover of the range, with O_DIRECT unless the file fits in memory) into a bounce buffer, checked
-//! against its CRC32C, and repacked into the slot's quantized panels (or decoded, when a storage
-//! dtype is forced). No conversion step and no second copy on disk; the price is the repack on the
-//! I/O threads (kernels that run on the GGUF blocks as stored are future work). GGUF carries no checksums, so the first use of a file writes a sidecar
+//! against its CRC32C, and copied into the slot as stored (the quantized kernels run on GGUF
+//! blocks; decoded instead when a storage dtype is forced). No conversion step and no second copy
+//! on disk. GGUF carries no checksums, so the first use of a file writes a sidecar
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
 
@@ -293,7 +293,7 @@ impl ExpertStore for GgufStore {
     fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
         if self.layout.quant_bytes.is_some() {
-            // Kept quantized: the GGUF rows repacked into panels, no decoding.
+            // Kept quantized: the GGUF rows as stored, no decoding.
             let raw = [0, 1, 2].map(|w| self.read_raw((layer, expert, w)));
             let [gate, up, down] = raw;
             let (gate, up, down) = (gate?, up?, down?);

@@ -31,14 +31,6 @@ pub enum PanelSrc {
         ldb: usize,
         pstride: usize,
     },
-    /// Quantized panels ([`crate::kernels::quant`]): `pstride` bytes per panel, groups of
-    /// `group` rows, with per-group offsets when `offset`.
-    Quant {
-        base: *const u8,
-        pstride: usize,
-        group: usize,
-        offset: bool,
-    },
 }
 
 /// `R` rows × `P` panels.
@@ -82,71 +74,11 @@ unsafe fn block<const R: usize, const P: usize, V: F32x16, T: Elem>(
     }
 }
 
-/// `R` rows × `P` quantized panels: each weight is rebuilt in registers as `q · scale (+
-/// offset)` — one product (and one sum), exactly its dequantized value — then enters the same
-/// fused multiply-add chain over `kk` as a float panel's, so the outputs equal the float kernel's
-/// on the dequantized matrix bit for bit.
-///
-/// # Safety
-/// As [`block`], for quantized panels laid out as [`crate::kernels::quant`] describes.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_quant<const R: usize, const P: usize, V: F32x16, const OFFSET: bool>(
-    x: *const f32,
-    ldx: usize,
-    k: usize,
-    b: *const u8,
-    pstride: usize,
-    group: usize,
-    out: *mut f32,
-    ldo: usize,
-) {
-    let head = if OFFSET { 2 * 64 } else { 64 };
-    let gbytes = head + PANEL * group;
-    // SAFETY (whole body): every access stays inside the operands the caller vouches for.
-    unsafe {
-        let mut acc = [[V::zero(); P]; R];
-        for g in 0..k / group {
-            let mut scale = [V::zero(); P];
-            let mut offset = [V::zero(); P];
-            for p in 0..P {
-                let at = b.add(p * pstride + g * gbytes);
-                scale[p] = V::load(at as *const f32);
-                if OFFSET {
-                    offset[p] = V::load((at as *const f32).add(PANEL));
-                }
-            }
-            for kk in 0..group {
-                let mut w = [V::zero(); P];
-                for p in 0..P {
-                    let q = b.add(p * pstride + g * gbytes + head + kk * PANEL) as *const i8;
-                    w[p] = V::mul(V::load_i8(q), scale[p]);
-                    if OFFSET {
-                        w[p] = V::add(w[p], offset[p]);
-                    }
-                }
-                for r in 0..R {
-                    let xv = V::splat(*x.add(r * ldx + g * group + kk));
-                    for p in 0..P {
-                        acc[r][p] = V::fma(xv, w[p], acc[r][p]);
-                    }
-                }
-            }
-        }
-        for r in 0..R {
-            for p in 0..P {
-                acc[r][p].store(out.add(r * ldo + p * PANEL));
-            }
-        }
-    }
-}
-
-/// What the driver's register blocks run on: float panels of `T`, or quantized panels.
+/// What the driver's register blocks run on: float panels of `T`.
 trait Kind: Copy {
-    /// Registers one panel needs besides its accumulators (its loaded row; or its scale,
-    /// offset and rebuilt row).
+    /// Registers one panel needs besides its accumulators (its loaded row).
     const PER_PANEL: usize;
-    /// [`block`] or [`block_quant`] on panels `p0..p0 + P`.
+    /// [`block`] on panels `p0..p0 + P`.
     ///
     /// # Safety
     /// As [`block`].
@@ -189,41 +121,6 @@ impl<T: Elem> Kind for Float<T> {
                 self.base.add(p0 * self.pstride),
                 self.ldb,
                 self.pstride,
-                out,
-                ldo,
-            )
-        }
-    }
-}
-
-#[derive(Clone, Copy)]
-struct Quant<const OFFSET: bool> {
-    base: *const u8,
-    pstride: usize,
-    group: usize,
-}
-
-impl<const OFFSET: bool> Kind for Quant<OFFSET> {
-    const PER_PANEL: usize = if OFFSET { 4 } else { 3 };
-    #[inline(always)]
-    unsafe fn run<const R: usize, const P: usize, V: F32x16>(
-        self,
-        x: *const f32,
-        ldx: usize,
-        k: usize,
-        p0: usize,
-        out: *mut f32,
-        ldo: usize,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            block_quant::<R, P, V, OFFSET>(
-                x,
-                ldx,
-                k,
-                self.base.add(p0 * self.pstride),
-                self.pstride,
-                self.group,
                 out,
                 ldo,
             )
@@ -339,23 +236,6 @@ macro_rules! isa_variant {
                 let kind = Float { base: b, ldb, pstride };
                 unsafe { drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo) }
             }
-            $(#[target_feature(enable = $feat)])?
-            #[allow(clippy::too_many_arguments)]
-            pub(super) unsafe fn gemm_quant(
-                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u8, pstride: usize,
-                group: usize, offset: bool, panels: std::ops::Range<usize>, out: *mut f32,
-                ldo: usize,
-            ) {
-                unsafe {
-                    if offset {
-                        let kind = Quant::<true> { base: b, pstride, group };
-                        drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo)
-                    } else {
-                        let kind = Quant::<false> { base: b, pstride, group };
-                        drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo)
-                    }
-                }
-            }
         }
     };
 }
@@ -391,15 +271,6 @@ pub unsafe fn gemm_raw(
             PanelSrc::Bf16 { base, ldb, pstride } => dispatch!(
                 isa,
                 gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            ),
-            PanelSrc::Quant {
-                base,
-                pstride,
-                group,
-                offset,
-            } => dispatch!(
-                isa,
-                gemm_quant(x, ldx, rows, k, base, pstride, group, offset, panels, out, ldo)
             ),
         }
     }

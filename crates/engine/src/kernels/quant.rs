@@ -1,73 +1,42 @@
-//! Quantized panels: a matrix from a GGUF file kept at one byte per weight, in the panel order
-//! of [`crate::kernels::packed`]. Panel `p` (16 output columns) holds, for each group of `G`
-//! consecutive `k` (G = 32, or 16 for Q6_K): 16 f32 scales, 16 f32 offsets (types that have
-//! them), then `G` rows of 16 signed bytes. The kernel rebuilds each weight as `q · scale
-//! (+ offset)` — exactly the value [`specfit_gguf::dequant`] decodes (`split_block`) — and runs
-//! the float panel kernel's chain on it, so a product with a quantized matrix equals, bit for
-//! bit, the product with its dequantized f32 matrix, at any batch size, on every instruction
-//! set. It reads a quarter of the f32 bytes (Q8_0) to a half of bf16's.
+//! Quantized matrices: a GGUF file's rows kept exactly as stored (its blocks, row-major, no
+//! repacking), multiplied by activations quantized per row to 8-bit blocks, as llama.cpp does:
+//! 256-element blocks with an f32 scale (llama.cpp's `q8_K`) for the k-quants, 32-element blocks
+//! with an f16 scale (`q8_0`) for the others.
+//!
+//! **Order of operations** (the same for every instruction set, every batch size and every
+//! thread split, so results are batch-invariant like the float kernels): for output `(r, j)`,
+//! `acc = +0`, then for each block `b` of row `j` in increasing order, with the block's integers
+//! `q`, integer sub-scales `sc[g]`, mins `m[g]` and float factors `d`, `dmin`
+//! ([`specfit_gguf::dequant::split_block`]) and the activation block's integers `a` and scale
+//! `da`:
+//! - `S1 = Σ_g sc[g] · Σ_{i∈g} q[i]·a[i]` and `S2 = Σ_g m[g] · Σ_{i∈g} a[i]`, exact in i32;
+//! - `acc = fma(d·da, f32(S1), acc)`, then, for types with mins, `acc = fma(dmin·da, f32(S2),
+//!   acc)`.
+//!
+//! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
+//! one fixed sequence per output, so the AVX-512 VNNI kernels ([`Q4_K`, `Q6_K`, `Q8_0`]) and the
+//! portable reference ([`block_reference`]) give identical bits; tests hold them to it. Each
+//! row's activations are quantized from that row alone, so no row depends on another.
+//!
+//! The results are not those of the f32 kernels on the dequantized matrix (the activations are
+//! rounded to 8 bits): `--weights f32` decodes every matrix for that exact path.
+//!
+//! [`Q4_K`, `Q6_K`, `Q8_0`]: GgmlType
 
 use specfit_gguf::dequant::{int_groups, split_block, IntGroups};
 use specfit_gguf::GgmlType;
 
-use super::packed::{gemm_panels, PanelSrc, PANEL};
 use super::Isa;
 
-/// Bytes of the quantized panels of an `n × k` matrix of GGUF type `ty`, if `ty` has an integer
-/// form and `k` is whole blocks.
-pub fn panels_len(ty: GgmlType, n: usize, k: usize) -> Option<usize> {
-    let form = int_groups(ty)?;
-    k.is_multiple_of(ty.block().0)
-        .then(|| n.div_ceil(PANEL) * (k / form.group) * group_bytes(form))
+/// Bytes of the row-major `n × k` matrix of GGUF type `ty`, if `ty` has an integer form and `k`
+/// is whole blocks.
+pub fn rows_len(ty: GgmlType, n: usize, k: usize) -> Option<usize> {
+    int_groups(ty)?;
+    let (elems, bytes) = ty.block();
+    k.is_multiple_of(elems).then(|| n * (k / elems) * bytes)
 }
 
-/// Repacks the row-major `n × k` matrix `bytes` of GGUF type `ty` (each row whole blocks) into
-/// quantized panels in `out` (exactly [`panels_len`] bytes; padding columns are written as 0).
-///
-/// # Panics
-/// When `ty` has no integer form or the sizes do not match.
-pub fn repack(ty: GgmlType, bytes: &[u8], n: usize, k: usize, out: &mut [u8]) {
-    let form = int_groups(ty).expect("a type with an integer form");
-    let (elems, block_bytes) = ty.block();
-    assert!(
-        k.is_multiple_of(elems) && bytes.len() == n * (k / elems) * block_bytes,
-        "{} bytes are not {n} rows of {k} {}",
-        bytes.len(),
-        ty.name()
-    );
-    assert_eq!(Some(out.len()), panels_len(ty, n, k), "panel buffer size");
-    out.fill(0);
-    let gb = group_bytes(form);
-    let head = if form.offset { 128 } else { 64 };
-    let panel_bytes = (k / form.group) * gb;
-    let groups_per_block = elems / form.group;
-    let (mut q, mut scale, mut offset) = (
-        vec![0i8; elems],
-        vec![0.0f32; groups_per_block],
-        vec![0.0f32; groups_per_block],
-    );
-    let row_bytes = (k / elems) * block_bytes;
-    for j in 0..n {
-        let (p, c) = (j / PANEL, j % PANEL);
-        let row = &bytes[j * row_bytes..(j + 1) * row_bytes];
-        for (b, block) in row.chunks_exact(block_bytes).enumerate() {
-            split_block(ty, block, &mut q, &mut scale, &mut offset);
-            for g in 0..groups_per_block {
-                let at = p * panel_bytes + (b * groups_per_block + g) * gb;
-                out[at + 4 * c..at + 4 * c + 4].copy_from_slice(&scale[g].to_le_bytes());
-                if form.offset {
-                    out[at + 64 + 4 * c..at + 68 + 4 * c].copy_from_slice(&offset[g].to_le_bytes());
-                }
-                let qs = &q[g * form.group..(g + 1) * form.group];
-                for (kk, &v) in qs.iter().enumerate() {
-                    out[at + head + kk * PANEL + c] = v as u8;
-                }
-            }
-        }
-    }
-}
-
-/// A quantized `n × k` matrix in panels, owned.
+/// A quantized `n × k` matrix (GGUF rows), owned.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantMatrix {
     n: usize,
@@ -77,12 +46,26 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// Repacks the row-major `n × k` matrix `bytes` of GGUF type `ty` (each row whole blocks).
+    /// Keeps the row-major `n × k` matrix `bytes` of GGUF type `ty` (each row whole blocks).
     /// `None` when `ty` has no integer form (float types go to [`super::PackedMatrix`]).
+    ///
+    /// # Panics
+    /// When `bytes` is not `n × k` of `ty`.
     pub fn from_gguf(ty: GgmlType, bytes: &[u8], n: usize, k: usize) -> Option<QuantMatrix> {
-        let mut data = vec![0u8; panels_len(ty, n, k)?];
-        repack(ty, bytes, n, k, &mut data);
-        Some(QuantMatrix { n, k, ty, data })
+        let len = rows_len(ty, n, k)?;
+        assert_eq!(
+            bytes.len(),
+            len,
+            "{} bytes are not {n} × {k} {}",
+            bytes.len(),
+            ty.name()
+        );
+        Some(QuantMatrix {
+            n,
+            k,
+            ty,
+            data: bytes.to_vec(),
+        })
     }
 
     /// A borrowed view.
@@ -91,9 +74,10 @@ impl QuantMatrix {
     }
 }
 
-/// Quantized panels of an `n × k` matrix held elsewhere (e.g. in an expert slot).
+/// A quantized `n × k` matrix held elsewhere (an expert slot, a mapped file).
 #[derive(Debug, Clone, Copy)]
 pub struct QuantView<'a> {
+    ty: GgmlType,
     n: usize,
     k: usize,
     form: IntGroups,
@@ -101,11 +85,15 @@ pub struct QuantView<'a> {
 }
 
 impl<'a> QuantView<'a> {
-    /// Views [`panels_len`]`(ty, n, k)` bytes of panels written by [`repack`].
+    /// Views [`rows_len`]`(ty, n, k)` bytes of GGUF rows.
+    ///
+    /// # Panics
+    /// When `ty` has no integer form or `data` is not `n × k` of it.
     pub fn new(ty: GgmlType, n: usize, k: usize, data: &'a [u8]) -> QuantView<'a> {
-        let len = panels_len(ty, n, k).expect("a type with an integer form");
-        assert_eq!(data.len(), len, "quantized panels are not n × k");
+        let len = rows_len(ty, n, k).expect("a type with an integer form, whole blocks");
+        assert_eq!(data.len(), len, "quantized rows are not n × k");
         QuantView {
+            ty,
             n,
             k,
             form: int_groups(ty).expect("checked"),
@@ -113,44 +101,14 @@ impl<'a> QuantView<'a> {
         }
     }
 
-    fn panel_bytes(&self) -> usize {
-        (self.k / self.form.group) * group_bytes(self.form)
-    }
-
-    /// Element `(j, kk)`, as the kernel rebuilds it.
-    pub fn get(&self, j: usize, kk: usize) -> f32 {
-        let (p, c) = (j / PANEL, j % PANEL);
-        let (g, r) = (kk / self.form.group, kk % self.form.group);
-        let at = p * self.panel_bytes() + g * group_bytes(self.form);
-        let f = |o: usize| f32::from_le_bytes(self.data[o..o + 4].try_into().expect("4 bytes"));
-        let head = if self.form.offset { 128 } else { 64 };
-        let q = self.data[at + head + r * PANEL + c] as i8 as f32;
-        let v = q * f(at + 4 * c);
-        if self.form.offset {
-            v + f(at + 64 + 4 * c)
-        } else {
-            v
-        }
-    }
-
     /// The matrix decoded, row-major `n × k`.
     pub fn dequantized(&self) -> Vec<f32> {
-        (0..self.n)
-            .flat_map(|j| (0..self.k).map(move |kk| (j, kk)))
-            .map(|(j, kk)| self.get(j, kk))
-            .collect()
+        let mut out = vec![0.0f32; self.n * self.k];
+        specfit_gguf::dequant::dequantize(self.ty, self.data, &mut out).expect("an integer type");
+        out
     }
 
-    fn src(&self) -> PanelSrc {
-        PanelSrc::Quant {
-            base: self.data.as_ptr(),
-            pstride: self.panel_bytes(),
-            group: self.form.group,
-            offset: self.form.offset,
-        }
-    }
-
-    /// `out = x · Wᵀ` for `x` of `rows × k`, split by panel across the worker pool when large
+    /// `out = x · Wᵀ` for `x` of `rows × k`, split by output across the worker pool when large
     /// enough (which never changes a bit).
     pub fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         self.gemm_with(Isa::detected(), x, rows, out, true);
@@ -161,25 +119,433 @@ impl<'a> QuantView<'a> {
         self.gemm_with(Isa::detected(), x, rows, out, false);
     }
 
-    /// [`QuantView::gemm`] compiled for `isa`, on the worker pool when `parallel`.
+    /// [`QuantView::gemm`] with the kernels of `isa` (the VNNI kernels need AVX-512 and VNNI;
+    /// otherwise the reference runs), on the worker pool when `parallel`.
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
-        gemm_panels(isa, self.src(), (self.n, self.k), (x, rows), out, parallel);
+        let acts = QuantActs::quantize(self.ty, x, rows, self.k);
+        self.gemm_quantized(isa, &acts, out, parallel);
+    }
+
+    /// [`QuantView::gemm_with`] on activations already quantized for this matrix's type
+    /// ([`QuantActs::quantize`]; matrices of types with the same activation blocks can share
+    /// them).
+    pub fn gemm_quantized(&self, isa: Isa, acts: &QuantActs, out: &mut [f32], parallel: bool) {
+        let (n, rows) = (self.n, acts.rows);
+        assert_eq!(acts.k, self.k, "activations are not rows × k");
+        assert_eq!(
+            acts.block,
+            act_block(self.ty),
+            "activations quantized for another type"
+        );
+        assert_eq!(out.len(), rows * n, "out is not rows × n");
+        let pool = crate::threads::pool();
+        let parts = pool.threads();
+        let target = crate::threads::SharedOut(out.as_mut_ptr());
+        if !parallel || parts == 1 || rows * n * self.k < super::PARALLEL_MIN_MACS || n < 2 * parts
+        {
+            // SAFETY: `target` holds `rows × n` floats (checked above).
+            unsafe { self.gemm_cols(isa, acts, 0..n, target.get()) };
+            return;
+        }
+        pool.run(&|part| {
+            let cols = n * part / parts..n * (part + 1) / parts;
+            // SAFETY: as above; the parts write disjoint columns.
+            unsafe { self.gemm_cols(isa, acts, cols, target.get()) };
+        });
+    }
+
+    /// Outputs `cols` of every row into `out` (`rows × n`).
+    ///
+    /// # Safety
+    /// `out` points to `acts.rows × n` floats.
+    unsafe fn gemm_cols(
+        &self,
+        isa: Isa,
+        acts: &QuantActs,
+        cols: std::ops::Range<usize>,
+        out: *mut f32,
+    ) {
+        let (elems, block_bytes) = self.ty.block();
+        let blocks = self.k / elems;
+        let row_bytes = blocks * block_bytes;
+        let mut acc = vec![0.0f32; acts.rows];
+        let fast = vnni_kernel(isa, self.ty);
+        for j in cols {
+            acc.fill(0.0);
+            let row = &self.data[j * row_bytes..(j + 1) * row_bytes];
+            match fast {
+                // SAFETY: `vnni_kernel` only returns a kernel the CPU can run; `row` is whole
+                // blocks of the kernel's type and `acts` was quantized for it.
+                Some(kernel) => unsafe { kernel(row, acts, &mut acc) },
+                None => {
+                    for (b, block) in row.chunks_exact(block_bytes).enumerate() {
+                        block_reference(self.ty, self.form, block, acts, b, &mut acc);
+                    }
+                }
+            }
+            for (r, &v) in acc.iter().enumerate() {
+                // SAFETY: `(r, j)` is inside `out` (the caller's contract).
+                unsafe { *out.add(r * self.n + j) = v };
+            }
+        }
     }
 }
 
-/// Bytes of one group of one panel.
-fn group_bytes(form: IntGroups) -> usize {
-    (if form.offset { 128 } else { 64 }) + PANEL * form.group
+/// Activation rows quantized to 8-bit blocks for one weight type's products.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantActs {
+    /// Elements per block: 256 (`q8_K`) or 32 (`q8_0`).
+    block: usize,
+    rows: usize,
+    k: usize,
+    /// `rows × k` integers.
+    q: Vec<i8>,
+    /// One scale per block, `rows × k / block`.
+    d: Vec<f32>,
+    /// Sums of `q` over each 16 consecutive elements, `rows × k / 16`.
+    sum16: Vec<i32>,
+}
+
+/// Elements per activation block for weights of `ty`.
+fn act_block(ty: GgmlType) -> usize {
+    ty.block().0
+}
+
+impl QuantActs {
+    /// Quantizes the `rows × k` activations `x` for products with weights of `ty` (`k` whole
+    /// blocks of `ty`), each row on its own.
+    pub fn quantize(ty: GgmlType, x: &[f32], rows: usize, k: usize) -> QuantActs {
+        let block = act_block(ty);
+        assert_eq!(x.len(), rows * k, "x is not rows × k");
+        assert!(
+            k.is_multiple_of(block),
+            "k {k} is not whole blocks of {block}"
+        );
+        let mut acts = QuantActs {
+            block,
+            rows,
+            k,
+            q: vec![0; rows * k],
+            d: vec![0.0; rows * k / block],
+            sum16: vec![0; rows * k / 16],
+        };
+        for (b, (xs, qs)) in x
+            .chunks_exact(block)
+            .zip(acts.q.chunks_exact_mut(block))
+            .enumerate()
+        {
+            acts.d[b] = if block == 256 {
+                quantize_q8_k(xs, qs)
+            } else {
+                quantize_q8_0(xs, qs)
+            };
+        }
+        for (s, qs) in acts.sum16.iter_mut().zip(acts.q.chunks_exact(16)) {
+            *s = qs.iter().map(|&v| v as i32).sum();
+        }
+        acts
+    }
+
+    /// Row `r`'s block `b`: its integers, scale and sums of 16.
+    fn block(&self, r: usize, b: usize) -> (&[i8], f32, &[i32]) {
+        let blocks = self.k / self.block;
+        let at = r * self.k + b * self.block;
+        (
+            &self.q[at..at + self.block],
+            self.d[r * blocks + b],
+            &self.sum16[at / 16..(at + self.block) / 16],
+        )
+    }
+}
+
+/// llama.cpp's `quantize_row_q8_K_ref` on one block of 256: the element of largest magnitude
+/// maps to −127, `q = round_half_even(x · (−127 / max))` (at most 127); returns `1 / iscale`.
+fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax == 0.0 {
+        q.fill(0);
+        return 0.0;
+    }
+    let iscale = -127.0 / max;
+    for (qv, &v) in q.iter_mut().zip(x) {
+        *qv = (iscale * v).round_ties_even().min(127.0) as i8;
+    }
+    1.0 / iscale
+}
+
+/// llama.cpp's `quantize_row_q8_0_ref` on one block of 32: `d = amax / 127` (kept as f16, as
+/// llama.cpp stores it), `q = round(x / d)` with halves away from zero; returns the f16 `d`.
+fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (qv, &v) in q.iter_mut().zip(x) {
+        *qv = (v * id).round() as i8;
+    }
+    half::f16::from_f32(d).to_f32()
+}
+
+/// One weight block `w` (block `b` of its row) against block `b` of every activation row, added
+/// to `acc` (one per row) in the order the module docs give. The oracle of the fast kernels.
+pub(crate) fn block_reference(
+    ty: GgmlType,
+    form: IntGroups,
+    w: &[u8],
+    acts: &QuantActs,
+    b: usize,
+    acc: &mut [f32],
+) {
+    let elems = acts.block;
+    let groups = elems / form.group;
+    let (mut q, mut sc, mut mn) = ([0i8; 256], [0i32; 16], [0i32; 16]);
+    let f = split_block(ty, w, &mut q[..elems], &mut sc[..groups], &mut mn[..groups]);
+    for (r, acc) in acc.iter_mut().enumerate() {
+        let (a, da, _) = acts.block(r, b);
+        let (mut s1, mut s2) = (0i32, 0i32);
+        for g in 0..groups {
+            let range = g * form.group..(g + 1) * form.group;
+            let dot: i32 = q[range.clone()]
+                .iter()
+                .zip(&a[range.clone()])
+                .map(|(&w, &a)| w as i32 * a as i32)
+                .sum();
+            let sum: i32 = a[range].iter().map(|&a| a as i32).sum();
+            s1 += sc[g] * dot;
+            s2 += mn[g] * sum;
+        }
+        *acc = (f.d * da).mul_add(s1 as f32, *acc);
+        if form.offset {
+            *acc = (f.dmin * da).mul_add(s2 as f32, *acc);
+        }
+    }
+}
+
+/// A whole row of weights against every activation row, added to `acc`.
+type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
+
+/// The VNNI kernel for `ty` when `isa` is AVX-512 and the CPU has VNNI.
+fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && has_vnni() {
+        return match ty {
+            GgmlType::Q4_K => Some(vnni::q4_k),
+            GgmlType::Q6_K => Some(vnni::q6_k),
+            GgmlType::Q8_0 => Some(vnni::q8_0),
+            _ => None,
+        };
+    }
+    let _ = (isa, ty);
+    None
+}
+
+/// Whether the running CPU has AVX-512 VNNI (cached).
+#[cfg(target_arch = "x86_64")]
+fn has_vnni() -> bool {
+    static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VNNI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vnni"))
+}
+
+/// The fast kernels: weights decoded to unsigned bytes in registers, `vpdpbusd` (unsigned ×
+/// signed bytes, four products per 32-bit lane) against the activation bytes, integer scales
+/// applied per lane, the lanes summed (exactly), then the float steps of the module docs.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::QuantActs;
+    use std::arch::x86_64::*;
+
+    fn f16(b: &[u8]) -> f32 {
+        half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+    }
+
+    /// `Q4_K` blocks (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+    /// nibbles; 8 groups of 32).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL and VNNI; `row` is whole `Q4_K` blocks, `acts` quantized for
+    /// `Q4_K` with as many blocks per row, `acc` one per activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let mask = _mm256_set1_epi8(0x0F);
+        for (b, blk) in row.chunks_exact(144).enumerate() {
+            let (d, dmin) = (f16(&blk[0..2]), -f16(&blk[2..4]));
+            let s = &blk[4..16];
+            let (mut sc, mut mn) = ([0i32; 8], [0i32; 8]);
+            for j in 0..8 {
+                let (a, m) = if j < 4 {
+                    (s[j] & 63, s[j + 4] & 63)
+                } else {
+                    (
+                        (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
+                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+                    )
+                };
+                sc[j] = a as i32;
+                mn[j] = m as i32;
+            }
+            // SAFETY (both blocks): loads stay inside `blk` and the activation block.
+            let (w, scale) = unsafe {
+                let mut w = [_mm512_setzero_si512(); 4];
+                let mut scale = [_mm512_setzero_si512(); 4];
+                for t in 0..4 {
+                    let raw = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * t) as *const __m256i);
+                    let lo = _mm256_and_si256(raw, mask);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                    w[t] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+                    scale[t] = _mm512_inserti64x4(
+                        _mm512_castsi256_si512(_mm256_set1_epi32(sc[2 * t])),
+                        _mm256_set1_epi32(sc[2 * t + 1]),
+                        1,
+                    );
+                }
+                (w, scale)
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (a, da, sums) = acts.block(r, b);
+                let s1 = unsafe {
+                    let mut sum = _mm512_setzero_si512();
+                    for t in 0..4 {
+                        let av = _mm512_loadu_si512(a.as_ptr().add(64 * t) as *const __m512i);
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
+                        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
+                    }
+                    _mm512_reduce_add_epi32(sum)
+                };
+                let mut s2 = 0i32;
+                for g in 0..8 {
+                    s2 += mn[g] * (sums[2 * g] + sums[2 * g + 1]);
+                }
+                *acc = (d * da).mul_add(s1 as f32, *acc);
+                *acc = (dmin * da).mul_add(s2 as f32, *acc);
+            }
+        }
+    }
+
+    /// `Q6_K` blocks (210 bytes: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 signed
+    /// scales, d; 16 groups of 16; values stored +32).
+    ///
+    /// # Safety
+    /// As [`q4_k`], for `Q6_K`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+        for (b, blk) in row.chunks_exact(210).enumerate() {
+            let d = f16(&blk[208..210]);
+            let sc: [i32; 16] = std::array::from_fn(|g| blk[192 + g] as i8 as i32);
+            // SAFETY (both blocks): loads stay inside `blk` and the activation block.
+            let (w, scale) = unsafe {
+                let mut w = [_mm512_setzero_si512(); 4];
+                for half in 0..2 {
+                    let p = blk.as_ptr();
+                    let ql0 = _mm256_loadu_si256(p.add(64 * half) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(p.add(64 * half + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
+                    let high = |shift: i32| {
+                        let h = match shift {
+                            0 => qh,
+                            2 => _mm256_srli_epi16(qh, 2),
+                            4 => _mm256_srli_epi16(qh, 4),
+                            _ => _mm256_srli_epi16(qh, 6),
+                        };
+                        _mm256_slli_epi16(_mm256_and_si256(h, m3), 4)
+                    };
+                    let v0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(0));
+                    let v1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(2));
+                    let v2 =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), high(4));
+                    let v3 =
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), high(6));
+                    w[2 * half] = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
+                    w[2 * half + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(v2), v3, 1);
+                }
+                // Lane j of register t covers elements 64t + 4j .. +4: group 4t + j/4.
+                let scale: [__m512i; 4] = std::array::from_fn(|t| {
+                    _mm512_setr_epi32(
+                        sc[4 * t],
+                        sc[4 * t],
+                        sc[4 * t],
+                        sc[4 * t],
+                        sc[4 * t + 1],
+                        sc[4 * t + 1],
+                        sc[4 * t + 1],
+                        sc[4 * t + 1],
+                        sc[4 * t + 2],
+                        sc[4 * t + 2],
+                        sc[4 * t + 2],
+                        sc[4 * t + 2],
+                        sc[4 * t + 3],
+                        sc[4 * t + 3],
+                        sc[4 * t + 3],
+                        sc[4 * t + 3],
+                    )
+                });
+                (w, scale)
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (a, da, sums) = acts.block(r, b);
+                let dot = unsafe {
+                    let mut sum = _mm512_setzero_si512();
+                    for t in 0..4 {
+                        let av = _mm512_loadu_si512(a.as_ptr().add(64 * t) as *const __m512i);
+                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
+                        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
+                    }
+                    _mm512_reduce_add_epi32(sum)
+                };
+                // The stored values are q + 32: take 32 · Σ_g sc[g] · Σ a back out.
+                let mut bias = 0i32;
+                for g in 0..16 {
+                    bias += sc[g] * sums[g];
+                }
+                let s1 = dot - 32 * bias;
+                *acc = (d * da).mul_add(s1 as f32, *acc);
+            }
+        }
+    }
+
+    /// `Q8_0` blocks (34 bytes: d, 32 signed bytes). The weights are offset by 128 to be
+    /// unsigned for `vpdpbusd`; `128 · Σ a` is taken back out.
+    ///
+    /// # Safety
+    /// As [`q4_k`], for `Q8_0`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    pub(super) unsafe fn q8_0(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let flip = _mm256_set1_epi8(-128);
+        for (b, blk) in row.chunks_exact(34).enumerate() {
+            let d = f16(&blk[0..2]);
+            // SAFETY: the load stays inside `blk`.
+            let w = unsafe {
+                _mm256_xor_si256(
+                    _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i),
+                    flip,
+                )
+            };
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (a, da, sums) = acts.block(r, b);
+                let dot = unsafe {
+                    let av = _mm256_loadu_si256(a.as_ptr() as *const __m256i);
+                    let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, av);
+                    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(dot))
+                };
+                let s1 = dot - 128 * (sums[0] + sums[1]);
+                *acc = (d * da).mul_add(s1 as f32, *acc);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::tests::lcg;
-    use crate::kernels::{PackedMatrix, WeightView};
 
     /// `n` rows of `k` random blocks of `ty` with modest finite scales.
-    fn random_gguf(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
+    pub(crate) fn random_gguf(ty: GgmlType, n: usize, k: usize, seed: u64) -> Vec<u8> {
         let (elems, bytes) = ty.block();
         let mut state = seed;
         let mut out = Vec::new();
@@ -206,49 +572,67 @@ mod tests {
         GgmlType::Q6_K,
     ];
 
-    #[test]
-    fn every_weight_is_rebuilt_as_the_gguf_dequantizer_decodes_it() {
-        for ty in TYPES {
-            let (n, k) = (21, 512);
-            let bytes = random_gguf(ty, n, k, 3);
-            let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
-            let mut want = vec![0.0f32; n * k];
-            specfit_gguf::dequant::dequantize(ty, &bytes, &mut want).unwrap();
-            let got = m.view().dequantized();
-            assert!(
-                got.iter()
-                    .zip(&want)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{}",
-                ty.name()
-            );
+    /// The module docs' formula written out naively: dequantization-free integer sums in i64.
+    fn naive(ty: GgmlType, w: &[u8], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f32> {
+        let acts = QuantActs::quantize(ty, x, rows, k);
+        let form = int_groups(ty).unwrap();
+        let (elems, bytes) = ty.block();
+        let mut out = vec![0.0f32; rows * n];
+        for r in 0..rows {
+            for j in 0..n {
+                let mut acc = 0.0f32;
+                for b in 0..k / elems {
+                    let blk = &w[(j * (k / elems) + b) * bytes..][..bytes];
+                    let (mut q, mut sc, mut mn) = (vec![0i8; elems], [0i32; 16], [0i32; 16]);
+                    let f = split_block(ty, blk, &mut q, &mut sc, &mut mn);
+                    let a = &acts.q[r * k + b * elems..][..elems];
+                    let da = acts.d[r * (k / elems) + b];
+                    let (mut s1, mut s2) = (0i64, 0i64);
+                    for i in 0..elems {
+                        let g = i / form.group;
+                        s1 += sc[g] as i64 * q[i] as i64 * a[i] as i64;
+                        s2 += mn[g] as i64 * a[i] as i64;
+                    }
+                    acc = (f.d * da).mul_add(s1 as i32 as f32, acc);
+                    if form.offset {
+                        acc = (f.dmin * da).mul_add(s2 as i32 as f32, acc);
+                    }
+                }
+                out[r * n + j] = acc;
+            }
         }
+        out
+    }
+
+    fn same(a: &[f32], b: &[f32]) -> bool {
+        a.iter().zip(b).all(|(u, v)| u.to_bits() == v.to_bits())
     }
 
     #[test]
-    fn products_equal_the_float_kernels_on_the_dequantized_matrix_bit_for_bit_at_any_batch() {
+    fn every_kernel_gives_the_naive_formulas_bits_at_any_batch_and_alone() {
         for ty in TYPES {
             let (elems, _) = ty.block();
-            for (n, k) in [(16, elems), (37, 2 * elems), (5, elems)] {
+            for (n, k) in [(16, elems), (37, 2 * elems), (5, 3 * elems)] {
                 let bytes = random_gguf(ty, n, k, n as u64);
-                let q = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
-                let f = PackedMatrix::pack(WeightView::F32(&q.view().dequantized()), n, k);
+                let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
                 let mut state = 9u64;
-                for isa in Isa::available() {
-                    for rows in [1, 2, 3, 4, 5, 8, 9, 17, 32] {
-                        let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut state)).collect();
-                        let (mut a, mut b) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-                        q.view().gemm_with(isa, &x, rows, &mut a, rows % 2 == 0);
-                        f.view().gemm_with(isa, &x, rows, &mut b, false);
-                        let same = a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits());
-                        assert!(same, "{} {isa:?} n {n} k {k} rows {rows}", ty.name());
-                        // Row 0 alone gets the bits it gets inside the batch.
-                        let mut alone = vec![0.0; n];
-                        q.view().gemm_with(isa, &x[..k], 1, &mut alone, false);
-                        assert!(alone
-                            .iter()
-                            .zip(&a[..n])
-                            .all(|(u, v)| u.to_bits() == v.to_bits()));
+                for rows in [1, 2, 3, 5, 8, 17, 32] {
+                    let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut state)).collect();
+                    let want = naive(ty, &bytes, n, k, &x, rows);
+                    for isa in Isa::available() {
+                        let mut got = vec![0.0; rows * n];
+                        m.view().gemm_with(isa, &x, rows, &mut got, rows % 2 == 0);
+                        assert!(
+                            same(&got, &want),
+                            "{} {isa:?} n {n} k {k} rows {rows}",
+                            ty.name()
+                        );
+                        for r in [0, rows - 1] {
+                            let mut alone = vec![0.0; n];
+                            m.view()
+                                .gemm_with(isa, &x[r * k..(r + 1) * k], 1, &mut alone, false);
+                            assert!(same(&alone, &want[r * n..(r + 1) * n]), "row {r} alone");
+                        }
                     }
                 }
             }
@@ -256,7 +640,89 @@ mod tests {
     }
 
     #[test]
-    fn float_types_have_no_quantized_panels() {
+    fn extreme_weights_and_activations_stay_exact_in_the_integer_sums() {
+        // Largest integers every type can hold, against activations that quantize to ±127.
+        for ty in TYPES {
+            let (elems, bytes) = ty.block();
+            let (n, k) = (3, 2 * elems);
+            let mut w = vec![0xFFu8; n * (k / elems) * bytes];
+            for blk in w.chunks_exact_mut(bytes) {
+                for at in [0usize, 2, bytes - 2] {
+                    blk[at + 1] = 0x3C; // f16 scales near 1
+                }
+            }
+            let x: Vec<f32> = (0..2 * k)
+                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                .collect();
+            let m = QuantMatrix::from_gguf(ty, &w, n, k).unwrap();
+            let want = naive(ty, &w, n, k, &x, 2);
+            for isa in Isa::available() {
+                let mut got = vec![0.0; 2 * n];
+                m.view().gemm_with(isa, &x, 2, &mut got, false);
+                assert!(same(&got, &want), "{} {isa:?}", ty.name());
+            }
+        }
+    }
+
+    #[test]
+    fn products_stay_close_to_the_dequantized_matrixs() {
+        for ty in TYPES {
+            let (elems, _) = ty.block();
+            let (n, k) = (24, 4 * elems);
+            let bytes = random_gguf(ty, n, k, 5);
+            let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
+            let w = m.view().dequantized();
+            let mut state = 1u64;
+            let x: Vec<f32> = (0..4 * k).map(|_| lcg(&mut state)).collect();
+            let mut got = vec![0.0; 4 * n];
+            m.view().gemm(&x, 4, &mut got);
+            for r in 0..4 {
+                for j in 0..n {
+                    let (row, xr) = (&w[j * k..(j + 1) * k], &x[r * k..(r + 1) * k]);
+                    let want: f64 = row.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let scale: f64 = row
+                        .iter()
+                        .zip(xr)
+                        .map(|(&a, &b)| (a * b).abs() as f64)
+                        .sum();
+                    let err = (got[r * n + j] as f64 - want).abs();
+                    // 8-bit activations: each term off by at most half a step of its block.
+                    assert!(
+                        err <= 0.02 * scale + 1e-6,
+                        "{} ({r},{j}): {err} of {scale}",
+                        ty.name()
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn activations_quantize_as_llama_cpp_does() {
+        // q8_K: the largest magnitude maps to −127 (its sign flips the scale).
+        let mut x = vec![0.0f32; 256];
+        x[3] = -2.0;
+        x[7] = 1.0;
+        x[9] = 0.5;
+        let a = QuantActs::quantize(GgmlType::Q4_K, &x, 1, 256);
+        assert_eq!((a.q[3], a.q[7], a.q[9]), (-127, 64, 32)); // 63.5 and 31.75 round to even
+        assert_eq!(a.d[0], 1.0 / 63.5);
+        assert_eq!(a.sum16[0], -127 + 64 + 32);
+        // q8_0: d = amax / 127 stored as f16, halves round away from zero.
+        let mut x = vec![0.0f32; 32];
+        x[0] = 127.0;
+        x[1] = -0.5;
+        x[2] = 2.5;
+        let a = QuantActs::quantize(GgmlType::Q8_0, &x, 1, 32);
+        assert_eq!((a.q[0], a.q[1], a.q[2]), (127, -1, 3));
+        assert_eq!(a.d[0], 1.0);
+        // A zero block.
+        let a = QuantActs::quantize(GgmlType::Q6_K, &[0.0; 256], 1, 256);
+        assert!(a.q.iter().all(|&q| q == 0) && a.d[0] == 0.0);
+    }
+
+    #[test]
+    fn float_types_have_no_quantized_form() {
         assert!(QuantMatrix::from_gguf(GgmlType::F32, &[0u8; 128], 1, 32).is_none());
         assert!(QuantMatrix::from_gguf(GgmlType::BF16, &[0u8; 64], 1, 32).is_none());
     }

@@ -29,10 +29,6 @@ pub unsafe trait F32x16: Copy {
     unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
     /// `a · b`.
     unsafe fn mul(a: Self, b: Self) -> Self;
-    /// `a + b`.
-    unsafe fn add(a: Self, b: Self) -> Self;
-    /// 16 consecutive signed bytes from `p`, converted exactly.
-    unsafe fn load_i8(p: *const i8) -> Self;
     /// `if a > b { a } else { b }` per lane.
     unsafe fn max(a: Self, b: Self) -> Self;
     /// Stores the 16 lanes at `p` (unaligned).
@@ -140,23 +136,6 @@ unsafe impl F32x16 for Portable {
         Portable(out)
     }
     #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        let mut out = [0.0f32; LANES];
-        for l in 0..LANES {
-            out[l] = a.0[l] + b.0[l];
-        }
-        Portable(out)
-    }
-    #[inline(always)]
-    unsafe fn load_i8(p: *const i8) -> Self {
-        let mut out = [0.0f32; LANES];
-        for (l, o) in out.iter_mut().enumerate() {
-            // SAFETY: the caller vouches for 16 bytes at `p`.
-            *o = unsafe { *p.add(l) } as f32;
-        }
-        Portable(out)
-    }
-    #[inline(always)]
     unsafe fn mul(a: Self, b: Self) -> Self {
         let mut out = [0.0f32; LANES];
         for l in 0..LANES {
@@ -236,23 +215,6 @@ mod x86 {
         }
         #[inline]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn add(a: Self, b: Self) -> Self {
-            Avx2(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
-        }
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn load_i8(p: *const i8) -> Self {
-            unsafe {
-                let lo = _mm_loadl_epi64(p as *const __m128i);
-                let hi = _mm_loadl_epi64(p.add(8) as *const __m128i);
-                Avx2(
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)),
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)),
-                )
-            }
-        }
-        #[inline]
-        #[target_feature(enable = "avx2,fma")]
         unsafe fn max(a: Self, b: Self) -> Self {
             // MAXPS(a, b) = a > b ? a : b (the second operand on ties and NaN).
             Avx2(_mm256_max_ps(a.0, b.0), _mm256_max_ps(a.1, b.1))
@@ -308,19 +270,6 @@ mod x86 {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
         unsafe fn mul(a: Self, b: Self) -> Self {
             Avx512(_mm512_mul_ps(a.0, b.0))
-        }
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-        unsafe fn add(a: Self, b: Self) -> Self {
-            Avx512(_mm512_add_ps(a.0, b.0))
-        }
-        #[inline]
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
-        unsafe fn load_i8(p: *const i8) -> Self {
-            unsafe {
-                let b = _mm_loadu_si128(p as *const __m128i);
-                Avx512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)))
-            }
         }
         #[inline]
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]

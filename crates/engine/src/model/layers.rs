@@ -157,7 +157,7 @@ impl RawLinear {
     }
 }
 
-/// A packed weight matrix: float panels, quantized panels, or several stacked along the
+/// A packed weight matrix: float panels, quantized GGUF rows, or several stacked along the
 /// output (when stacked parts are stored differently). Every output is one panel chain either
 /// way, so the choice never changes a bit.
 #[derive(Debug, Clone)]

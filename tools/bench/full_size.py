@@ -9,6 +9,7 @@ read from disk (`/proc/PID/io` read_bytes), peak RSS (`VmHWM`).
     cargo build --release && cargo build --release -p specfit-gguf --example random_qwen3moe
     target/release/examples/random_qwen3moe q8_0 bench-models/full/qwen3-30b-a3b-q8_0.gguf
     tools/.venv/bin/python tools/bench/full_size.py bench-models/full/qwen3-30b-a3b-q8_0.gguf --slots 8,16,32,64
+    tools/.venv/bin/python tools/bench/full_size.py bench-models/full/qwen3-30b-a3b-q4_k_m.gguf --slots ram,32,64
 
 llama.cpp runs through llama-cpp-python's low-level API (the file's vocabulary is llama.cpp's "none":
 ids in, logits out). specfit runs `specfit generate --prompt-ids … --ignore-eos --store disk`.
@@ -94,7 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf", type=pathlib.Path)
     ap.add_argument("--tokens", type=int, default=24)
-    ap.add_argument("--slots", default="8,16,32,64")
+    ap.add_argument("--slots", default="8,16,32,64", help="comma-separated slot counts; 'ram' maps the file in place")
     ap.add_argument("--engines", default="llama,specfit")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results" / "full_size.json")
     args = ap.parse_args()
@@ -112,15 +113,18 @@ def main() -> None:
                      "tokens": toks, "caches_dropped": dropped, "wall_s": wall})
         print(rows[-1], flush=True)
     if "specfit" in args.engines:
-        for slots in [int(s) for s in args.slots.split(",")]:
+        for slots in args.slots.split(","):
             dropped = drop_caches()
-            cmd = [str(ROOT / "target/release/specfit"), "generate", "--model", str(args.gguf), "--store", "disk",
-                   "--slots", str(slots), "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens",
+            # "ram": the quantized experts used in place from the mapped file (no slots).
+            store = ["--store", "ram"] if slots == "ram" else ["--store", "disk", "--slots", slots]
+            cmd = [str(ROOT / "target/release/specfit"), "generate", "--model", str(args.gguf), *store,
+                   "--prompt-ids", ",".join(map(str, PROMPT)), "--max-tokens",
                    str(args.tokens), "--ignore-eos", "--temperature", "1", "--seed", "1"]
             out, st, wall = run(cmd)
             m = re.search(r"(\d+) tokens, ([\d.]+) tok/s decode; prefill (\d+) tokens in ([\d.]+) ms", out)
             toks = next((l for l in out.splitlines() if re.fullmatch(r"[\d,]+", l.strip())), "")
-            rows.append({"engine": "specfit (disk tier)", "slots": slots, "tok_s": float(m.group(2)),
+            engine = "specfit (mapped in place)" if slots == "ram" else "specfit (disk tier)"
+            rows.append({"engine": engine, "slots": None if slots == "ram" else int(slots), "tok_s": float(m.group(2)),
                          "prefill_ms": float(m.group(4)), "read_gb": st.get("read_bytes", 0) / 1e9,
                          "peak_rss_gb": st.get("hwm_kb", 0) / 1e6, "tokens": toks.strip(),
                          "caches_dropped": dropped, "wall_s": wall, "log": out[-600:]})

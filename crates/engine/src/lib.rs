@@ -47,7 +47,8 @@ pub use tokenizer::Tokenizer;
 /// Where routed experts rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Tier {
-    /// All experts in host RAM.
+    /// All experts in host RAM (a GGUF file's quantized experts: the memory-mapped file itself,
+    /// used in place).
     Ram,
     /// The expert-major file written by [`experts::convert`], read with O_DIRECT.
     Disk(std::path::PathBuf),
@@ -68,13 +69,15 @@ pub fn load_target(
     dtype: Option<WeightDtype>,
 ) -> Result<(Qwen3Moe, ExpertCache), EngineError> {
     let (model, store): (Qwen3Moe, Box<dyn ExpertStore>) = match tier {
-        Tier::Ram => {
-            let (model, store) = Qwen3Moe::load(dir, dtype)?;
+        // A GGUF file is its own expert store, no conversion: in RAM, its quantized experts
+        // are used in place from the mapped file (no slots, no copies); on disk, they stream
+        // from it into the slots.
+        Tier::Ram | Tier::Disk(_) if gguf::is_gguf(dir) => {
+            let (model, store) = Qwen3Moe::load_gguf(dir, dtype, *tier == Tier::Ram)?;
             (model, Box::new(store))
         }
-        // A GGUF file is its own expert store: experts stream from it, no conversion.
-        Tier::Disk(_) if gguf::is_gguf(dir) => {
-            let (model, store) = Qwen3Moe::load_gguf_streamed(dir, dtype)?;
+        Tier::Ram => {
+            let (model, store) = Qwen3Moe::load(dir, dtype)?;
             (model, Box::new(store))
         }
         Tier::Disk(path) => {

@@ -351,13 +351,16 @@ fn a_corrupt_expert_in_a_gguf_is_caught_by_the_checksum_sidecar_and_named() {
         *b ^= 0x5a;
     }
     std::fs::write(&path, &bytes).unwrap();
-    let (model, mut cache) = open().unwrap();
-    let errors = errors_reading_every_expert(&model, &mut cache);
-    assert_eq!(errors.len(), 1, "{errors:?}");
-    assert!(
-        errors[0].contains("MoE layer 1 expert 3 (up) is corrupt"),
-        "{}",
-        errors[0]
-    );
+    // Streamed into slots, and used in place from the mapped file: caught either way.
+    let mapped = || load_target(&path, &Tier::Ram, usize::MAX, CacheMode::Lru, None);
+    for (model, mut cache) in [open().unwrap(), mapped().unwrap()] {
+        let errors = errors_reading_every_expert(&model, &mut cache);
+        assert_eq!(errors.len(), 1, "{} {errors:?}", cache.tier());
+        assert!(
+            errors[0].contains("MoE layer 1 expert 3 (up) is corrupt"),
+            "{}",
+            errors[0]
+        );
+    }
     std::fs::remove_dir_all(&tmp).unwrap();
 }

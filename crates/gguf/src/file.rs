@@ -75,6 +75,13 @@ impl GgufFile {
         &self.map
     }
 
+    /// Asks the kernel to start reading the whole file into the page cache in the background
+    /// (`madvise(MADV_WILLNEED)`, as llama.cpp does for a mapped model), for a caller about to
+    /// use most of it in place. A hint: an error only means no read-ahead.
+    pub fn will_need(&self) {
+        let _ = self.map.advise(memmap2::Advice::WillNeed);
+    }
+
     /// Where `info`'s data starts in the file.
     pub fn absolute_offset(&self, info: &TensorInfo) -> u64 {
         self.header.data_offset + info.offset

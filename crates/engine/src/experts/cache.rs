@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::error::EngineError;
 use crate::experts::aligned::{padded, AlignedBuf};
 use crate::experts::io::{start_read, Completion, SlotPtr, Urgency};
-use crate::experts::store::{ExpertLayout, ExpertStore};
+use crate::experts::store::{ExpertLayout, ExpertMatrices, ExpertStore};
 
 /// When the slots are invalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +140,9 @@ pub struct ExpertCache {
     done_rx: Receiver<Completion>,
     /// Reads in flight (the arena must outlive them).
     in_flight: usize,
+    /// The store hands out every expert where it rests ([`ExpertStore::maps_in_place`]): no
+    /// slots, no copies, every expert resident.
+    in_place: bool,
 }
 
 impl std::fmt::Debug for ExpertCache {
@@ -193,7 +196,12 @@ impl ExpertCache {
         if slots_per_layer == 0 {
             return Err(EngineError::TooFewSlots { slots: 0 });
         }
-        let s = slots_per_layer.min(experts);
+        let in_place = store.maps_in_place();
+        let s = if in_place {
+            0
+        } else {
+            slots_per_layer.min(experts)
+        };
         let layout = store.layout();
         let stride = padded(layout.bytes());
         let bytes = layers * s * stride;
@@ -227,6 +235,7 @@ impl ExpertCache {
             done_tx,
             done_rx,
             in_flight: 0,
+            in_place,
         })
     }
 
@@ -235,9 +244,13 @@ impl ExpertCache {
         self.layout
     }
 
-    /// Slots per layer.
+    /// Slots per layer (every expert when the store maps them in place).
     pub fn slots_per_layer(&self) -> usize {
-        self.slots.first().map_or(0, |s| s.holds.len())
+        match self.slots.first() {
+            Some(s) if self.in_place => s.slot_of.len(),
+            Some(s) => s.holds.len(),
+            None => 0,
+        }
     }
 
     /// Reads this cache can have in flight at once: the I/O threads
@@ -259,6 +272,9 @@ impl ExpertCache {
 
     /// Experts resident in `layer`, ascending.
     pub fn resident(&self, layer: usize) -> Vec<u32> {
+        if self.in_place {
+            return (0..self.slots[layer].slot_of.len() as u32).collect();
+        }
         let mut r: Vec<u32> = self.slots[layer].holds.iter().flatten().copied().collect();
         r.sort_unstable();
         r
@@ -301,7 +317,7 @@ impl ExpertCache {
     /// waiting for. Does nothing when the slots are emptied every forward. A read that fails is
     /// dropped (the forward that needs the expert reads it again and reports the error).
     pub fn read_ahead(&mut self, wanted: &[Vec<u32>]) {
-        if self.mode == CacheMode::ClearEveryForward {
+        if self.mode == CacheMode::ClearEveryForward || self.in_place {
             return;
         }
         let cap = (self.slots_per_layer() / 2).max(1);
@@ -344,7 +360,7 @@ impl ExpertCache {
         }
     }
 
-    /// Runs `f` on `(expert, block bytes)` for every expert of `needed` (distinct ids) in
+    /// Runs `f` on `(expert, its matrices)` for every expert of `needed` (distinct ids) in
     /// `layer`, once each: first one call with all the resident experts, while the missing ones
     /// are read into free slots (least recently used first) by the I/O threads, then one call
     /// per missing expert (or expert still arriving from a read-ahead) as soon as its read is
@@ -354,8 +370,22 @@ impl ExpertCache {
         &mut self,
         layer: usize,
         needed: &[u32],
-        mut f: impl FnMut(&[(u32, &[u8])]),
+        mut f: impl FnMut(&[(u32, ExpertMatrices<'_>)]),
     ) -> Result<(), EngineError> {
+        if self.in_place {
+            let views = needed
+                .iter()
+                .map(|&e| Ok((e, self.store.in_place(layer, e as usize)?)))
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            f(&views);
+            let stats = LayerStats {
+                hits: needed.len() as u64,
+                ..Default::default()
+            };
+            self.stats.per_layer[layer].add(&stats);
+            self.stats.total.add(&stats);
+            return Ok(());
+        }
         self.absorb_finished();
         let slot_count = self.slots[layer].holds.len();
         // Slots whose expert this call still has to run (not evictable), and those it waits for.
@@ -399,9 +429,10 @@ impl ExpertCache {
                 slots.last_use[s] = self.clock;
                 at.push((e, s));
             }
-            let views: Vec<(u32, &[u8])> = at
+            let layout = self.layout;
+            let views: Vec<(u32, ExpertMatrices<'_>)> = at
                 .iter()
-                .map(|&(e, s)| (e, self.data.range(base + s * stride, len)))
+                .map(|&(e, s)| (e, layout.expert(self.data.range(base + s * stride, len))))
                 .collect();
             f(&views);
             for &(_, s) in &at {
@@ -443,7 +474,7 @@ impl ExpertCache {
                     self.slots[layer].last_use[s] = self.clock;
                     let e = self.slots[layer].holds[s].expect("read into this slot");
                     let at = self.slot_offset(layer, s);
-                    f(&[(e, self.data.range(at, bytes as usize))]);
+                    f(&[(e, self.layout.expert(self.data.range(at, bytes as usize)))]);
                 }
                 Ok(()) => {}
                 Err(err) => {
@@ -625,7 +656,7 @@ mod tests {
     fn run(c: &mut ExpertCache, layer: usize, needed: &[u32]) -> Vec<(u32, u8)> {
         let mut seen = Vec::new();
         c.with_experts(layer, needed, |views| {
-            seen.extend(views.iter().map(|&(e, b)| (e, b[0])));
+            seen.extend(views.iter().map(|&(e, m)| (e, m.bytes()[0][0])));
         })
         .unwrap();
         seen.sort_unstable();

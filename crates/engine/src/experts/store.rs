@@ -30,7 +30,7 @@ pub struct ExpertLayout {
     pub quant_bytes: Option<usize>,
 }
 
-/// The matrices of one expert block, as the kernels run them.
+/// The matrices of one expert, as the kernels run them.
 #[derive(Debug, Clone, Copy)]
 pub enum ExpertMatrices<'a> {
     /// `gate | up` (`2I × H`) and `down` (`H × I`) float panels.
@@ -44,6 +44,18 @@ pub enum ExpertMatrices<'a> {
         up: QuantView<'a>,
         down: QuantView<'a>,
     },
+}
+
+impl<'a> ExpertMatrices<'a> {
+    /// The bytes the matrices are read from (for prefetching).
+    pub fn bytes(&self) -> Vec<&'a [u8]> {
+        match self {
+            ExpertMatrices::Float { gate_up, down } => vec![gate_up.bytes(), down.bytes()],
+            ExpertMatrices::Quant { gate, up, down } => {
+                vec![gate.bytes(), up.bytes(), down.bytes()]
+            }
+        }
+    }
 }
 
 impl ExpertLayout {
@@ -189,6 +201,19 @@ pub trait ExpertStore: Send + Sync {
     fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError>;
     /// Name of the tier, for reports.
     fn tier(&self) -> &'static str;
+    /// Whether every expert is used where it rests ([`ExpertStore::in_place`]), with no slots
+    /// and no copies (a memory-mapped GGUF).
+    fn maps_in_place(&self) -> bool {
+        false
+    }
+    /// Expert `(layer, expert)` where it rests, checked, for a store that
+    /// [`ExpertStore::maps_in_place`].
+    fn in_place(&self, layer: usize, expert: usize) -> Result<ExpertMatrices<'_>, EngineError> {
+        let _ = (layer, expert);
+        Err(EngineError::ExpertStore {
+            reason: format!("the {} tier copies experts into slots", self.tier()),
+        })
+    }
 }
 
 /// Every expert in one host-RAM buffer, `[layer][expert][gate | up | down]`.

@@ -3,22 +3,29 @@
 //! cover of the range, with O_DIRECT unless the file fits in memory) into a bounce buffer, checked
 //! against its CRC32C, and copied into the slot as stored (the quantized kernels run on GGUF
 //! blocks; decoded instead when a storage dtype is forced). No conversion step and no second copy
-//! on disk. GGUF carries no checksums, so the first use of a file writes a sidecar
+//! on disk. Or, when the experts stay quantized and the tier is RAM, used in place
+//! ([`GgufStore::open_mapped`]): the kernels read the memory-mapped file itself, as llama.cpp's
+//! mmap does, with no slots and no copies; each expert is checked the first time it is used.
+//! GGUF carries no checksums, so the first use of a file writes a sidecar
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use specfit_gguf::GgmlType;
 
 use crate::error::EngineError;
 use crate::experts::aligned::AlignedBuf;
 use crate::experts::disk::open_direct;
-use crate::experts::{ExpertLayout, ExpertStore};
+use crate::experts::{ExpertLayout, ExpertMatrices, ExpertStore};
 use crate::gguf::GgufTensors;
+use crate::kernels::quant::QuantView;
 use crate::kernels::{WeightBuf, WeightDtype};
+use specfit_gguf::GgufFile;
 
 /// O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
 const ALIGN: u64 = 4096;
@@ -42,6 +49,9 @@ pub struct GgufStore {
     /// CRC32C of every part: `[(moe layer · experts + expert) · 3 + part]`.
     checksums: Vec<u32>,
     experts: usize,
+    /// Used in place: the mapped file, and which experts (`moe layer · experts + expert`) have
+    /// been checked against their checksums.
+    mapped: Option<(Arc<GgufFile>, Vec<AtomicBool>)>,
 }
 
 /// The checksum sidecar of a GGUF file.
@@ -82,6 +92,29 @@ impl GgufStore {
         moe_layers: &[usize],
         layout: ExpertLayout,
     ) -> Result<GgufStore, EngineError> {
+        GgufStore::open_with(tensors, moe_layers, layout, false)
+    }
+
+    /// The experts used where they rest in the mapped file ([`ExpertStore::in_place`]); `layout`
+    /// must keep them quantized.
+    pub fn open_mapped(
+        tensors: &GgufTensors,
+        moe_layers: &[usize],
+        layout: ExpertLayout,
+    ) -> Result<GgufStore, EngineError> {
+        assert!(
+            layout.quant_bytes.is_some(),
+            "only quantized experts are used in place"
+        );
+        GgufStore::open_with(tensors, moe_layers, layout, true)
+    }
+
+    fn open_with(
+        tensors: &GgufTensors,
+        moe_layers: &[usize],
+        layout: ExpertLayout,
+        in_place: bool,
+    ) -> Result<GgufStore, EngineError> {
         let path = tensors.path().to_path_buf();
         let mut parts = Vec::with_capacity(moe_layers.len());
         let mut experts = 0;
@@ -114,7 +147,14 @@ impl GgufStore {
         }
         let checksums = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
-        let (file, direct) = if bypass_page_cache(tensors.file().len()) {
+        let mapped = in_place.then(|| {
+            tensors.file().will_need();
+            let checked = (0..parts.len() * experts)
+                .map(|_| AtomicBool::new(false))
+                .collect();
+            (Arc::clone(tensors.file()), checked)
+        });
+        let (file, direct) = if !in_place && bypass_page_cache(tensors.file().len()) {
             open_direct(&path, plain)
         } else {
             (plain, false)
@@ -127,6 +167,7 @@ impl GgufStore {
             parts,
             checksums,
             experts,
+            mapped,
         })
     }
 
@@ -169,8 +210,18 @@ impl GgufStore {
             buf,
             range: (start - lo) as usize..(end - lo) as usize,
         };
+        self.check((layer, expert, which), raw.bytes())?;
+        Ok(raw)
+    }
+
+    /// Checks `bytes`, MoE layer `layer`'s expert `expert`'s matrix `which`, against its CRC32C.
+    fn check(
+        &self,
+        (layer, expert, which): (usize, usize, usize),
+        bytes: &[u8],
+    ) -> Result<(), EngineError> {
         let want = self.checksums[(layer * self.experts + expert) * 3 + which];
-        let got = crc32c::crc32c(raw.bytes());
+        let got = crc32c::crc32c(bytes);
         if got != want {
             return Err(EngineError::ExpertStore {
                 reason: format!(
@@ -181,7 +232,7 @@ impl GgufStore {
                 ),
             });
         }
-        Ok(raw)
+        Ok(())
     }
 }
 
@@ -325,8 +376,43 @@ impl ExpertStore for GgufStore {
         Ok(())
     }
 
+    fn maps_in_place(&self) -> bool {
+        self.mapped.is_some()
+    }
+
+    fn in_place(&self, layer: usize, expert: usize) -> Result<ExpertMatrices<'_>, EngineError> {
+        let Some((file, checked)) = &self.mapped else {
+            return Err(EngineError::ExpertStore {
+                reason: format!("{}: experts are read into slots", self.path.display()),
+            });
+        };
+        let (h, i) = (self.layout.hidden, self.layout.intermediate);
+        let bytes = |which: usize| {
+            let part = self.parts[layer][which];
+            let start = (part.offset + expert as u64 * part.per_expert) as usize;
+            &file.raw()[start..start + part.per_expert as usize]
+        };
+        let once = &checked[layer * self.experts + expert];
+        if !once.load(Ordering::Acquire) {
+            for which in 0..3 {
+                self.check((layer, expert, which), bytes(which))?;
+            }
+            once.store(true, Ordering::Release);
+        }
+        let view = |which: usize, n: usize, k: usize| {
+            QuantView::new(self.parts[layer][which].ty, n, k, bytes(which))
+        };
+        Ok(ExpertMatrices::Quant {
+            gate: view(0, i, h),
+            up: view(1, i, h),
+            down: view(2, h, i),
+        })
+    }
+
     fn tier(&self) -> &'static str {
-        if self.direct {
+        if self.mapped.is_some() {
+            "ram (GGUF mapped in place)"
+        } else if self.direct {
             "disk (GGUF, O_DIRECT)"
         } else {
             "disk (GGUF, page cache)"

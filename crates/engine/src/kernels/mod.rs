@@ -138,6 +138,20 @@ impl<'a> WeightView<'a> {
         }
     }
 
+    /// The elements' bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        match *self {
+            // SAFETY: any initialised memory may be viewed as bytes; the length is in bytes.
+            WeightView::F32(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
+            },
+            // SAFETY: as above.
+            WeightView::Bf16(v) => unsafe {
+                std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v))
+            },
+        }
+    }
+
     /// Element `i` as f32.
     pub fn get(&self, i: usize) -> f32 {
         match self {

@@ -367,6 +367,11 @@ impl<'a> PackedView<'a> {
             .get((j / PANEL) * PANEL * self.k + kk * PANEL + j % PANEL)
     }
 
+    /// The panels' bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.data.bytes()
+    }
+
     fn src(&self) -> PanelSrc {
         let pstride = PANEL * self.k;
         match self.data {

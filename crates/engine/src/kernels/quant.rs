@@ -101,6 +101,16 @@ impl<'a> QuantView<'a> {
         }
     }
 
+    /// The GGUF type.
+    pub fn ty(&self) -> GgmlType {
+        self.ty
+    }
+
+    /// The rows' bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.data
+    }
+
     /// The matrix decoded, row-major `n × k`.
     pub fn dequantized(&self) -> Vec<f32> {
         let mut out = vec![0.0f32; self.n * self.k];

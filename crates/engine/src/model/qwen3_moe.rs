@@ -17,28 +17,29 @@ use crate::experts::disk::expert_block_bytes;
 use crate::experts::{
     ExpertCache, ExpertLayout, ExpertMatrices, ExpertStore, Fingerprint, RamStore,
 };
-use crate::kernels::quant::QuantView;
+use crate::kernels::quant::{QuantActs, QuantView};
 use crate::kernels::silu;
 use crate::kernels::{
-    math, rms_norm, softmax_in_place, PackedView, WeightBuf, WeightDtype, WeightView,
+    math, rms_norm, softmax_in_place, Isa, PackedView, WeightBuf, WeightDtype, WeightView,
 };
 use crate::kv::KvCache;
 use crate::model::layers::{swiglu, Attention, AttentionShape, DenseMlp, Linear, Rope};
 use crate::weights::Checkpoint;
 
-/// One SwiGLU expert applied to `m` rows `xs` (m × H), from a slot block (packed `gate | up`
-/// and `down`): `down(silu(gate(x)) · up(x))`, m × H. With `parallel`, each matmul is split by
-/// output panel across the worker pool (when large enough), for an expert that runs alone.
+/// One SwiGLU expert applied to `m` rows `xs` (m × H), from its matrices (a slot's packed
+/// `gate | up` and `down`, or GGUF rows): `down(silu(gate(x)) · up(x))`, m × H. With `parallel`,
+/// each matmul is split by output across the worker pool (when large enough), for an expert
+/// that runs alone.
 fn run_expert(
     layout: ExpertLayout,
-    block: &[u8],
+    matrices: ExpertMatrices<'_>,
     xs: &[f32],
     m: usize,
     parallel: bool,
 ) -> Vec<f32> {
     let (h, i) = (layout.hidden, layout.intermediate);
     let mut y = vec![0.0; m * h];
-    match layout.expert(block) {
+    match matrices {
         ExpertMatrices::Float { gate_up, down } => {
             let gemm = |w: PackedView<'_>, x: &[f32], out: &mut [f32]| {
                 if parallel {
@@ -53,18 +54,18 @@ fn run_expert(
             gemm(down, &a, &mut y); // m × H
         }
         ExpertMatrices::Quant { gate, up, down } => {
-            let gemm = |w: QuantView<'_>, x: &[f32], out: &mut [f32]| {
-                if parallel {
-                    w.gemm(x, m, out)
-                } else {
-                    w.gemm_serial(x, m, out)
-                }
+            let isa = Isa::detected();
+            let gemm = |w: QuantView<'_>, x: &QuantActs, out: &mut [f32]| {
+                w.gemm_quantized(isa, x, out, parallel)
             };
+            // gate and up share their input: quantized once when their types agree.
+            let xg = QuantActs::quantize(gate.ty(), xs, m, h);
+            let xu = (up.ty() != gate.ty()).then(|| QuantActs::quantize(up.ty(), xs, m, h));
             let (mut g, mut u) = (vec![0.0; m * i], vec![0.0; m * i]);
-            gemm(gate, xs, &mut g); // m × I
-            gemm(up, xs, &mut u); // m × I
+            gemm(gate, &xg, &mut g); // m × I
+            gemm(up, xu.as_ref().unwrap_or(&xg), &mut u); // m × I
             let a: Vec<f32> = g.iter().zip(&u).map(|(&g, &u)| silu(g) * u).collect(); // m × I
-            gemm(down, &a, &mut y); // m × H
+            gemm(down, &QuantActs::quantize(down.ty(), &a, m, i), &mut y); // m × H
         }
     }
     y
@@ -147,14 +148,14 @@ impl SparseMoe {
         // outputs[use] = that (token, k)'s expert output row, H wide.
         let mut outputs = vec![0.0f32; uses.len() * h];
         let out_ptr = crate::threads::SharedOut(outputs.as_mut_ptr());
-        let compute = |e: u32, block: &[u8], parallel: bool| {
+        let compute = |e: u32, matrices: ExpertMatrices<'_>, parallel: bool| {
             let at = needed.binary_search(&e).expect("a needed expert");
             let range = rows_of[at].clone();
             let xs: Vec<f32> = uses[range.clone()]
                 .iter()
                 .flat_map(|&(_, tok, _)| x[tok * h..(tok + 1) * h].iter().copied())
                 .collect();
-            let y = run_expert(layout, block, &xs, range.len(), parallel);
+            let y = run_expert(layout, matrices, &xs, range.len(), parallel);
             // SAFETY: each expert writes only its own rows `range` of `outputs`.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -172,17 +173,18 @@ impl SparseMoe {
             let parts = pool.threads();
             if batch.len() > 1 && parts > 1 {
                 pool.run(&|part| {
-                    let mine: Vec<&(u32, &[u8])> = batch.iter().skip(part).step_by(parts).collect();
-                    for (i, &&(e, block)) in mine.iter().enumerate() {
+                    let mine: Vec<&(u32, ExpertMatrices<'_>)> =
+                        batch.iter().skip(part).step_by(parts).collect();
+                    for (i, &&(e, matrices)) in mine.iter().enumerate() {
                         if let Some(next) = mine.get(i + 1) {
-                            prefetch(next.1);
+                            next.1.bytes().into_iter().for_each(prefetch);
                         }
-                        compute(e, block, false);
+                        compute(e, matrices, false);
                     }
                 });
             } else {
-                for &(e, block) in batch {
-                    compute(e, block, true);
+                for &(e, matrices) in batch {
+                    compute(e, matrices, true);
                 }
             }
         })?;
@@ -261,19 +263,22 @@ impl Qwen3Moe {
     }
 
     /// Loads the dense weights of a GGUF file and opens the same file as the store its experts
-    /// stream from ([`crate::gguf::GgufStore`]).
-    pub fn load_gguf_streamed(
+    /// come from ([`crate::gguf::GgufStore`]): used in place from the mapped file when `in_place`
+    /// and they stay quantized, else streamed into slots.
+    pub fn load_gguf(
         path: &Path,
         dtype: Option<WeightDtype>,
+        in_place: bool,
     ) -> Result<(Qwen3Moe, crate::gguf::GgufStore), EngineError> {
         let mut store = None;
         let (model, _, _) = Qwen3Moe::load_inner_with(path, false, dtype, |ck, cfg, layout| {
             let tensors = ck.gguf().expect("a GGUF checkpoint");
-            store = Some(crate::gguf::GgufStore::open(
-                tensors,
-                &cfg.moe_layers(),
-                layout,
-            )?);
+            let layers = cfg.moe_layers();
+            store = Some(if in_place && layout.quant_bytes.is_some() {
+                crate::gguf::GgufStore::open_mapped(tensors, &layers, layout)?
+            } else {
+                crate::gguf::GgufStore::open(tensors, &layers, layout)?
+            });
             Ok(())
         })?;
         Ok((model, store.expect("opened")))

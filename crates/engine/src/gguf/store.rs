@@ -5,7 +5,8 @@
 //! blocks; decoded instead when a storage dtype is forced). No conversion step and no second copy
 //! on disk. Or, when the experts stay quantized and the tier is RAM, used in place
 //! ([`GgufStore::open_mapped`]): the kernels read the memory-mapped file itself, as llama.cpp's
-//! mmap does, with no slots and no copies; each expert is checked the first time it is used.
+//! mmap does, with no slots and no copies; every expert is checked when the file is opened (a
+//! corrupt one again, and named, when a forward uses it).
 //! GGUF carries no checksums, so the first use of a file writes a sidecar
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
@@ -159,7 +160,7 @@ impl GgufStore {
         } else {
             (plain, false)
         };
-        Ok(GgufStore {
+        let store = GgufStore {
             path,
             file,
             direct,
@@ -168,7 +169,39 @@ impl GgufStore {
             checksums,
             experts,
             mapped,
-        })
+        };
+        store.check_mapped();
+        Ok(store)
+    }
+
+    /// Checks every mapped expert against its checksums now, on the worker pool, so that the
+    /// first forwards do not pay for it (a corrupt expert stays unchecked: the forward that uses
+    /// it checks it again and names it).
+    fn check_mapped(&self) {
+        let Some((_, checked)) = &self.mapped else {
+            return;
+        };
+        let pool = crate::threads::pool();
+        let parts = pool.threads();
+        let total = checked.len();
+        pool.run(&|part| {
+            for at in total * part / parts..total * (part + 1) / parts {
+                let (layer, expert) = (at / self.experts, at % self.experts);
+                let good = (0..3).all(|which| {
+                    self.check((layer, expert, which), self.mapped_bytes((layer, expert, which)))
+                        .is_ok()
+                });
+                checked[at].store(good, Ordering::Release);
+            }
+        });
+    }
+
+    /// The mapped bytes of MoE layer `layer`'s expert `expert`'s matrix `which`.
+    fn mapped_bytes(&self, (layer, expert, which): (usize, usize, usize)) -> &[u8] {
+        let (file, _) = self.mapped.as_ref().expect("a mapped store");
+        let part = self.parts[layer][which];
+        let start = (part.offset + expert as u64 * part.per_expert) as usize;
+        &file.raw()[start..start + part.per_expert as usize]
     }
 
     /// The `elements` values of MoE layer `layer`'s expert `expert`'s matrix `which` (0 gate,
@@ -381,17 +414,13 @@ impl ExpertStore for GgufStore {
     }
 
     fn in_place(&self, layer: usize, expert: usize) -> Result<ExpertMatrices<'_>, EngineError> {
-        let Some((file, checked)) = &self.mapped else {
+        let Some((_, checked)) = &self.mapped else {
             return Err(EngineError::ExpertStore {
                 reason: format!("{}: experts are read into slots", self.path.display()),
             });
         };
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
-        let bytes = |which: usize| {
-            let part = self.parts[layer][which];
-            let start = (part.offset + expert as u64 * part.per_expert) as usize;
-            &file.raw()[start..start + part.per_expert as usize]
-        };
+        let bytes = |which: usize| self.mapped_bytes((layer, expert, which));
         let once = &checked[layer * self.experts + expert];
         if !once.load(Ordering::Acquire) {
             for which in 0..3 {

@@ -358,7 +358,9 @@ fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
 #[cfg(target_arch = "x86_64")]
 fn has_vnni() -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *VNNI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vnni"))
+    *VNNI.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("f16c")
+    })
 }
 
 /// The fast kernels: weights decoded to unsigned bytes in registers, `vpdpbusd` (unsigned ×
@@ -373,65 +375,82 @@ mod vnni {
         half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
     }
 
+    /// The f16 at `p`, widened exactly (F16C).
+    ///
+    /// # Safety
+    /// Two readable bytes at `p`; the CPU has F16C.
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    unsafe fn half(p: *const u8) -> f32 {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
     /// `Q4_K` blocks (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
     /// nibbles; 8 groups of 32).
     ///
     /// # Safety
-    /// The CPU has AVX-512 F/BW/VL and VNNI; `row` is whole `Q4_K` blocks, `acts` quantized for
-    /// `Q4_K` with as many blocks per row, `acc` one per activation row.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    /// The CPU has AVX-512 F/BW/VL, VNNI and F16C; `row` is whole `Q4_K` blocks, `acts`
+    /// quantized for `Q4_K` with as many blocks per row, `acc` one per activation row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
     pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
         let mask = _mm256_set1_epi8(0x0F);
-        for (b, blk) in row.chunks_exact(144).enumerate() {
-            let (d, dmin) = (f16(&blk[0..2]), -f16(&blk[2..4]));
-            let s = &blk[4..16];
-            let (mut sc, mut mn) = ([0i32; 8], [0i32; 8]);
-            for j in 0..8 {
-                let (a, m) = if j < 4 {
-                    (s[j] & 63, s[j + 4] & 63)
-                } else {
-                    (
-                        (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4),
-                        (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-                    )
-                };
-                sc[j] = a as i32;
-                mn[j] = m as i32;
-            }
-            // SAFETY (both blocks): loads stay inside `blk` and the activation block.
-            let (w, scale) = unsafe {
+        // Byte patterns picking, for register t, group 2t's scale for lanes 0–7 and group
+        // 2t + 1's for lanes 8–15; and each group's min for both of its sums of 16.
+        let pick: [__m128i; 4] = std::array::from_fn(|t| {
+            let (a, b) = (2 * t as i8, 2 * t as i8 + 1);
+            _mm_setr_epi8(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
+        });
+        let pick_min = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+        let blocks = row.len() / 144;
+        let stride = acts.k / 256;
+        for b in 0..blocks {
+            // SAFETY (whole loop body): every access stays inside block `b` of `row` and block
+            // `b` of each activation row (the caller's contract).
+            unsafe {
+                let blk = row.as_ptr().add(144 * b);
+                let (d, dmin) = (half(blk), -half(blk.add(2)));
+                // The 6-bit scales and mins as 16 bytes: scales 0–7 then mins 0–7 (ggml's
+                // `get_scale_min_k4` for all eight groups at once).
+                let u = [
+                    std::ptr::read_unaligned(blk.add(4) as *const u32),
+                    std::ptr::read_unaligned(blk.add(8) as *const u32),
+                    std::ptr::read_unaligned(blk.add(12) as *const u32),
+                ];
+                let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+                let packed = _mm_setr_epi32(
+                    (u[0] & k1) as i32,
+                    ((u[2] & k2) | (((u[0] >> 6) & k3) << 4)) as i32,
+                    (u[1] & k1) as i32,
+                    (((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4)) as i32,
+                );
                 let mut w = [_mm512_setzero_si512(); 4];
                 let mut scale = [_mm512_setzero_si512(); 4];
                 for t in 0..4 {
-                    let raw = _mm256_loadu_si256(blk.as_ptr().add(16 + 32 * t) as *const __m256i);
+                    let raw = _mm256_loadu_si256(blk.add(16 + 32 * t) as *const __m256i);
                     let lo = _mm256_and_si256(raw, mask);
                     let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
                     w[t] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                    scale[t] = _mm512_inserti64x4(
-                        _mm512_castsi256_si512(_mm256_set1_epi32(sc[2 * t])),
-                        _mm256_set1_epi32(sc[2 * t + 1]),
-                        1,
-                    );
+                    scale[t] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick[t]));
                 }
-                (w, scale)
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (a, da, sums) = acts.block(r, b);
-                let s1 = unsafe {
+                let mins = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = r * acts.k + 256 * b;
+                    let a = acts.q.as_ptr().add(at);
                     let mut sum = _mm512_setzero_si512();
                     for t in 0..4 {
-                        let av = _mm512_loadu_si512(a.as_ptr().add(64 * t) as *const __m512i);
+                        let av = _mm512_loadu_si512(a.add(64 * t) as *const __m512i);
                         let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
                         sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
                     }
-                    _mm512_reduce_add_epi32(sum)
-                };
-                let mut s2 = 0i32;
-                for g in 0..8 {
-                    s2 += mn[g] * (sums[2 * g] + sums[2 * g + 1]);
+                    let s1 = _mm512_reduce_add_epi32(sum);
+                    let sums = _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
+                    let s2 = _mm512_reduce_add_epi32(_mm512_mullo_epi32(sums, mins));
+                    let da = *acts.d.get_unchecked(r * stride + b);
+                    *acc = (d * da).mul_add(s1 as f32, *acc);
+                    *acc = (dmin * da).mul_add(s2 as f32, *acc);
                 }
-                *acc = (d * da).mul_add(s1 as f32, *acc);
-                *acc = (dmin * da).mul_add(s2 as f32, *acc);
             }
         }
     }

@@ -8,7 +8,8 @@ use specfit_engine::{load_target, CacheMode, ExpertCache, Qwen3Moe, Tier, Weight
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreArg {
-    /// Every expert in host RAM.
+    /// Every expert in host RAM (a GGUF file's quantized experts: the memory-mapped file itself,
+    /// used in place, no slots).
     Ram,
     /// The expert file written by `specfit convert` (a GGUF file: the file itself), read with
     /// O_DIRECT.

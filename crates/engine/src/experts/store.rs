@@ -91,18 +91,42 @@ impl ExpertLayout {
         )
     }
 
+    /// Where `gate`, `up` and `down` of GGUF types `types` lie in a quantized block:
+    /// `(offset, bytes)` each.
+    pub fn quant_parts(&self, types: [GgmlType; 3]) -> [(usize, usize); 3] {
+        let (h, i) = (self.hidden, self.intermediate);
+        let mut at = QUANT_HEAD;
+        let mut place = |ty: GgmlType, n: usize, k: usize| {
+            let len = rows_len(ty, n, k).expect("an integer form");
+            at += len;
+            (at - len, len)
+        };
+        [
+            place(types[0], i, h),
+            place(types[1], i, h),
+            place(types[2], h, i),
+        ]
+    }
+
+    /// Writes a quantized block's header (the three GGUF types) into `out` (this layout's
+    /// `bytes()` long) and zeroes what its parts leave unused, for a writer that puts the parts
+    /// at [`ExpertLayout::quant_parts`] itself.
+    pub fn write_quant_header(&self, types: [GgmlType; 3], out: &mut [u8]) {
+        out[..QUANT_HEAD].fill(0);
+        for (slot, ty) in types.iter().enumerate() {
+            out[4 * slot..4 * slot + 4].copy_from_slice(&ty.id().to_le_bytes());
+        }
+        let end = self.quant_parts(types)[2];
+        out[end.0 + end.1..].fill(0);
+    }
+
     /// Writes the quantized block of GGUF rows `gate`, `up` (`I × H`) and `down` (`H × I`), each
     /// with its type, into `out` (this layout's `bytes()` long).
     pub fn write_quant_block(&self, parts: [(GgmlType, &[u8]); 3], out: &mut [u8]) {
-        let (h, i) = (self.hidden, self.intermediate);
-        out.fill(0);
-        let mut at = QUANT_HEAD;
-        for (slot, ((ty, bytes), (n, k))) in parts.iter().zip([(i, h), (i, h), (h, i)]).enumerate()
-        {
-            out[4 * slot..4 * slot + 4].copy_from_slice(&ty.id().to_le_bytes());
-            let len = rows_len(*ty, n, k).expect("an integer form");
+        let types = parts.map(|p| p.0);
+        self.write_quant_header(types, out);
+        for ((_, bytes), (at, len)) in parts.iter().zip(self.quant_parts(types)) {
             out[at..at + len].copy_from_slice(bytes);
-            at += len;
         }
     }
 

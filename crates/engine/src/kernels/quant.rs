@@ -359,7 +359,8 @@ fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
 fn has_vnni() -> bool {
     static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VNNI.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("f16c")
+        std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("f16c")
     })
 }
 
@@ -445,7 +446,8 @@ mod vnni {
                         sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
                     }
                     let s1 = _mm512_reduce_add_epi32(sum);
-                    let sums = _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
+                    let sums =
+                        _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
                     let s2 = _mm512_reduce_add_epi32(_mm512_mullo_epi32(sums, mins));
                     let da = *acts.d.get_unchecked(r * stride + b);
                     *acc = (d * da).mul_add(s1 as f32, *acc);

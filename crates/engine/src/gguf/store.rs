@@ -185,7 +185,8 @@ impl GgufStore {
         let parts = pool.threads();
         let total = checked.len();
         pool.run(&|part| {
-            for at in total * part / parts..total * (part + 1) / parts {
+            let range = total * part / parts..total * (part + 1) / parts;
+            for (at, flag) in checked.iter().enumerate().take(range.end).skip(range.start) {
                 let (layer, expert) = (at / self.experts, at % self.experts);
                 let good = (0..3).all(|which| {
                     self.check(
@@ -194,7 +195,7 @@ impl GgufStore {
                     )
                     .is_ok()
                 });
-                checked[at].store(good, Ordering::Release);
+                flag.store(good, Ordering::Release);
             }
         });
     }

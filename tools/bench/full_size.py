@@ -124,7 +124,10 @@ def main() -> None:
             m = re.search(r"(\d+) tokens, ([\d.]+) tok/s decode; prefill (\d+) tokens in ([\d.]+) ms", out)
             toks = next((l for l in out.splitlines() if re.fullmatch(r"[\d,]+", l.strip())), "")
             engine = "specfit (mapped in place)" if slots == "ram" else "specfit (disk tier)"
+            # First token: process start to the end of the prefill = wall time less the decode.
+            ttft = wall - (int(m.group(1)) - 1) / float(m.group(2)) if float(m.group(2)) > 0 else wall
             rows.append({"engine": engine, "slots": None if slots == "ram" else int(slots), "tok_s": float(m.group(2)),
+                         "ttft_s": ttft,
                          "prefill_ms": float(m.group(4)), "read_gb": st.get("read_bytes", 0) / 1e9,
                          "peak_rss_gb": st.get("hwm_kb", 0) / 1e6, "tokens": toks.strip(),
                          "caches_dropped": dropped, "wall_s": wall, "log": out[-600:]})

@@ -128,6 +128,14 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
     }
 }
 
+/// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
+fn llama_routes(name: &str) -> Vec<Vec<Vec<Vec<u32>>>> {
+    let path = root().join(format!("fixtures/gguf/tiny-{name}.llama-routes.json"));
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(v["sha256"], reference(name)["sha256"], "routes of another file");
+    serde_json::from_value(v["routes"].clone()).unwrap()
+}
+
 /// The share of positions whose argmax agrees, and `max |a − b| / max |b|`, over `[rows, vocab]`.
 fn agreement(a: &[f32], b: &[f32], vocab: usize) -> (f64, f32) {
     let argmax = |row: &[f32]| {
@@ -146,7 +154,8 @@ fn agreement(a: &[f32], b: &[f32], vocab: usize) -> (f64, f32) {
     (same as f64 / rows as f64, rel_err(a, b))
 }
 
-/// specfit runs a GGUF's quantized matrices as llama.cpp does: activations rounded per row to
+/// specfit runs a GGUF's quantized matrices as llama.cpp does (and routes every token to the
+/// experts llama.cpp's graph selects, on every file, layer and position): activations rounded per row to
 /// 8-bit blocks (Q8_0 blocks for Q8_0/Q4_0/Q5_0 weights, Q8_K for k-quants) and integer dot
 /// products per block. The float steps around them are ordered differently (and llama.cpp's
 /// attention, norms and softmax are its own), so logits agree closely but not bitwise. Measured
@@ -171,6 +180,17 @@ fn quantized_logits_and_greedy_tokens_agree_with_llama_cpp_on_the_same_file() {
             eprintln!("{name} prompt {k}: against llama.cpp relative error {err:.2e}, argmax agreement {argmax:.2}");
             assert!(err <= max_rel, "{name} prompt {k}: {err}");
             assert_eq!(argmax, 1.0, "{name} prompt {k}: argmax agreement {argmax}");
+            // The experts each token chose, against the ids llama.cpp's graph selected
+            // (`ffn_moe_topk`, recorded by tools/gguf/llama_routes.py).
+            for (layer, want) in llama_routes(name)[k].iter().enumerate() {
+                let got = out.routes[layer].as_ref().unwrap();
+                for (t, w) in want.iter().enumerate() {
+                    let (mut g, mut w) = (got[t].clone(), w.clone());
+                    g.sort_unstable();
+                    w.sort_unstable();
+                    assert_eq!(g, w, "{name} prompt {k} layer {layer} token {t}: experts");
+                }
+            }
             let want = ints(&run["llama_greedy"]);
             let mut sampler = Sampler::new(Sampling::Greedy, 0);
             let options = GenerateOptions {

@@ -132,7 +132,11 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
 fn llama_routes(name: &str) -> Vec<Vec<Vec<Vec<u32>>>> {
     let path = root().join(format!("fixtures/gguf/tiny-{name}.llama-routes.json"));
     let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    assert_eq!(v["sha256"], reference(name)["sha256"], "routes of another file");
+    assert_eq!(
+        v["sha256"],
+        reference(name)["sha256"],
+        "routes of another file"
+    );
     serde_json::from_value(v["routes"].clone()).unwrap()
 }
 

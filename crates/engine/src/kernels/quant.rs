@@ -14,14 +14,13 @@
 //!   acc)`.
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
-//! one fixed sequence per output, so the AVX-512 VNNI kernels ([`Q4_K`, `Q6_K`, `Q8_0`]) and the
-//! portable reference ([`block_reference`]) give identical bits; tests hold them to it. Each
-//! row's activations are quantized from that row alone, so no row depends on another.
+//! one fixed sequence per output, so the AVX-512 VNNI kernels (Q4_K, Q6_K), the AVX2 ones (Q4_K,
+//! Q6_K, Q8_0) and the portable reference ([`block_reference`]) give identical bits; tests hold
+//! them to it. Each row's activations are quantized from that row alone, so no row depends on
+//! another.
 //!
 //! The results are not those of the f32 kernels on the dequantized matrix (the activations are
 //! rounded to 8 bits): `--weights f32` decodes every matrix for that exact path.
-//!
-//! [`Q4_K`, `Q6_K`, `Q8_0`]: GgmlType
 
 use specfit_gguf::dequant::{int_groups, split_block, IntGroups};
 use specfit_gguf::GgmlType;
@@ -339,16 +338,30 @@ pub(crate) fn block_reference(
 /// A whole row of weights against every activation row, added to `acc`.
 type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 
-/// The VNNI kernel for `ty` when `isa` is AVX-512 and the CPU has VNNI.
+/// The fast kernel for `ty` on `isa`: the VNNI kernels on AVX-512 with VNNI, the AVX2 ones
+/// (`vpmaddubsw`, whose 16-bit pair sums cannot saturate on these types) on AVX2 or on AVX-512
+/// without VNNI; `None` (the reference) otherwise.
 fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && has_vnni() {
-        return match ty {
-            GgmlType::Q4_K => Some(vnni::q4_k),
-            GgmlType::Q6_K => Some(vnni::q6_k),
-            GgmlType::Q8_0 => Some(vnni::q8_0),
-            _ => None,
-        };
+    {
+        if isa == Isa::Avx512 && has_vnni() {
+            return match ty {
+                GgmlType::Q4_K => Some(vnni::q4_k),
+                GgmlType::Q6_K => Some(vnni::q6_k),
+                // Measured faster than a `vpdpbusd` kernel (one horizontal sum per 32 weights
+                // either way): the AVX2 one.
+                GgmlType::Q8_0 => Some(avx2::q8_0),
+                _ => None,
+            };
+        }
+        if matches!(isa, Isa::Avx2 | Isa::Avx512) && std::arch::is_x86_feature_detected!("f16c") {
+            return match ty {
+                GgmlType::Q4_K => Some(avx2::q4_k),
+                GgmlType::Q6_K => Some(avx2::q6_k),
+                GgmlType::Q8_0 => Some(avx2::q8_0),
+                _ => None,
+            };
+        }
     }
     let _ = (isa, ty);
     None
@@ -371,10 +384,6 @@ fn has_vnni() -> bool {
 mod vnni {
     use super::QuantActs;
     use std::arch::x86_64::*;
-
-    fn f16(b: &[u8]) -> f32 {
-        half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
-    }
 
     /// The f16 at `p`, widened exactly (F16C).
     ///
@@ -486,7 +495,8 @@ mod vnni {
         });
         let stride = acts.k / 256;
         for (b, blk) in row.chunks_exact(210).enumerate() {
-            let d = f16(&blk[208..210]);
+            // SAFETY: two bytes inside the block; F16C is enabled.
+            let d = unsafe { half(blk.as_ptr().add(208)) };
             // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
             // of each activation row (the caller's contract).
             unsafe {
@@ -565,33 +575,197 @@ mod vnni {
             }
         }
     }
+}
 
-    /// `Q8_0` blocks (34 bytes: d, 32 signed bytes). The weights are offset by 128 to be
-    /// unsigned for `vpdpbusd`; `128 · Σ a` is taken back out.
+/// The AVX2 kernels: the VNNI kernels' integer sums with `vpmaddubsw` (unsigned × signed bytes,
+/// adjacent products summed to 16 bits: at most 2 · 63 · 127 for these types' unsigned weights,
+/// or 2 · 128 · 127 for Q8_0's through the sign trick, so never saturated) and `vpmaddwd` (the
+/// integer scales, or ones, summed to 32 bits); the same exact sums, so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::QuantActs;
+    use std::arch::x86_64::*;
+
+    /// The f16 at `p`, widened exactly (F16C).
+    ///
+    /// # Safety
+    /// Two readable bytes at `p`; the CPU has F16C.
+    #[inline]
+    #[target_feature(enable = "f16c")]
+    unsafe fn half(p: *const u8) -> f32 {
+        // SAFETY: the caller's contract.
+        let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// The sum of the 8 lanes (exact).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum(v: __m256i) -> i32 {
+        let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
+        let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
+        _mm_cvtsi128_si32(x)
+    }
+
+    /// `Q4_K` blocks (see the VNNI kernel).
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `row` is whole `Q4_K` blocks, `acts` quantized for `Q4_K`
+    /// with as many blocks per row, `acc` one per activation row.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let mask = _mm256_set1_epi8(0x0F);
+        let stride = acts.k / 256;
+        // Picks, for each 8 sums of 16, the min of their groups (mins are bytes 8–15).
+        let pick_min = [
+            _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0),
+            _mm_setr_epi8(12, 12, 13, 13, 14, 14, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0),
+        ];
+        for b in 0..row.len() / 144 {
+            // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
+            // of each activation row (the caller's contract).
+            unsafe {
+                let blk = row.as_ptr().add(144 * b);
+                let (d, dmin) = (half(blk), -half(blk.add(2)));
+                let u = [
+                    std::ptr::read_unaligned(blk.add(4) as *const u32),
+                    std::ptr::read_unaligned(blk.add(8) as *const u32),
+                    std::ptr::read_unaligned(blk.add(12) as *const u32),
+                ];
+                let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+                let sm: [u32; 4] = [
+                    u[0] & k1,
+                    (u[2] & k2) | (((u[0] >> 6) & k3) << 4),
+                    u[1] & k1,
+                    ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4),
+                ];
+                let sc: [u8; 16] = std::mem::transmute(sm);
+                let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+                let mins = [
+                    _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[0])),
+                    _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[1])),
+                ];
+                let mut w = [_mm256_setzero_si256(); 8];
+                let mut scale = [_mm256_setzero_si256(); 8];
+                for t in 0..4 {
+                    let raw = _mm256_loadu_si256(blk.add(16 + 32 * t) as *const __m256i);
+                    w[2 * t] = _mm256_and_si256(raw, mask);
+                    w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                    scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
+                    scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = r * acts.k + 256 * b;
+                    let a = acts.q.as_ptr().add(at);
+                    let mut sum = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        let av = _mm256_loadu_si256(a.add(32 * g) as *const __m256i);
+                        let pairs = _mm256_maddubs_epi16(w[g], av);
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[g]));
+                    }
+                    let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
+                    let m = _mm256_add_epi32(
+                        _mm256_mullo_epi32(_mm256_loadu_si256(sums), mins[0]),
+                        _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), mins[1]),
+                    );
+                    let da = *acts.d.get_unchecked(r * stride + b);
+                    *acc = (d * da).mul_add(hsum(sum) as f32, *acc);
+                    *acc = (dmin * da).mul_add(hsum(m) as f32, *acc);
+                }
+            }
+        }
+    }
+
+    /// `Q6_K` blocks (see the VNNI kernel).
+    ///
+    /// # Safety
+    /// As [`q4_k`], for `Q6_K`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+        let stride = acts.k / 256;
+        for b in 0..row.len() / 210 {
+            // SAFETY (whole body): as in `q4_k`.
+            unsafe {
+                let p = row.as_ptr().add(210 * b);
+                let d = half(p.add(208));
+                // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
+                let mut w = [_mm256_setzero_si256(); 8];
+                for h in 0..2 {
+                    let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                    let high = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
+                    w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh));
+                    w[4 * h + 1] =
+                        _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2)));
+                    w[4 * h + 2] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                        high(_mm256_srli_epi16(qh, 4)),
+                    );
+                    w[4 * h + 3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                        high(_mm256_srli_epi16(qh, 6)),
+                    );
+                }
+                let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+                let scale: [__m256i; 8] = std::array::from_fn(|v| {
+                    let (a, c) = (2 * v as i8, 2 * v as i8 + 1);
+                    let pick = _mm_setr_epi8(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
+                    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
+                });
+                // 32 · sc[g] per group: the +32 of the stored values comes back out.
+                let bias = [
+                    _mm256_slli_epi32(_mm256_cvtepi8_epi32(sc), 5),
+                    _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)), 5),
+                ];
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = r * acts.k + 256 * b;
+                    let a = acts.q.as_ptr().add(at);
+                    let mut sum = _mm256_setzero_si256();
+                    for v in 0..8 {
+                        let av = _mm256_loadu_si256(a.add(32 * v) as *const __m256i);
+                        let pairs = _mm256_maddubs_epi16(w[v], av);
+                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[v]));
+                    }
+                    let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
+                    let off = _mm256_add_epi32(
+                        _mm256_mullo_epi32(_mm256_loadu_si256(sums), bias[0]),
+                        _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), bias[1]),
+                    );
+                    let s1 = hsum(_mm256_sub_epi32(sum, off));
+                    let da = *acts.d.get_unchecked(r * stride + b);
+                    *acc = (d * da).mul_add(s1 as f32, *acc);
+                }
+            }
+        }
+    }
+
+    /// `Q8_0` blocks: `|w|` times `a` with `w`'s sign, so the unsigned operand is `|w|`.
     ///
     /// # Safety
     /// As [`q4_k`], for `Q8_0`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn q8_0(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
-        let flip = _mm256_set1_epi8(-128);
-        for (b, blk) in row.chunks_exact(34).enumerate() {
-            let d = f16(&blk[0..2]);
-            // SAFETY: the load stays inside `blk`.
-            let w = unsafe {
-                _mm256_xor_si256(
-                    _mm256_loadu_si256(blk.as_ptr().add(2) as *const __m256i),
-                    flip,
-                )
-            };
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (a, da, sums) = acts.block(r, b);
-                let dot = unsafe {
-                    let av = _mm256_loadu_si256(a.as_ptr() as *const __m256i);
-                    let dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, av);
-                    _mm512_reduce_add_epi32(_mm512_zextsi256_si512(dot))
-                };
-                let s1 = dot - 128 * (sums[0] + sums[1]);
-                *acc = (d * da).mul_add(s1 as f32, *acc);
+        let ones = _mm256_set1_epi16(1);
+        let stride = acts.k / 32;
+        for b in 0..row.len() / 34 {
+            // SAFETY (whole body): as in `q4_k`.
+            unsafe {
+                let blk = row.as_ptr().add(34 * b);
+                let d = half(blk);
+                let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                let magnitude = _mm256_sign_epi8(w, w);
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_loadu_si256(
+                        acts.q.as_ptr().add(r * acts.k + 32 * b) as *const __m256i
+                    );
+                    let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, w));
+                    let s1 = hsum(_mm256_madd_epi16(pairs, ones));
+                    let da = *acts.d.get_unchecked(r * stride + b);
+                    *acc = (d * da).mul_add(s1 as f32, *acc);
+                }
             }
         }
     }

@@ -345,20 +345,24 @@ fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 && has_vnni() {
-            return match ty {
-                GgmlType::Q4_K => Some(vnni::q4_k),
-                GgmlType::Q6_K => Some(vnni::q6_k),
-                // Measured faster than a `vpdpbusd` kernel (one horizontal sum per 32 weights
-                // either way): the AVX2 one.
-                GgmlType::Q8_0 => Some(avx2::q8_0),
-                _ => None,
-            };
+            match ty {
+                GgmlType::Q4_K => return Some(vnni::q4_k),
+                GgmlType::Q6_K => return Some(vnni::q6_k),
+                // The others run the AVX2 kernels (for Q8_0 measured faster than a `vpdpbusd`
+                // one: one horizontal sum per 32 weights either way).
+                _ => {}
+            }
         }
         if matches!(isa, Isa::Avx2 | Isa::Avx512) && std::arch::is_x86_feature_detected!("f16c") {
             return match ty {
-                GgmlType::Q4_K => Some(avx2::q4_k),
+                GgmlType::Q4_K => Some(avx2::q4_k::<false>),
+                GgmlType::Q5_K => Some(avx2::q4_k::<true>),
                 GgmlType::Q6_K => Some(avx2::q6_k),
                 GgmlType::Q8_0 => Some(avx2::q8_0),
+                GgmlType::Q4_0 => Some(avx2::legacy::<false, false>),
+                GgmlType::Q4_1 => Some(avx2::legacy::<false, true>),
+                GgmlType::Q5_0 => Some(avx2::legacy::<true, false>),
+                GgmlType::Q5_1 => Some(avx2::legacy::<true, true>),
                 _ => None,
             };
         }
@@ -608,13 +612,17 @@ mod avx2 {
         _mm_cvtsi128_si32(x)
     }
 
-    /// `Q4_K` blocks (see the VNNI kernel).
+    /// `Q4_K` blocks (see the VNNI kernel), or with `FIVE` `Q5_K` ones (176 bytes: the same
+    /// header, then 32 bytes whose bit `g` of byte `l` is the fifth bit of element `l` of group
+    /// `g`, then the nibbles).
     ///
     /// # Safety
-    /// The CPU has AVX2, FMA and F16C; `row` is whole `Q4_K` blocks, `acts` quantized for `Q4_K`
+    /// The CPU has AVX2, FMA and F16C; `row` is whole blocks of the type, `acts` quantized for it
     /// with as many blocks per row, `acc` one per activation row.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+        let block = if FIVE { 176 } else { 144 };
+        let nibbles = if FIVE { 48 } else { 16 };
         let mask = _mm256_set1_epi8(0x0F);
         let stride = acts.k / 256;
         // Picks, for each 8 sums of 16, the min of their groups (mins are bytes 8–15).
@@ -622,11 +630,11 @@ mod avx2 {
             _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0),
             _mm_setr_epi8(12, 12, 13, 13, 14, 14, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0),
         ];
-        for b in 0..row.len() / 144 {
+        for b in 0..row.len() / block {
             // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
             // of each activation row (the caller's contract).
             unsafe {
-                let blk = row.as_ptr().add(144 * b);
+                let blk = row.as_ptr().add(block * b);
                 let (d, dmin) = (half(blk), -half(blk.add(2)));
                 let u = [
                     std::ptr::read_unaligned(blk.add(4) as *const u32),
@@ -648,10 +656,19 @@ mod avx2 {
                 ];
                 let mut w = [_mm256_setzero_si256(); 8];
                 let mut scale = [_mm256_setzero_si256(); 8];
+                let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+                let one = _mm256_set1_epi8(1);
                 for t in 0..4 {
-                    let raw = _mm256_loadu_si256(blk.add(16 + 32 * t) as *const __m256i);
+                    let raw = _mm256_loadu_si256(blk.add(nibbles + 32 * t) as *const __m256i);
                     w[2 * t] = _mm256_and_si256(raw, mask);
                     w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                    if FIVE {
+                        for g in [2 * t, 2 * t + 1] {
+                            let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32));
+                            let high = _mm256_slli_epi16(_mm256_and_si256(bit, one), 4);
+                            w[g] = _mm256_or_si256(w[g], high);
+                        }
+                    }
                     scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
                     scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
                 }
@@ -737,6 +754,67 @@ mod avx2 {
                     let s1 = hsum(_mm256_sub_epi32(sum, off));
                     let da = *acts.d.get_unchecked(r * stride + b);
                     *acc = (d * da).mul_add(s1 as f32, *acc);
+                }
+            }
+        }
+    }
+
+    /// `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` blocks of 32: d (and, with `MIN`, the min m), with `FIVE`
+    /// 32 bits holding each element's fifth bit, then 16 bytes of nibbles (elements 0–15 low,
+    /// 16–31 high). Stored unsigned; types without a min are offset by 8 (16 with `FIVE`), taken
+    /// back out with the activation sums.
+    ///
+    /// # Safety
+    /// As [`q4_k`], for the type.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
+        row: &[u8],
+        acts: &QuantActs,
+        acc: &mut [f32],
+    ) {
+        let block = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+        let nibbles = block - 16;
+        let bias = match (FIVE, MIN) {
+            (_, true) => 0,
+            (false, false) => 8,
+            (true, false) => 16,
+        };
+        let (mask, one) = (_mm_set1_epi8(0x0F), _mm256_set1_epi16(1));
+        // Byte i of the expansion takes byte i / 8 of the 32 bits and keeps bit i mod 8.
+        let spread = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+        let stride = acts.k / 32;
+        for b in 0..row.len() / block {
+            // SAFETY (whole body): as in `q4_k`.
+            unsafe {
+                let blk = row.as_ptr().add(block * b);
+                let d = half(blk);
+                let m = if MIN { half(blk.add(2)) } else { 0.0 };
+                let raw = _mm_loadu_si128(blk.add(nibbles) as *const __m128i);
+                let lo = _mm_and_si128(raw, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+                let mut w = _mm256_set_m128i(hi, lo);
+                if FIVE {
+                    let at = if MIN { 4 } else { 2 };
+                    let qh = std::ptr::read_unaligned(blk.add(at) as *const u32);
+                    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+                    w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let at = r * acts.k + 32 * b;
+                    let a = _mm256_loadu_si256(acts.q.as_ptr().add(at) as *const __m256i);
+                    let dot = hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), one));
+                    let sum =
+                        *acts.sum16.get_unchecked(at / 16) + *acts.sum16.get_unchecked(at / 16 + 1);
+                    let da = *acts.d.get_unchecked(r * stride + b);
+                    *acc = (d * da).mul_add((dot - bias * sum) as f32, *acc);
+                    if MIN {
+                        *acc = (m * da).mul_add(sum as f32, *acc);
+                    }
                 }
             }
         }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use specfit_engine::{
-    generate, load_target, Batch, CacheMode, GenerateOptions, Qwen3MoeConfig, Sampler, Sampling,
-    Tier, Tokenizer,
+    load_target, Batch, CacheMode, ExpertCache, Qwen3Moe, Qwen3MoeConfig, Sampler, Sampling, Tier,
+    Tokenizer,
 };
 
 const QUANTS: [&str; 3] = ["q8_0", "q4_0", "q4_k_m"];
@@ -105,27 +105,44 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
             let err = rel_err(&out.logits, &recorded(name, "hf", k));
             eprintln!("{name} prompt {k}: relative error against transformers {err:e}");
             assert!(err <= 1e-5, "{name} prompt {k}: {err:e}");
-            for (layer, want) in run["hf_routes"].as_array().unwrap().iter().enumerate() {
-                let got = out.routes[layer].as_ref().unwrap();
-                for (t, w) in want.as_array().unwrap().iter().enumerate() {
-                    let (mut g, mut w) = (got[t].clone(), ints(w));
-                    g.sort_unstable();
-                    w.sort_unstable();
-                    assert_eq!(g, w, "{name} prompt {k} layer {layer} token {t}");
-                }
-            }
-            let mut sampler = Sampler::new(Sampling::Greedy, 0);
-            let options = GenerateOptions {
-                max_tokens: 8,
-                stop: vec![],
-                ..Default::default()
-            };
-            let got = generate(&model, &mut cache, &prompt, &mut sampler, &options, |_| {})
-                .unwrap()
-                .tokens;
-            assert_eq!(got, ints(&run["hf_greedy"]), "{name} prompt {k}");
+            let want: Vec<Vec<Vec<u32>>> =
+                serde_json::from_value(run["hf_routes"].clone()).unwrap();
+            same_experts(&out.routes, &want, &format!("{name} prompt {k}"));
+            let want = ints(&run["hf_greedy"]);
+            let got = greedy(&model, &mut cache, &prompt, want.len());
+            assert_eq!(got, want, "{name} prompt {k}");
         }
     }
+}
+
+/// Asserts that every token of every MoE layer chose the experts of `want` (`[layer][token]`
+/// ids, in any order).
+fn same_experts(routes: &[Option<Vec<Vec<u32>>>], want: &[Vec<Vec<u32>>], label: &str) {
+    for (layer, want) in want.iter().enumerate() {
+        let got = routes[layer].as_ref().unwrap();
+        for (t, w) in want.iter().enumerate() {
+            let (mut g, mut w) = (got[t].clone(), w.clone());
+            g.sort_unstable();
+            w.sort_unstable();
+            assert_eq!(g, w, "{label} layer {layer} token {t}: experts");
+        }
+    }
+}
+
+/// Plain decoding's `max_tokens` greedy tokens after `prompt`.
+fn greedy(
+    model: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Vec<u32> {
+    plain_tokens(
+        model,
+        cache,
+        prompt,
+        Sampler::new(Sampling::Greedy, 0),
+        max_tokens,
+    )
 }
 
 /// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
@@ -186,25 +203,13 @@ fn quantized_logits_and_greedy_tokens_agree_with_llama_cpp_on_the_same_file() {
             assert_eq!(argmax, 1.0, "{name} prompt {k}: argmax agreement {argmax}");
             // The experts each token chose, against the ids llama.cpp's graph selected
             // (`ffn_moe_topk`, recorded by tools/gguf/llama_routes.py).
-            for (layer, want) in llama_routes(name)[k].iter().enumerate() {
-                let got = out.routes[layer].as_ref().unwrap();
-                for (t, w) in want.iter().enumerate() {
-                    let (mut g, mut w) = (got[t].clone(), w.clone());
-                    g.sort_unstable();
-                    w.sort_unstable();
-                    assert_eq!(g, w, "{name} prompt {k} layer {layer} token {t}: experts");
-                }
-            }
+            same_experts(
+                &out.routes,
+                &llama_routes(name)[k],
+                &format!("{name} prompt {k}"),
+            );
             let want = ints(&run["llama_greedy"]);
-            let mut sampler = Sampler::new(Sampling::Greedy, 0);
-            let options = GenerateOptions {
-                max_tokens: want.len(),
-                stop: vec![],
-                ..Default::default()
-            };
-            let got = generate(&model, &mut cache, &prompt, &mut sampler, &options, |_| {})
-                .unwrap()
-                .tokens;
+            let got = greedy(&model, &mut cache, &prompt, want.len());
             assert_eq!(
                 got, want,
                 "{name} prompt {k}: greedy tokens against llama.cpp's"

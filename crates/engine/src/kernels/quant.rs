@@ -381,12 +381,9 @@ fn has_vnni() -> bool {
     })
 }
 
-/// The fast kernels: weights decoded to unsigned bytes in registers, `vpdpbusd` (unsigned ×
-/// signed bytes, four products per 32-bit lane) against the activation bytes, integer scales
-/// applied per lane, the lanes summed (exactly), then the float steps of the module docs.
+/// What the x86 kernels share.
 #[cfg(target_arch = "x86_64")]
-mod vnni {
-    use super::QuantActs;
+mod x86 {
     use std::arch::x86_64::*;
 
     /// The f16 at `p`, widened exactly (F16C).
@@ -395,10 +392,79 @@ mod vnni {
     /// Two readable bytes at `p`; the CPU has F16C.
     #[inline]
     #[target_feature(enable = "f16c")]
-    unsafe fn half(p: *const u8) -> f32 {
+    pub(super) unsafe fn half(p: *const u8) -> f32 {
         // SAFETY: the caller's contract.
         let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+
+    /// The 6-bit scales (bytes 0–7) and mins (bytes 8–15) of the eight groups of a Q4_K/Q5_K
+    /// block from its 12 packed bytes at `p` (ggml's `get_scale_min_k4`, all groups at once).
+    ///
+    /// # Safety
+    /// 12 readable bytes at `p`.
+    #[inline(always)]
+    pub(super) unsafe fn k4_scales(p: *const u8) -> [u8; 16] {
+        // SAFETY: the caller's contract.
+        let u = unsafe {
+            [
+                std::ptr::read_unaligned(p as *const u32),
+                std::ptr::read_unaligned(p.add(4) as *const u32),
+                std::ptr::read_unaligned(p.add(8) as *const u32),
+            ]
+        };
+        let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
+        let words = [
+            u[0] & k1,
+            (u[2] & k2) | (((u[0] >> 6) & k3) << 4),
+            u[1] & k1,
+            ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4),
+        ];
+        let mut out = [0u8; 16];
+        for (o, w) in out.chunks_exact_mut(4).zip(words) {
+            o.copy_from_slice(&w.to_le_bytes());
+        }
+        out
+    }
+}
+
+/// The fast kernels: weights decoded to unsigned bytes in registers, `vpdpbusd` (unsigned ×
+/// signed bytes, four products per 32-bit lane) against the activation bytes, integer scales
+/// applied per lane, the lanes summed (exactly), then the float steps of the module docs.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::x86::{half, k4_scales};
+    use super::QuantActs;
+    use std::arch::x86_64::*;
+
+    /// One activation row's 256-element block at `at` against a k-quant block decoded to 4
+    /// registers of unsigned bytes (64 elements each, a 32-bit scale per lane of 4): the scaled
+    /// dot products, and the block's 16 activation sums times `per_sum`, each as 16 lanes to be
+    /// summed.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW and VNNI; `at` is a block start inside `acts`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn k_row(
+        w: &[__m512i; 4],
+        scale: &[__m512i; 4],
+        acts: &QuantActs,
+        at: usize,
+        per_sum: __m512i,
+    ) -> (__m512i, __m512i) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let a = acts.q.as_ptr().add(at);
+            let mut sum = _mm512_setzero_si512();
+            for t in 0..4 {
+                let av = _mm512_loadu_si512(a.add(64 * t) as *const __m512i);
+                let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
+                sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
+            }
+            let sums = _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
+            (sum, _mm512_mullo_epi32(sums, per_sum))
+        }
     }
 
     /// `Q4_K` blocks (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
@@ -425,20 +491,8 @@ mod vnni {
             unsafe {
                 let blk = row.as_ptr().add(144 * b);
                 let (d, dmin) = (half(blk), -half(blk.add(2)));
-                // The 6-bit scales and mins as 16 bytes: scales 0–7 then mins 0–7 (ggml's
-                // `get_scale_min_k4` for all eight groups at once).
-                let u = [
-                    std::ptr::read_unaligned(blk.add(4) as *const u32),
-                    std::ptr::read_unaligned(blk.add(8) as *const u32),
-                    std::ptr::read_unaligned(blk.add(12) as *const u32),
-                ];
-                let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-                let packed = _mm_setr_epi32(
-                    (u[0] & k1) as i32,
-                    ((u[2] & k2) | (((u[0] >> 6) & k3) << 4)) as i32,
-                    (u[1] & k1) as i32,
-                    (((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4)) as i32,
-                );
+                let sc = k4_scales(blk.add(4));
+                let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
                 let mut w = [_mm512_setzero_si512(); 4];
                 let mut scale = [_mm512_setzero_si512(); 4];
                 for t in 0..4 {
@@ -449,19 +503,7 @@ mod vnni {
                     scale[t] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick[t]));
                 }
                 let mins = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min));
-                let lanes = |r: usize| {
-                    let at = r * acts.k + 256 * b;
-                    let a = acts.q.as_ptr().add(at);
-                    let mut sum = _mm512_setzero_si512();
-                    for t in 0..4 {
-                        let av = _mm512_loadu_si512(a.add(64 * t) as *const __m512i);
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
-                        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
-                    }
-                    let sums =
-                        _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
-                    (sum, _mm512_mullo_epi32(sums, mins))
-                };
+                let lanes = |r: usize| k_row(&w, &scale, acts, r * acts.k + 256 * b, mins);
                 let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
                 finish_rows(acc, (d, Some(dmin)), da, lanes);
             }
@@ -532,18 +574,8 @@ mod vnni {
                 // The stored values are q + 32: 32 · sc[g] · (Σ a over group g) comes back out.
                 let bias = _mm512_slli_epi32(_mm512_cvtepi8_epi32(sc), 5);
                 let lanes = |r: usize| {
-                    let at = r * acts.k + 256 * b;
-                    let a = acts.q.as_ptr().add(at);
-                    let mut sum = _mm512_setzero_si512();
-                    for t in 0..4 {
-                        let av = _mm512_loadu_si512(a.add(64 * t) as *const __m512i);
-                        let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
-                        sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
-                    }
-                    let sums =
-                        _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
-                    let sum = _mm512_sub_epi32(sum, _mm512_mullo_epi32(sums, bias));
-                    (sum, _mm512_setzero_si512())
+                    let (sum, off) = k_row(&w, &scale, acts, r * acts.k + 256 * b, bias);
+                    (_mm512_sub_epi32(sum, off), _mm512_setzero_si512())
                 };
                 let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
                 finish_rows(acc, (d, None), da, lanes);
@@ -587,20 +619,9 @@ mod vnni {
 /// integer scales, or ones, summed to 32 bits); the same exact sums, so the same bits.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::x86::{half, k4_scales};
     use super::QuantActs;
     use std::arch::x86_64::*;
-
-    /// The f16 at `p`, widened exactly (F16C).
-    ///
-    /// # Safety
-    /// Two readable bytes at `p`; the CPU has F16C.
-    #[inline]
-    #[target_feature(enable = "f16c")]
-    unsafe fn half(p: *const u8) -> f32 {
-        // SAFETY: the caller's contract.
-        let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
 
     /// The sum of the 8 lanes (exact).
     #[inline]
@@ -610,6 +631,40 @@ mod avx2 {
         let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
         let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
         _mm_cvtsi128_si32(x)
+    }
+
+    /// One activation row's 256-element block at `at` against a k-quant block decoded to 8
+    /// registers of unsigned bytes (32 elements each, 16-bit scales per pair of 16): the scaled
+    /// dot products, and the block's 16 activation sums times `per_sum` (8 + 8 i32 factors),
+    /// each as 8 lanes to be summed.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; `at` is a block start inside `acts`.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn k_row(
+        w: &[__m256i; 8],
+        scale: &[__m256i; 8],
+        acts: &QuantActs,
+        at: usize,
+        per_sum: &[__m256i; 2],
+    ) -> (__m256i, __m256i) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let a = acts.q.as_ptr().add(at);
+            let mut sum = _mm256_setzero_si256();
+            for v in 0..8 {
+                let av = _mm256_loadu_si256(a.add(32 * v) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(w[v], av);
+                sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[v]));
+            }
+            let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
+            let side = _mm256_add_epi32(
+                _mm256_mullo_epi32(_mm256_loadu_si256(sums), per_sum[0]),
+                _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), per_sum[1]),
+            );
+            (sum, side)
+        }
     }
 
     /// `Q4_K` blocks (see the VNNI kernel), or with `FIVE` `Q5_K` ones (176 bytes: the same
@@ -636,19 +691,7 @@ mod avx2 {
             unsafe {
                 let blk = row.as_ptr().add(block * b);
                 let (d, dmin) = (half(blk), -half(blk.add(2)));
-                let u = [
-                    std::ptr::read_unaligned(blk.add(4) as *const u32),
-                    std::ptr::read_unaligned(blk.add(8) as *const u32),
-                    std::ptr::read_unaligned(blk.add(12) as *const u32),
-                ];
-                let (k1, k2, k3) = (0x3f3f_3f3fu32, 0x0f0f_0f0fu32, 0x0303_0303u32);
-                let sm: [u32; 4] = [
-                    u[0] & k1,
-                    (u[2] & k2) | (((u[0] >> 6) & k3) << 4),
-                    u[1] & k1,
-                    ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4),
-                ];
-                let sc: [u8; 16] = std::mem::transmute(sm);
+                let sc = k4_scales(blk.add(4));
                 let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
                 let mins = [
                     _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[0])),
@@ -673,19 +716,7 @@ mod avx2 {
                     scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let at = r * acts.k + 256 * b;
-                    let a = acts.q.as_ptr().add(at);
-                    let mut sum = _mm256_setzero_si256();
-                    for g in 0..8 {
-                        let av = _mm256_loadu_si256(a.add(32 * g) as *const __m256i);
-                        let pairs = _mm256_maddubs_epi16(w[g], av);
-                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[g]));
-                    }
-                    let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
-                    let m = _mm256_add_epi32(
-                        _mm256_mullo_epi32(_mm256_loadu_si256(sums), mins[0]),
-                        _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), mins[1]),
-                    );
+                    let (sum, m) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &mins);
                     let da = *acts.d.get_unchecked(r * stride + b);
                     *acc = (d * da).mul_add(hsum(sum) as f32, *acc);
                     *acc = (dmin * da).mul_add(hsum(m) as f32, *acc);
@@ -738,19 +769,7 @@ mod avx2 {
                     _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)), 5),
                 ];
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let at = r * acts.k + 256 * b;
-                    let a = acts.q.as_ptr().add(at);
-                    let mut sum = _mm256_setzero_si256();
-                    for v in 0..8 {
-                        let av = _mm256_loadu_si256(a.add(32 * v) as *const __m256i);
-                        let pairs = _mm256_maddubs_epi16(w[v], av);
-                        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[v]));
-                    }
-                    let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
-                    let off = _mm256_add_epi32(
-                        _mm256_mullo_epi32(_mm256_loadu_si256(sums), bias[0]),
-                        _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), bias[1]),
-                    );
+                    let (sum, off) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &bias);
                     let s1 = hsum(_mm256_sub_epi32(sum, off));
                     let da = *acts.d.get_unchecked(r * stride + b);
                     *acc = (d * da).mul_add(s1 as f32, *acc);

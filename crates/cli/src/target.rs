@@ -95,6 +95,9 @@ impl TargetArgs {
             Some(0) | None => usize::MAX,
             Some(s) => s,
         };
+        if self.store == StoreArg::Ram {
+            warn_if_larger_than_memory(&self.model);
+        }
         load_target(
             &self.model,
             &tier,
@@ -103,6 +106,32 @@ impl TargetArgs {
             self.weights.map(WeightsArg::dtype),
         )
         .with_context(|| format!("loading {}", self.model.display()))
+    }
+}
+
+/// Warns when a GGUF file about to be mapped in place (`--store ram`) is larger than the memory
+/// available: its experts would be paged in from disk again and again, as llama.cpp's mmap does
+/// on such files, where `--store disk --slots N` reads each missing expert once into its slot.
+fn warn_if_larger_than_memory(model: &std::path::Path) {
+    if !specfit_engine::gguf::is_gguf(model) {
+        return;
+    }
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    });
+    let size = std::fs::metadata(model).map(|m| m.len()).ok();
+    if let (Some(available), Some(size)) = (available, size) {
+        if size > available {
+            eprintln!(
+                "warning: {} ({:.1} GB) is larger than the memory available ({:.1} GB): with --store ram its experts are paged in from disk on every use; --store disk --slots N reads each missing expert once into a slot",
+                model.display(),
+                size as f64 / 1e9,
+                available as f64 / 1e9
+            );
+        }
     }
 }
 

@@ -292,7 +292,7 @@ fn random_drafter() -> PathBuf {
 
 #[test]
 fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
-    use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TopK};
+    use specfit_engine::spec::SpecOptions;
     use specfit_engine::Eagle3;
     let drafter_dir = random_drafter();
     for name in QUANTS {
@@ -331,16 +331,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 seed,
                 ..SpecOptions::default()
             };
-            let got = generate_spec(
-                &model,
-                &drafter,
-                &mut disk,
-                Routes::None,
-                &prompt,
-                &mut TopK(7),
-                &options,
-            )
-            .unwrap();
+            let got = top_k_spec(&model, &drafter, &mut disk, &prompt, 7, &options);
             assert_eq!(got.tokens, want, "{name} {sampling:?}");
             assert!(got.verified_nodes > 0);
         }

@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{generate_spec, generate_spec_from, Routes, SpecOptions, TopK};
+use specfit_engine::spec::{generate_spec_from, Routes, SpecOptions, TopK};
 use specfit_engine::{
     generate, generate_from, CacheMode, EngineError, GenerateOptions, Prefix, Sampler, Sampling,
 };
@@ -86,16 +86,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 ..SpecOptions::default()
             };
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-            let want = generate_spec(
-                &target,
-                &drafter,
-                &mut fresh,
-                Routes::None,
-                prompt,
-                &mut TopK(5),
-                &options,
-            )
-            .unwrap();
+            let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
             let prefix = Prefix::new(&target, Some(&drafter), &mut all, prompt).unwrap();
             assert!(prefix.has_drafter());
             for (slots, mode) in [
@@ -231,16 +222,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             ..SpecOptions::default()
         };
         let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-        let want = generate_spec(
-            &target,
-            &drafter,
-            &mut fresh,
-            Routes::None,
-            prompt,
-            &mut TopK(5),
-            &options,
-        )
-        .unwrap();
+        let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
         let old = Prefix::new(&target, Some(&drafter), &mut all, earlier).unwrap();
         assert_eq!(old.reusable(prompt), keep.min(common.saturating_sub(1)));
         let prefix = old

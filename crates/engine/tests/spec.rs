@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TopK, TreeShape};
+use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TreeShape};
 use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
 
 #[test]
@@ -52,16 +52,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 stop: vec![],
                 ..SpecOptions::default()
             };
-            let got = generate_spec(
-                &target,
-                &drafter,
-                &mut cache,
-                Routes::None,
-                prompt,
-                &mut TopK(budget),
-                &options,
-            )
-            .unwrap();
+            let got = top_k_spec(&target, &drafter, &mut cache, prompt, budget, &options);
             assert_eq!(
                 got.tokens, want,
                 "prompt {prompt:?}, budget {budget}, slots {slots}, {shape:?}"
@@ -273,16 +264,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
             seed,
             ..SpecOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut c,
-            Routes::None,
-            &prompt,
-            &mut TopK(budget),
-            &options,
-        )
-        .unwrap();
+        let got = top_k_spec(&target, &drafter, &mut c, &prompt, budget, &options);
         assert_eq!(
             got.tokens, want,
             "seed {seed}, T {temperature}, top-p {top_p}, budget {budget}"
@@ -333,16 +315,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
             seed,
             ..SpecOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Routes::None,
-            &prompt,
-            &mut TopK(7),
-            &options,
-        )
-        .unwrap();
+        let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
         counts[got.tokens[1] as usize] += 1;
     }
     // Pearson chi-square over tokens expected at least 5 times, the rest pooled.
@@ -451,16 +424,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
             max_tokens: 20,
             ..SpecOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut disk,
-            Routes::None,
-            &prompt,
-            &mut TopK(7),
-            &options,
-        )
-        .unwrap();
+        let got = top_k_spec(&target, &drafter, &mut disk, &prompt, 7, &options);
         assert_eq!(got.tokens, want, "{mode:?}");
         assert!(got.copies.misses > 0);
         disk.verify_slots().unwrap();
@@ -663,16 +627,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
             ))),
             ..SpecOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Routes::None,
-            &prompt,
-            &mut TopK(7),
-            &options,
-        )
-        .unwrap();
+        let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
         assert!(
             got.tokens.len() >= at && got.tokens.len() < 30,
             "{at}: {got:?}"

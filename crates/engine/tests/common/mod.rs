@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use specfit_engine::spec::{generate_spec, Routes, SpecOptions, SpecReport, TopK};
 use specfit_engine::{
     generate, CacheMode, Eagle3, ExpertCache, GenerateOptions, Qwen3Moe, Sampler, Tier,
 };
@@ -111,4 +112,26 @@ pub fn plain_tokens(
     generate(target, cache, prompt, &mut sampler, &options, |_| {})
         .unwrap()
         .tokens
+}
+
+/// Speculative decoding of `prompt` with the top-`k` verify rule and no route source (the setup
+/// most engine tests compare with plain decoding).
+pub fn top_k_spec(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    k: usize,
+    options: &SpecOptions,
+) -> SpecReport {
+    generate_spec(
+        target,
+        drafter,
+        cache,
+        Routes::None,
+        prompt,
+        &mut TopK(k),
+        options,
+    )
+    .unwrap()
 }

@@ -41,21 +41,8 @@ pub struct Args {
     /// With --drafter: which draft nodes to verify each cycle.
     #[arg(long, value_enum, default_value = "eagle3")]
     policy: Policy,
-    /// K: draft nodes verified per cycle by the eagle3 policy, at most by the specfit ones
-    /// (`--budget` is accepted too).
-    #[arg(
-        long = "max-nodes",
-        alias = "budget",
-        value_name = "K",
-        default_value_t = 7
-    )]
-    budget: usize,
-    /// Children per expanded draft node, and nodes expanded per level.
-    #[arg(long, default_value_t = 2)]
-    branching: usize,
-    /// Drafted levels.
-    #[arg(long, default_value_t = 5)]
-    levels: usize,
+    #[command(flatten)]
+    tree: crate::tree::TreeArgs,
     /// Cost calibration for the specfit policies (default: the one `specfit calibrate` saved
     /// next to the model for this tier).
     #[arg(long)]
@@ -210,16 +197,9 @@ fn run_spec(
     (stop, sampling): (Vec<u32>, Sampling),
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
-    use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TreeShape};
-    ensure!(
-        args.branching > 0 && args.levels > 0,
-        "--branching and --levels must be positive"
-    );
+    use specfit_engine::spec::{generate_spec, Routes, SpecOptions};
+    let shape = args.tree.shape()?;
     let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
-    let shape = TreeShape {
-        branching: args.branching,
-        levels: args.levels,
-    };
     let options = SpecOptions {
         shape,
         max_tokens: args.max_tokens,
@@ -254,7 +234,7 @@ fn run_spec(
     let mut rule = policy::rule(
         &policy::RuleSpec {
             policy: args.policy,
-            budget: args.budget,
+            budget: args.tree.budget,
             lambda,
             beta_scale: 1.0,
             calibration: calibration.as_ref(),

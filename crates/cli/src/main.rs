@@ -18,6 +18,7 @@ mod simulate;
 mod synth;
 mod target;
 mod train_predictor;
+mod tree;
 mod walk;
 
 use std::process::ExitCode;

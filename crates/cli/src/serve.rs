@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, Tokenizer};
 use specfit_server::{
     Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
@@ -40,15 +39,8 @@ pub struct Args {
     /// Which draft nodes to verify each cycle (`ar`: plain decoding, no drafter).
     #[arg(long, value_enum, default_value = "specfit")]
     policy: Policy,
-    /// K: draft nodes verified per cycle by eagle3, at most by the specfit policies.
-    #[arg(long = "max-nodes", default_value_t = 7)]
-    budget: usize,
-    /// Children per expanded draft node, and nodes expanded per level.
-    #[arg(long, default_value_t = 2)]
-    branching: usize,
-    /// Drafted levels.
-    #[arg(long, default_value_t = 5)]
-    levels: usize,
+    #[command(flatten)]
+    tree: crate::tree::TreeArgs,
     /// Cost calibration of the specfit policies (default: the one saved next to the model for
     /// this tier, measured first — about 25 s on the shipped model — when there is none).
     #[arg(long)]
@@ -102,11 +94,8 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    ensure!(args.budget > 0, "--max-nodes must be positive");
-    ensure!(
-        args.branching > 0 && args.levels > 0,
-        "--branching and --levels must be positive"
-    );
+    ensure!(args.tree.budget > 0, "--max-nodes must be positive");
+    let shape = args.tree.shape()?;
     for (name, secs) in [
         ("--read-timeout", args.read_timeout),
         ("--shutdown-grace", args.shutdown_grace),
@@ -185,7 +174,7 @@ pub fn run(args: &Args) -> Result<()> {
         let rule = policy::rule(
             &policy::RuleSpec {
                 policy: args.policy,
-                budget: args.budget,
+                budget: args.tree.budget,
                 lambda,
                 beta_scale: 1.0,
                 calibration: calibration.as_ref(),
@@ -196,10 +185,7 @@ pub fn run(args: &Args) -> Result<()> {
             drafter,
             rule,
             routes,
-            shape: TreeShape {
-                branching: args.branching,
-                levels: args.levels,
-            },
+            shape,
             read_ahead: args.read_ahead,
         })
     };
@@ -301,5 +287,5 @@ fn calibration(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",
         path.display()
     );
-    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.budget, &path)
+    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.tree.budget, &path)
 }

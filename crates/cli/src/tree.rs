@@ -1,0 +1,39 @@
+//! Command-line options of the draft tree that `specfit generate` and `specfit serve` share: K
+//! (the most nodes verified per cycle), branching and drafted levels. Not the policy or its
+//! calibration (each command defaults those its own way).
+
+use anyhow::{ensure, Result};
+use specfit_engine::spec::TreeShape;
+
+#[derive(Debug, clap::Args)]
+pub struct TreeArgs {
+    /// K: draft nodes verified per cycle by the eagle3 policy, at most by the specfit ones
+    /// (`--budget` is accepted too).
+    #[arg(
+        long = "max-nodes",
+        alias = "budget",
+        value_name = "K",
+        default_value_t = 7
+    )]
+    pub budget: usize,
+    /// Children per expanded draft node, and nodes expanded per level.
+    #[arg(long, default_value_t = 2)]
+    pub branching: usize,
+    /// Drafted levels.
+    #[arg(long, default_value_t = 5)]
+    pub levels: usize,
+}
+
+impl TreeArgs {
+    /// The draft tree's shape; branching and levels must be positive.
+    pub fn shape(&self) -> Result<TreeShape> {
+        ensure!(
+            self.branching > 0 && self.levels > 0,
+            "--branching and --levels must be positive"
+        );
+        Ok(TreeShape {
+            branching: self.branching,
+            levels: self.levels,
+        })
+    }
+}

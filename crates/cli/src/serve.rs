@@ -120,17 +120,7 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("--calibration {} does not exist", path.display());
     }
     let tokenizer = Tokenizer::load(&args.model)?;
-    if args.store == StoreArg::Disk {
-        crate::target::ensure_expert_file(&args.model)?;
-    }
-    let target = TargetArgs {
-        model: args.model.clone(),
-        store: args.store,
-        experts: None,
-        slots: Some(slots),
-        clear_cache: false,
-        weights: args.weights,
-    };
+    let target = TargetArgs::prepared(&args.model, args.store, slots, args.weights)?;
     let (model, cache) = target.load()?;
     // Checked before the drafter and the calibration load: a template that does not compile
     // or a context the model does not have.

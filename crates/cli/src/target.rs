@@ -56,6 +56,27 @@ pub struct TargetArgs {
 }
 
 impl TargetArgs {
+    /// The options of a command that chooses them itself (`serve`, `bench`): `slots` per layer,
+    /// the default expert file, which is converted first for the disk tier when needed.
+    pub fn prepared(
+        model: &std::path::Path,
+        store: StoreArg,
+        slots: usize,
+        weights: Option<WeightsArg>,
+    ) -> Result<TargetArgs> {
+        if store == StoreArg::Disk {
+            ensure_expert_file(model)?;
+        }
+        Ok(TargetArgs {
+            model: model.to_path_buf(),
+            store,
+            experts: None,
+            slots: Some(slots),
+            clear_cache: false,
+            weights,
+        })
+    }
+
     /// An atlas for this model: every expert resident in a separate RAM cache, used only to route
     /// draft pools outside the timer.
     pub fn atlas(&self) -> Result<specfit_engine::spec::Atlas> {

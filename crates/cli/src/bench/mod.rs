@@ -325,18 +325,8 @@ fn setup(args: &Args) -> Result<Setup> {
             configs.insert(0, reference);
         }
     }
-    if args.store == StoreArg::Disk {
-        crate::target::ensure_expert_file(&args.model)?;
-    }
-    let target = TargetArgs {
-        model: args.model.clone(),
-        store: args.store,
-        experts: None,
-        slots: Some(default_slots),
-        clear_cache: false,
-        weights: None,
-    };
-    let (model, base) = target.load()?;
+    let (model, base) =
+        TargetArgs::prepared(&args.model, args.store, default_slots, None)?.load()?;
     let drafter = Eagle3::load(&args.drafter, model.config())?;
     let mut stop = crate::target::eos_tokens(&args.model, model.config())?;
     stop.extend(tokenizer.token_id("<|im_end|>"));

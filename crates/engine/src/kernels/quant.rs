@@ -178,12 +178,12 @@ impl<'a> QuantView<'a> {
         let blocks = self.k / elems;
         let row_bytes = blocks * block_bytes;
         let mut acc = vec![0.0f32; acts.rows];
-        let fast = vnni_kernel(isa, self.ty);
+        let fast = fast_kernel(isa, self.ty);
         for j in cols {
             acc.fill(0.0);
             let row = &self.data[j * row_bytes..(j + 1) * row_bytes];
             match fast {
-                // SAFETY: `vnni_kernel` only returns a kernel the CPU can run; `row` is whole
+                // SAFETY: `fast_kernel` only returns a kernel the CPU can run; `row` is whole
                 // blocks of the kernel's type and `acts` was quantized for it.
                 Some(kernel) => unsafe { kernel(row, acts, &mut acc) },
                 None => {
@@ -255,15 +255,11 @@ impl QuantActs {
         acts
     }
 
-    /// Row `r`'s block `b`: its integers, scale and sums of 16.
-    fn block(&self, r: usize, b: usize) -> (&[i8], f32, &[i32]) {
+    /// Row `r`'s block `b`: its integers and scale.
+    fn block(&self, r: usize, b: usize) -> (&[i8], f32) {
         let blocks = self.k / self.block;
         let at = r * self.k + b * self.block;
-        (
-            &self.q[at..at + self.block],
-            self.d[r * blocks + b],
-            &self.sum16[at / 16..(at + self.block) / 16],
-        )
+        (&self.q[at..at + self.block], self.d[r * blocks + b])
     }
 }
 
@@ -315,7 +311,7 @@ pub(crate) fn block_reference(
     let (mut q, mut sc, mut mn) = ([0i8; 256], [0i32; 16], [0i32; 16]);
     let f = split_block(ty, w, &mut q[..elems], &mut sc[..groups], &mut mn[..groups]);
     for (r, acc) in acc.iter_mut().enumerate() {
-        let (a, da, _) = acts.block(r, b);
+        let (a, da) = acts.block(r, b);
         let (mut s1, mut s2) = (0i32, 0i32);
         for g in 0..groups {
             let range = g * form.group..(g + 1) * form.group;
@@ -341,7 +337,7 @@ type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 /// The fast kernel for `ty` on `isa`: the VNNI kernels on AVX-512 with VNNI, the AVX2 ones
 /// (`vpmaddubsw`, whose 16-bit pair sums cannot saturate on these types) on AVX2 or on AVX-512
 /// without VNNI; `None` (the reference) otherwise.
-fn vnni_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
+fn fast_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
     #[cfg(target_arch = "x86_64")]
     {
         if isa == Isa::Avx512 && has_vnni() {

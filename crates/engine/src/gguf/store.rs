@@ -6,8 +6,9 @@
 //! storage dtype is forced): no conversion step and no second copy on disk. Or, when the experts
 //! stay quantized and the tier is RAM, used in place ([`GgufStore::open_mapped`]): the kernels
 //! read the memory-mapped file itself, as llama.cpp's mmap does, with no slots and no copies;
-//! every expert is checked when the file is opened (a corrupt one again, and named, when a
-//! forward uses it). GGUF carries no checksums, so the first use of a file writes a sidecar
+//! every expert is checked when the file is opened, unless its checksums were just computed from
+//! those bytes (a corrupt one is checked again, and named, when a forward uses it). GGUF carries
+//! no checksums, so the first use of a file writes a sidecar
 //! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
 //! to the file's size and header; later reads are checked against it.
 
@@ -146,12 +147,13 @@ impl GgufStore {
             };
             parts.push([part("gate")?, part("up")?, part("down")?]);
         }
-        let checksums = checksums(tensors, &parts, experts)?;
+        let (checksums, computed_now) = checksums(tensors, &parts, experts)?;
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
         let mapped = in_place.then(|| {
             tensors.file().will_need();
+            // Checksums computed just now came from these very bytes: nothing left to check.
             let checked = (0..parts.len() * experts)
-                .map(|_| AtomicBool::new(false))
+                .map(|_| AtomicBool::new(computed_now))
                 .collect();
             (Arc::clone(tensors.file()), checked)
         });
@@ -170,7 +172,9 @@ impl GgufStore {
             experts,
             mapped,
         };
-        store.check_mapped();
+        if !computed_now {
+            store.check_mapped();
+        }
         Ok(store)
     }
 
@@ -301,14 +305,14 @@ impl Raw {
     }
 }
 
-/// The CRC32C of every expert part: from the sidecar when it matches the file, else computed
-/// (reading every expert once) and saved beside the file (atomically; a read-only folder only
-/// means they are computed again next time).
+/// The CRC32C of every expert part, and whether they were computed now: from the sidecar when it
+/// matches the file, else computed (reading every expert once) and saved beside the file
+/// (atomically; a read-only folder only means they are computed again next time).
 fn checksums(
     tensors: &GgufTensors,
     parts: &[[Part; 3]],
     experts: usize,
-) -> Result<Vec<u32>, EngineError> {
+) -> Result<(Vec<u32>, bool), EngineError> {
     let file = tensors.file();
     let path = sidecar_path(file.path());
     let header = crc32c::crc32c(file.prefix());
@@ -324,7 +328,7 @@ fn checksums(
     if let Ok(text) = std::fs::read_to_string(&path) {
         if let Ok(s) = serde_json::from_str::<Sidecar>(&text) {
             if fits(&s) {
-                return Ok(s.crc32c);
+                return Ok((s.crc32c, false));
             }
         }
     }
@@ -352,7 +356,7 @@ fn checksums(
     if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &path).is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
-    Ok(sidecar.crc32c)
+    Ok((sidecar.crc32c, true))
 }
 
 /// Whether expert reads should bypass the page cache: no unless `SPECFIT_GGUF_DIRECT=1`. Reads

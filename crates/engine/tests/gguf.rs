@@ -259,7 +259,19 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
             cache.verify_slots().unwrap();
             (tokens, stats.misses, cache.tier())
         };
-        let (want, _, _) = run(&Tier::Ram, usize::MAX);
+        let (want, _, tier) = run(&Tier::Ram, usize::MAX);
+        assert!(tier.contains("mapped"), "{tier}");
+        // The same experts copied into a host-RAM store (`Qwen3Moe::load`) instead of mapped.
+        let (model, store) = Qwen3Moe::load(&path, None).unwrap();
+        let cfg = model.config();
+        let layers = cfg.moe_layers().len();
+        let mut cache =
+            ExpertCache::new(Box::new(store), layers, cfg.num_experts, 2, CacheMode::Lru).unwrap();
+        assert_eq!(
+            greedy(&model, &mut cache, &prompt, 12),
+            want,
+            "{name}: RAM store"
+        );
         let (got, misses, tier) = run(&Tier::Disk(PathBuf::from("unused")), 2);
         assert_eq!(got, want, "{name}");
         assert!(misses > 0, "{name}");

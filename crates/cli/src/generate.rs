@@ -224,21 +224,11 @@ fn run_spec(
         ),
         None => None,
     };
-    let lambda = match (args.lambda, &calibration) {
-        (Some(l), _) => l,
-        (None, Some(cal)) if args.policy == Policy::SpecfitLambda => {
-            policy::default_lambda(cal, model)?
-        }
-        _ => 0.0,
-    };
-    let mut rule = policy::rule(
-        &policy::RuleSpec {
-            policy: args.policy,
-            budget: args.tree.budget,
-            lambda,
-            beta_scale: 1.0,
-            calibration: calibration.as_ref(),
-        },
+    let mut rule = policy::command_rule(
+        args.policy,
+        args.tree.budget,
+        args.lambda,
+        calibration.as_ref(),
         model,
     )?;
     let route = RouteChoice::parse(&args.routes)?;

@@ -231,6 +231,33 @@ pub fn default_lambda(cal: &CalibrationJson, model: &Qwen3Moe) -> Result<f64> {
     Ok(1.0 / ms)
 }
 
+/// The verify rule a decoding command (`generate`, `serve`) runs: `policy` with at most
+/// `budget` nodes, λ as given or, for specfit-lambda, the calibrated plain-decoding rate, the
+/// calibrated β unscaled.
+pub fn command_rule(
+    policy: Policy,
+    budget: usize,
+    lambda: Option<f64>,
+    calibration: Option<&CalibrationJson>,
+    model: &Qwen3Moe,
+) -> Result<Box<dyn SpecRule + Send>> {
+    let lambda = match (lambda, calibration) {
+        (Some(l), _) => l,
+        (None, Some(cal)) if policy == Policy::SpecfitLambda => default_lambda(cal, model)?,
+        _ => 0.0,
+    };
+    rule(
+        &RuleSpec {
+            policy,
+            budget,
+            lambda,
+            beta_scale: 1.0,
+            calibration,
+        },
+        model,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,9 +5,10 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{generate_spec_from, Routes, SpecOptions, TopK};
+use specfit_engine::spec::{generate_spec_from, Routes, SpecOptions, SpecReport, TopK};
 use specfit_engine::{
-    generate, generate_from, CacheMode, EngineError, GenerateOptions, Prefix, Sampler, Sampling,
+    generate, generate_from, CacheMode, Eagle3, EngineError, ExpertCache, GenerateOptions, Prefix,
+    Qwen3Moe, Sampler, Sampling,
 };
 
 const PROMPTS: [&[u32]; 3] = [
@@ -95,16 +96,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 (usize::MAX, CacheMode::ClearEveryForward),
             ] {
                 let mut cache = all.sibling(slots, mode).unwrap();
-                let got = generate_spec_from(
-                    &target,
-                    &drafter,
-                    &mut cache,
-                    Routes::None,
-                    &prefix,
-                    &mut TopK(5),
-                    &options,
-                )
-                .unwrap();
+                let got = top_k_spec_from(&target, &drafter, &mut cache, &prefix, 5, &options);
                 assert_eq!(
                     got.tokens, want.tokens,
                     "prompt {prompt:?} {sampling:?} slots {slots}"
@@ -235,16 +227,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             "with drafter: {earlier:?} then {prompt:?}"
         );
         let mut cache = all.sibling(3, CacheMode::Lru).unwrap();
-        let got = generate_spec_from(
-            &target,
-            &drafter,
-            &mut cache,
-            Routes::None,
-            &prefix,
-            &mut TopK(5),
-            &options,
-        )
-        .unwrap();
+        let got = top_k_spec_from(&target, &drafter, &mut cache, &prefix, 5, &options);
         assert_eq!(
             got.tokens, want.tokens,
             "speculative: {earlier:?} then {prompt:?}"
@@ -257,4 +240,25 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             .unwrap()
             .has_drafter());
     }
+}
+
+/// [`top_k_spec`] from a prefilled prompt.
+fn top_k_spec_from(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prefix: &Prefix,
+    k: usize,
+    options: &SpecOptions,
+) -> SpecReport {
+    generate_spec_from(
+        target,
+        drafter,
+        cache,
+        Routes::None,
+        prefix,
+        &mut TopK(k),
+        options,
+    )
+    .unwrap()
 }

@@ -136,103 +136,109 @@ impl Metrics {
             "Generation requests by endpoint and outcome.",
             &requests,
         );
-        metric(
-            "specfit_prompt_tokens_total",
-            "counter",
-            "Prompt tokens of decoded requests.",
-            &one(t.prompt_tokens as f64),
-        );
-        metric(
-            "specfit_prompt_tokens_cached_total",
-            "counter",
-            "Prompt tokens taken from the previous request's prefill.",
-            &one(t.cached_prompt_tokens as f64),
-        );
-        metric(
-            "specfit_completion_tokens_total",
-            "counter",
-            "Generated tokens.",
-            &one(t.completion_tokens as f64),
-        );
-        metric(
-            "specfit_prefill_seconds_total",
-            "counter",
-            "Time in prompt forwards.",
-            &one(t.prefill_seconds),
-        );
-        metric(
-            "specfit_decode_seconds_total",
-            "counter",
-            "Time decoding after the prompt forward.",
-            &one(t.decode_seconds),
-        );
         let decoded = t.completion_tokens as f64;
-        metric(
-            "specfit_tokens_per_second",
-            "gauge",
-            "Decode rate of the latest completed request (tokens after the first per decode second).",
-            &one(t.last_tokens_per_second),
-        );
-        metric(
-            "specfit_cycles_total",
-            "counter",
-            "Draft-verify cycles (plain decoding: one per token).",
-            &one(t.cycles as f64),
-        );
-        metric(
-            "specfit_tokens_per_cycle",
-            "gauge",
-            "Tokens committed per cycle, over all requests.",
-            &one(ratio(t.committed as f64, t.cycles as f64)),
-        );
-        metric(
-            "specfit_nodes_verified_per_cycle",
-            "gauge",
-            "Draft nodes verified per cycle, over all requests.",
-            &one(ratio(t.verified_nodes as f64, t.cycles as f64)),
-        );
-        metric(
-            "specfit_expert_copies_total",
-            "counter",
-            "Routed-expert copies into slots (misses).",
-            &one(t.expert_copies as f64),
-        );
-        metric(
-            "specfit_expert_bytes_copied_total",
-            "counter",
-            "Bytes of routed-expert copies.",
-            &one(t.expert_bytes as f64),
-        );
-        metric(
-            "specfit_expert_copies_per_token",
-            "gauge",
-            "Expert copies per generated token, over all requests.",
-            &one(ratio(t.expert_copies as f64, decoded)),
-        );
-        metric(
-            "specfit_expert_bytes_per_token",
-            "gauge",
-            "Expert bytes copied per generated token, over all requests.",
-            &one(ratio(t.expert_bytes as f64, decoded)),
-        );
-        metric(
-            "specfit_queue_length",
-            "gauge",
-            "Requests waiting for the engine.",
-            &one(live.queue_length as f64),
-        );
-        metric(
-            "specfit_requests_in_flight",
-            "gauge",
-            "Requests being decoded (0 or 1).",
-            &one(live.in_flight as f64),
-        );
-        metric(
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident memory of the server process.",
-            &one(resident_bytes() as f64),
-        );
+        // Metrics with one unlabelled sample: name, type, help, value.
+        let singles: [(&str, &str, &str, f64); 16] = [
+            (
+                "specfit_prompt_tokens_total",
+                "counter",
+                "Prompt tokens of decoded requests.",
+                t.prompt_tokens as f64,
+            ),
+            (
+                "specfit_prompt_tokens_cached_total",
+                "counter",
+                "Prompt tokens taken from the previous request's prefill.",
+                t.cached_prompt_tokens as f64,
+            ),
+            (
+                "specfit_completion_tokens_total",
+                "counter",
+                "Generated tokens.",
+                t.completion_tokens as f64,
+            ),
+            (
+                "specfit_prefill_seconds_total",
+                "counter",
+                "Time in prompt forwards.",
+                t.prefill_seconds,
+            ),
+            (
+                "specfit_decode_seconds_total",
+                "counter",
+                "Time decoding after the prompt forward.",
+                t.decode_seconds,
+            ),
+            (
+                "specfit_tokens_per_second",
+                "gauge",
+                "Decode rate of the latest completed request (tokens after the first per decode second).",
+                t.last_tokens_per_second,
+            ),
+            (
+                "specfit_cycles_total",
+                "counter",
+                "Draft-verify cycles (plain decoding: one per token).",
+                t.cycles as f64,
+            ),
+            (
+                "specfit_tokens_per_cycle",
+                "gauge",
+                "Tokens committed per cycle, over all requests.",
+                ratio(t.committed as f64, t.cycles as f64),
+            ),
+            (
+                "specfit_nodes_verified_per_cycle",
+                "gauge",
+                "Draft nodes verified per cycle, over all requests.",
+                ratio(t.verified_nodes as f64, t.cycles as f64),
+            ),
+            (
+                "specfit_expert_copies_total",
+                "counter",
+                "Routed-expert copies into slots (misses).",
+                t.expert_copies as f64,
+            ),
+            (
+                "specfit_expert_bytes_copied_total",
+                "counter",
+                "Bytes of routed-expert copies.",
+                t.expert_bytes as f64,
+            ),
+            (
+                "specfit_expert_copies_per_token",
+                "gauge",
+                "Expert copies per generated token, over all requests.",
+                ratio(t.expert_copies as f64, decoded),
+            ),
+            (
+                "specfit_expert_bytes_per_token",
+                "gauge",
+                "Expert bytes copied per generated token, over all requests.",
+                ratio(t.expert_bytes as f64, decoded),
+            ),
+            (
+                "specfit_queue_length",
+                "gauge",
+                "Requests waiting for the engine.",
+                live.queue_length as f64,
+            ),
+            (
+                "specfit_requests_in_flight",
+                "gauge",
+                "Requests being decoded (0 or 1).",
+                live.in_flight as f64,
+            ),
+            (
+                "process_resident_memory_bytes",
+                "gauge",
+                "Resident memory of the server process.",
+                resident_bytes() as f64,
+            ),
+        ];
+        for (name, kind, help, v) in singles {
+            metric(name, kind, help, &one(v));
+        }
         out
     }
 }

@@ -223,8 +223,8 @@ impl Checkpoint {
         Ok(store_as(values, dtype))
     }
 
-    /// The dtype weights keep by default: bf16 when the token embedding is stored in bf16, else
-    /// f32 (f16 checkpoints are widened to f32).
+    /// The dtype weights keep by default: bf16 when the token embedding (or, in a checkpoint
+    /// without one, the LM head) is stored in bf16, else f32 (f16 checkpoints are widened).
     pub fn native_dtype(&self) -> WeightDtype {
         if let Some(g) = &self.gguf {
             let bf16 =
@@ -235,10 +235,10 @@ impl Checkpoint {
                 WeightDtype::F32
             };
         }
-        let bf16 = self
-            .shards
-            .iter()
-            .find_map(|s| s.tensors.get("model.embed_tokens.weight"))
+        // An EAGLE-3 head has no embedding of its own: its LM head decides.
+        let stored = |name: &str| self.shards.iter().find_map(|s| s.tensors.get(name));
+        let bf16 = stored("model.embed_tokens.weight")
+            .or_else(|| stored("lm_head.weight"))
             .is_some_and(|i| i.dtype == Dtype::BF16);
         if bf16 {
             WeightDtype::Bf16

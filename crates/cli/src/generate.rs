@@ -275,12 +275,13 @@ fn run_spec(
         r.prefill_seconds * 1e3
     );
     eprintln!(
-        "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} + select {:.3} + verify {:.2}",
+        "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} ({:.2} levels) + select {:.3} + verify {:.2}",
         r.cycles,
         r.verified_nodes as f64 / cycles,
         r.committed as f64 / cycles,
         1e3 * r.decode_seconds / cycles,
         1e3 * r.draft_seconds / cycles,
+        r.drafted_levels as f64 / cycles,
         1e3 * r.select_seconds / cycles,
         1e3 * r.verify_seconds / cycles
     );

@@ -4,7 +4,10 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{generate_spec, Routes, SpecOptions, TreeShape};
+use specfit_engine::spec::{
+    generate_spec, DraftNode, RouteSource, Routes, SpecOptions, SpecRule, TopK, TreeShape,
+};
+use specfit_engine::EngineError;
 use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
 
 #[test]
@@ -66,6 +69,57 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
             cache.verify_slots().unwrap();
         }
     }
+}
+
+/// Top-K that drafts every level (vanilla EAGLE-3 without the settled-top-K stop).
+struct EveryLevel(TopK);
+
+impl SpecRule for EveryLevel {
+    fn choose(
+        &mut self,
+        pool: &[DraftNode],
+        routes: &mut dyn RouteSource,
+    ) -> Result<Vec<usize>, EngineError> {
+        self.0.choose(pool, routes)
+    }
+}
+
+#[test]
+fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes() {
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
+    let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
+    let options = SpecOptions {
+        max_tokens: 40,
+        ..SpecOptions::default()
+    };
+    let mut fewer_levels = 0;
+    for k in [0, 1, 2, 3, 5, 7, 12] {
+        let early = top_k_spec(&target, &drafter, &mut cache, &prompt, k, &options);
+        let mut every = EveryLevel(TopK(k));
+        let full = generate_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Routes::None,
+            &prompt,
+            &mut every,
+            &options,
+        )
+        .unwrap();
+        assert_eq!(early.tokens, full.tokens, "k = {k}");
+        assert_eq!(
+            (early.cycles, early.verified_nodes, early.committed),
+            (full.cycles, full.verified_nodes, full.committed),
+            "k = {k}: the same nodes verified every cycle"
+        );
+        assert!(early.drafted_levels <= full.drafted_levels, "k = {k}");
+        fewer_levels += usize::from(early.drafted_levels < full.drafted_levels);
+    }
+    assert!(
+        fewer_levels >= 3,
+        "the stop saved levels for {fewer_levels} budgets"
+    );
 }
 
 #[test]

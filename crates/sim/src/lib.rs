@@ -319,10 +319,17 @@ fn choose(
     let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
     match policy {
         SimPolicy::Ar => Ok((Vec::new(), 0)),
-        SimPolicy::TopK(k) => Ok((
-            specfit_selector::top_k(&pool_upto(header, step, usize::MAX)?, *k),
-            max_depth,
-        )),
+        SimPolicy::TopK(k) => {
+            // Drafting stops at the first level after which the top-k is settled, as the
+            // engine's rule does; the verified nodes are those of the whole pool either way.
+            let levels = (1..max_depth)
+                .find(|&d| top_k_settled_at(step, *k, d))
+                .unwrap_or(max_depth);
+            Ok((
+                specfit_selector::top_k(&pool_upto(header, step, usize::MAX)?, *k),
+                levels,
+            ))
+        }
         SimPolicy::SpecFit {
             stop_rule,
             residency,
@@ -361,6 +368,23 @@ fn choose(
 }
 
 /// The selector pool of the nodes of `step` with depth ≤ `depth`.
+/// Whether the top-`k` of `step`'s pool drafted up to `depth` can no longer change.
+fn top_k_settled_at(step: &TraceStep, k: usize, depth: usize) -> bool {
+    let upto: Vec<usize> = (0..step.nodes.len())
+        .filter(|&i| step.nodes[i].depth <= depth)
+        .collect();
+    let row = |i: usize| upto.iter().position(|&j| j == i);
+    let parents: Vec<Option<usize>> = upto
+        .iter()
+        .map(|&i| usize::try_from(step.nodes[i].parent).ok().and_then(row))
+        .collect();
+    let probs: Vec<f64> = upto.iter().map(|&i| step.nodes[i].prob).collect();
+    let newest: Vec<usize> = (0..upto.len())
+        .filter(|&r| step.nodes[upto[r]].depth == depth)
+        .collect();
+    specfit_selector::subtree::top_k_settled(&parents, &probs, k, &newest)
+}
+
 fn pool_upto(header: &TraceHeader, step: &TraceStep, depth: usize) -> Result<Pool, SimError> {
     let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
     b.root_routes(&step.root_routes)?;

@@ -84,11 +84,29 @@ pub trait SpecRule {
     }
 }
 
-/// The vanilla EAGLE-3 rule: the `k` most probable nodes (ties by index).
+/// The vanilla EAGLE-3 rule: the `k` most probable nodes (ties by index). Drafting stops as soon
+/// as no deeper level can change them ([`specfit_selector::subtree::top_k_settled`]): the same
+/// nodes are verified as after drafting every level, with fewer drafter forwards.
 #[derive(Debug, Clone, Copy)]
 pub struct TopK(pub usize);
 
 impl SpecRule for TopK {
+    fn keep_drafting(
+        &mut self,
+        pool: &[DraftNode],
+        _routes: &mut dyn RouteSource,
+    ) -> Result<bool, EngineError> {
+        let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+        let probs: Vec<f64> = pool.iter().map(|n| n.prob).collect();
+        let depth = pool.iter().map(|n| n.depth).max().unwrap_or(0);
+        let newest: Vec<usize> = (0..pool.len())
+            .filter(|&i| pool[i].depth == depth)
+            .collect();
+        Ok(!specfit_selector::subtree::top_k_settled(
+            &parents, &probs, self.0, &newest,
+        ))
+    }
+
     fn choose(
         &mut self,
         pool: &[DraftNode],
@@ -126,6 +144,8 @@ pub struct SpecReport {
     pub cycles: usize,
     /// Draft nodes verified, summed over cycles.
     pub verified_nodes: usize,
+    /// Levels drafted (the pool's depth), summed over cycles.
+    pub drafted_levels: usize,
     /// Cycles that were plain decoding steps (bursts of an adaptive rule), included in `cycles`.
     pub plain_steps: usize,
     /// Tokens committed per cycle, summed (accepted drafts + bonus).
@@ -339,6 +359,7 @@ fn decode(
         report.verify_seconds += t.elapsed().as_secs_f64();
         report.cycles += 1;
         report.verified_nodes += chosen.len();
+        report.drafted_levels += pool.iter().map(|node| node.depth).max().unwrap_or(0);
         report.committed += v.committed.len();
         // The drafter learns the accepted tokens from the target's features along the path.
         advance_drafter(target, drafter, &mut draft, n, &v)?;

@@ -4,7 +4,8 @@
 use std::io::Write;
 
 use anyhow::{ensure, Result};
-use specfit_engine::{generate, GenerateOptions, Sampler, Sampling, Tokenizer};
+use specfit_engine::spec::TokenSink;
+use specfit_engine::{generate, GenerateOptions, Sampler, Sampling, TextDecoder, Tokenizer};
 
 use crate::policy::{self, Policy, RouteChoice};
 use crate::prompt::PromptArgs;
@@ -131,33 +132,11 @@ pub fn run(args: &Args) -> Result<()> {
         stop,
         ..Default::default()
     };
-    let mut out = std::io::stdout().lock();
-    let mut ids = Vec::new();
-    let mut shown = 0;
-    let mut stream_error = None;
+    let mut printer = Printer::new(tokenizer);
     let report = generate(&model, &mut cache, &prompt, &mut sampler, &options, |tok| {
-        ids.push(tok);
-        let Some(tokenizer) = &tokenizer else {
-            let _ = write!(out, "{}{tok}", if ids.len() > 1 { "," } else { "" });
-            let _ = out.flush();
-            return;
-        };
-        match tokenizer.decode(&ids) {
-            Ok(text) if text.len() > shown && text.is_char_boundary(shown) => {
-                let _ = write!(out, "{}", &text[shown..]);
-                let _ = out.flush();
-                shown = text.len();
-            }
-            Ok(_) => {}
-            Err(e) => stream_error = Some(e),
-        }
+        printer.token(tok)
     })?;
-    writeln!(out)?;
-    out.flush()?;
-    drop(out);
-    if let Some(e) = stream_error {
-        return Err(e.into());
-    }
+    printer.finish()?;
     let d = &report.decode_copies;
     let decoded = report.tokens.len().saturating_sub(1).max(1) as f64;
     eprintln!(
@@ -200,13 +179,17 @@ fn run_spec(
     use specfit_engine::spec::{generate_spec, Routes, SpecOptions};
     let shape = args.tree.shape()?;
     let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
+    let printer = std::sync::Arc::new(std::sync::Mutex::new(Printer::new(tokenizer.cloned())));
     let options = SpecOptions {
         shape,
         max_tokens: args.max_tokens,
         stop,
         sampling,
         seed: args.seed,
-        on_token: Some(stream_to_stdout(tokenizer.cloned())),
+        on_token: Some(TokenSink(std::sync::Arc::new({
+            let printer = printer.clone();
+            move |tok| printer.lock().unwrap_or_else(|e| e.into_inner()).token(tok)
+        }))),
         read_ahead: args.read_ahead,
         ..Default::default()
     };
@@ -259,7 +242,7 @@ fn run_spec(
         rule.as_mut(),
         &options,
     )?;
-    println!();
+    printer.lock().unwrap_or_else(|e| e.into_inner()).finish()?;
     let cycles = r.cycles.max(1) as f64;
     let committed = r.committed.max(1) as f64;
     let decoded = r.tokens.len().saturating_sub(1) as f64;
@@ -321,27 +304,57 @@ fn run_spec(
     Ok(())
 }
 
-/// Prints committed tokens as they arrive: decoded text when there is a tokenizer (only whole
-/// characters), else comma-separated ids.
-fn stream_to_stdout(tokenizer: Option<Tokenizer>) -> specfit_engine::spec::TokenSink {
-    let state = std::sync::Mutex::new((Vec::<u32>::new(), 0usize));
-    specfit_engine::spec::TokenSink(std::sync::Arc::new(move |tok| {
-        let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-        st.0.push(tok);
-        let mut out = std::io::stdout().lock();
-        match &tokenizer {
-            None => {
-                let _ = write!(out, "{}{tok}", if st.0.len() > 1 { "," } else { "" });
-            }
-            Some(t) => {
-                if let Ok(text) = t.decode(&st.0) {
-                    if text.len() > st.1 && text.is_char_boundary(st.1) {
-                        let _ = write!(out, "{}", &text[st.1..]);
-                        st.1 = text.len();
-                    }
-                }
-            }
+/// Prints committed tokens as they arrive: decoded text when there is a tokenizer (whole
+/// characters only, decoded incrementally by [`TextDecoder`]), else comma-separated ids.
+struct Printer {
+    tokenizer: Option<Tokenizer>,
+    text: TextDecoder,
+    printed: usize,
+    error: Option<specfit_engine::EngineError>,
+}
+
+impl Printer {
+    fn new(tokenizer: Option<Tokenizer>) -> Printer {
+        Printer {
+            tokenizer,
+            text: TextDecoder::new(),
+            printed: 0,
+            error: None,
         }
+    }
+
+    /// Prints one token (its text as soon as its characters are whole).
+    fn token(&mut self, tok: u32) {
+        let mut out = std::io::stdout().lock();
+        match &self.tokenizer {
+            None => {
+                let _ = write!(out, "{}{tok}", if self.printed > 0 { "," } else { "" });
+            }
+            Some(t) => match self.text.push(t, tok) {
+                Ok(text) => {
+                    let _ = write!(out, "{text}");
+                }
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                }
+            },
+        }
+        self.printed += 1;
         let _ = out.flush();
-    }))
+    }
+
+    /// Prints the rest of the text and a new line; the first decoding error, if any.
+    fn finish(&mut self) -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if let (Some(t), None) = (&self.tokenizer, &self.error) {
+            let text = self.text.finish(t)?;
+            write!(out, "{text}")?;
+        }
+        writeln!(out)?;
+        out.flush()?;
+        match self.error.take() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
 }

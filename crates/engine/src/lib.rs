@@ -42,7 +42,7 @@ pub use kv::KvCache;
 pub use model::{DraftHidden, DraftOutput, Eagle3, Qwen3Moe};
 pub use prefix::Prefix;
 pub use sampling::{Sampler, Sampling};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{TextDecoder, Tokenizer};
 
 /// Where routed experts rest.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -164,3 +164,99 @@ impl Tokenizer {
         }
     }
 }
+
+/// Token ids turned into text as they arrive, whole characters only: the incremental
+/// detokenizer of TGI and vLLM. Each step decodes the short window `ids[prefix..]` (not the
+/// whole output), so streaming n tokens costs O(n), and what it emits adds up to the decode of
+/// all the ids.
+#[derive(Debug, Default, Clone)]
+pub struct TextDecoder {
+    ids: Vec<u32>,
+    /// `ids[prefix..read]` was decoded and emitted before; the window starts at `prefix` so that
+    /// a token's text is decoded beside its predecessor (spaces and merged bytes come out right).
+    prefix: usize,
+    read: usize,
+}
+
+impl TextDecoder {
+    pub fn new() -> TextDecoder {
+        TextDecoder::default()
+    }
+
+    /// Tokens taken so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Takes one token; returns the text that can be shown now (empty while a character is
+    /// incomplete).
+    pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<String, EngineError> {
+        self.ids.push(token);
+        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = tokenizer.decode(&self.ids[self.prefix..])?;
+        let grew = now.len() > before.len() && now.is_char_boundary(before.len());
+        if !grew || now.ends_with('\u{FFFD}') {
+            return Ok(String::new()); // an incomplete character: wait for the next token
+        }
+        (self.prefix, self.read) = (self.read, self.ids.len());
+        Ok(now[before.len()..].to_string())
+    }
+
+    /// The text not emitted yet once generation ended (a final incomplete character comes out
+    /// as U+FFFD).
+    pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, EngineError> {
+        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = tokenizer.decode(&self.ids[self.prefix..])?;
+        (self.prefix, self.read) = (self.read, self.ids.len());
+        if now.len() > before.len() && now.is_char_boundary(before.len()) {
+            Ok(now[before.len()..].to_string())
+        } else {
+            Ok(String::new())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> Tokenizer {
+        Tokenizer::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/target")).unwrap()
+    }
+
+    #[test]
+    fn streamed_pieces_add_up_to_the_whole_decode_whatever_the_characters() {
+        let tok = shipped();
+        for text in [
+            "Natalia sold 48/2 = 24 clips in May. ✓ 日本語 — \"quotes\" and emoji 🎉!",
+            "  leading spaces,\n\nnew lines\tand tabs ",
+            "🎉🎉🎉",
+        ] {
+            let ids = tok.encode(text).unwrap();
+            let mut stream = TextDecoder::new();
+            let mut out = String::new();
+            for &id in &ids {
+                out.push_str(&stream.push(&tok, id).unwrap());
+            }
+            out.push_str(&stream.finish(&tok).unwrap());
+            assert_eq!(out, tok.decode(&ids).unwrap(), "{text:?}");
+            assert_eq!(stream.tokens(), &ids[..]);
+        }
+    }
+
+    #[test]
+    fn an_incomplete_character_is_held_back_then_finished_as_a_replacement_character() {
+        let tok = shipped();
+        let ids = tok.encode("ok 🎉").unwrap();
+        let mut stream = TextDecoder::new();
+        let shown: String = ids[..ids.len() - 1]
+            .iter()
+            .map(|&id| stream.push(&tok, id).unwrap())
+            .collect();
+        assert!(!shown.contains('\u{FFFD}'), "{shown:?}");
+        assert_eq!(
+            stream.finish(&tok).unwrap().chars().last(),
+            Some('\u{FFFD}')
+        );
+    }
+}

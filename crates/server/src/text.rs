@@ -1,19 +1,15 @@
-//! Generated token ids turned into text as they arrive: incremental detokenization (only whole
-//! characters are emitted) and `stop` strings (text that could still become a stop string is
+//! Generated token ids turned into text as they arrive: incremental detokenization
+//! ([`TextDecoder`]: only whole characters are emitted) and `stop` strings (text that could still become a stop string is
 //! held back; a match ends the text just before it). It does not decode or stream anything.
 
-use specfit_engine::Tokenizer;
+use specfit_engine::{TextDecoder, Tokenizer};
 
 use crate::error::ApiError;
 
 /// The text of one generation so far.
 #[derive(Debug)]
 pub struct TextStream {
-    ids: Vec<u32>,
-    /// The window `ids[prefix..]` is decoded each step; `ids[prefix..read]` was decoded and
-    /// emitted before (the standard incremental detokenizer of TGI and vLLM).
-    prefix: usize,
-    read: usize,
+    decoder: TextDecoder,
     stops: Vec<String>,
     /// Decoded text not yet emitted because it may be the start of a stop string.
     held: String,
@@ -23,9 +19,7 @@ pub struct TextStream {
 impl TextStream {
     pub fn new(stops: Vec<String>) -> TextStream {
         TextStream {
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
+            decoder: TextDecoder::new(),
             stops,
             held: String::new(),
             stopped: false,
@@ -34,7 +28,7 @@ impl TextStream {
 
     /// Tokens taken so far (the ones after a stop-string match are not taken).
     pub fn tokens(&self) -> &[u32] {
-        &self.ids
+        self.decoder.tokens()
     }
 
     /// Whether a stop string matched; later tokens are ignored.
@@ -47,15 +41,8 @@ impl TextStream {
         if self.stopped {
             return Ok(String::new());
         }
-        self.ids.push(token);
-        let before = decode(tokenizer, &self.ids[self.prefix..self.read])?;
-        let now = decode(tokenizer, &self.ids[self.prefix..])?;
-        let grew = now.len() > before.len() && now.is_char_boundary(before.len());
-        if !grew || now.ends_with('\u{FFFD}') {
-            return Ok(String::new()); // an incomplete character: wait for the next token
-        }
-        self.held.push_str(&now[before.len()..]);
-        (self.prefix, self.read) = (self.read, self.ids.len());
+        let text = self.decoder.push(tokenizer, token).map_err(detokenizing)?;
+        self.held.push_str(&text);
         Ok(self.release())
     }
 
@@ -65,12 +52,8 @@ impl TextStream {
         if self.stopped {
             return Ok(String::new());
         }
-        let before = decode(tokenizer, &self.ids[self.prefix..self.read])?;
-        let now = decode(tokenizer, &self.ids[self.prefix..])?;
-        if now.len() > before.len() && now.is_char_boundary(before.len()) {
-            self.held.push_str(&now[before.len()..]);
-        }
-        self.read = self.ids.len();
+        let text = self.decoder.finish(tokenizer).map_err(detokenizing)?;
+        self.held.push_str(&text);
         let mut out = self.release();
         if !self.stopped {
             out.push_str(&std::mem::take(&mut self.held));
@@ -106,10 +89,8 @@ impl TextStream {
     }
 }
 
-fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String, ApiError> {
-    tokenizer
-        .decode(ids)
-        .map_err(|e| ApiError::internal(format!("detokenizing the output: {e}")))
+fn detokenizing(e: specfit_engine::EngineError) -> ApiError {
+    ApiError::internal(format!("detokenizing the output: {e}"))
 }
 
 #[cfg(test)]

@@ -5,7 +5,8 @@ mod common;
 use common::*;
 
 use specfit_engine::spec::{
-    generate_spec, DraftNode, RouteSource, Routes, SpecOptions, SpecRule, TopK, TreeShape,
+    generate_spec, probe, DraftNode, ProbeCache, ProbePlan, RouteSource, Routes, SpecOptions,
+    SpecRule, TopK, TreeShape,
 };
 use specfit_engine::EngineError;
 use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
@@ -119,6 +120,49 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
     assert!(
         fewer_levels >= 3,
         "the stop saved levels for {fewer_levels} budgets"
+    );
+}
+
+#[test]
+fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_emptied() {
+    // Every expert fits: the decoding cache misses each expert at most once, unless it were
+    // emptied for the all-miss probes (it must not be: the probes on it stand for decoding's
+    // steady state; emptied, each of its probes would miss every routed expert again).
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let drafter = tiny_drafter(&target);
+    let plan = ProbePlan {
+        shape: TreeShape::default(),
+        max_nodes: 3,
+        cycles: 40,
+        seed: 1,
+        cache: ProbeCache::LruAndCleared,
+    };
+    let rows = probe(
+        &target,
+        &drafter,
+        &mut cache,
+        &[1, 243, 56, 119, 188, 74],
+        &plan,
+    )
+    .unwrap();
+    assert_eq!(rows.len(), 40);
+    let cfg = target.config();
+    let mut decoding_misses = 0;
+    for (cycle, row) in rows.iter().enumerate() {
+        if cycle % 2 == 1 {
+            assert_eq!(row.hits, 0, "cycle {cycle}: an emptied cache has no hits");
+            assert!(
+                row.misses >= 8,
+                "cycle {cycle}: every layer's experts are read"
+            );
+        } else {
+            decoding_misses += row.misses;
+        }
+    }
+    let experts = (cfg.moe_layers().len() * cfg.num_experts) as u64;
+    assert!(
+        decoding_misses <= experts,
+        "{decoding_misses} misses: the decoding cache was emptied"
     );
 }
 

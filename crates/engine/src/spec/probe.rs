@@ -6,8 +6,10 @@ use super::*;
 /// The expert cache's state before each probed verify forward.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeCache {
-    /// Every other cycle starts from an emptied cache, the others from the LRU state decoding
-    /// left: both ends a calibration needs.
+    /// Every other cycle runs on a sibling cache emptied before it (every expert a miss), the
+    /// others on the cache decoding keeps, never emptied (its steady state of hits and misses):
+    /// both ends a calibration needs. (Emptying the decoding cache itself would leave the next
+    /// cycle a nearly empty cache, never the steady state.)
     LruAndCleared,
     /// The cache as decoding left it, never emptied (with every expert fitting in the slots,
     /// the forwards become all-resident once the prompt's experts have been read).
@@ -24,6 +26,9 @@ pub struct ProbePlan {
     pub seed: u64,
     pub cache: ProbeCache,
 }
+
+/// Slots of the emptied sibling cache of [`ProbeCache::LruAndCleared`] at most.
+const CLEARED_SLOTS: usize = 16;
 
 /// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -60,6 +65,15 @@ pub fn probe(
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    // As few slots as the all-miss forwards need (a verify larger than them reads in waves),
+    // capped so that a large model's slot memory is not doubled.
+    let mut cleared = match plan.cache {
+        ProbeCache::LruAndCleared => Some(experts.sibling(
+            experts.slots_per_layer().min(CLEARED_SLOTS),
+            crate::experts::CacheMode::ClearEveryForward,
+        )?),
+        ProbeCache::Lru => None,
+    };
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
@@ -73,15 +87,16 @@ pub fn probe(
         // still cover every size.
         let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
-        if plan.cache == ProbeCache::LruAndCleared && cycle % 2 == 1 {
-            experts.clear();
-        }
+        let cache = match cleared.as_mut() {
+            Some(empty) if cycle % 2 == 1 => empty,
+            _ => &mut *experts,
+        };
         let tree = Tree {
             root,
             pool: &pool,
             chosen: &chosen,
         };
-        let v = verify(target, drafter, experts, &mut kv, tree, &mut sampler)?;
+        let v = verify(target, drafter, cache, &mut kv, tree, &mut sampler)?;
         rows.push(ProbeRow {
             nodes: chosen.len(),
             demand: v.demand,

@@ -69,7 +69,7 @@ pub struct Args {
 fn check_context(cfg: &specfit_engine::Qwen3MoeConfig, prompt: usize, args: &Args) -> Result<()> {
     let context = cfg.max_position_embeddings;
     let tree = if args.drafter.is_some() && args.policy != Policy::Ar {
-        specfit_engine::spec::TreeShape::default().levels
+        args.tree.levels
     } else {
         0
     };

@@ -280,6 +280,24 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
         None,
     );
     one_line(&too_long, "max_position_embeddings");
+    // With a drafter the draft tree's levels (as given) need positions too: 2 + 100 + 26 > 128.
+    let deep = specfit(
+        &[
+            "generate",
+            "--model",
+            model,
+            "--drafter",
+            "fixtures/eagle3/tiny",
+            "--prompt-ids",
+            "1,2",
+            "--max-tokens",
+            "100",
+            "--levels",
+            "27",
+        ],
+        None,
+    );
+    one_line(&deep, "27-level draft tree");
     ok(&[
         "generate",
         "--model",

@@ -1,5 +1,6 @@
-//! The checkpoint's tokenizer (`tokenizer.json`, Hugging Face `tokenizers`) and chat format
-//! (`tokenizer_config.json`'s `chat_template`). Only ChatML templates are rendered (the Qwen
+//! The checkpoint's tokenizer (`tokenizer.json`, Hugging Face `tokenizers`), its chat format
+//! (`tokenizer_config.json`'s `chat_template`) and the incremental detokenizer that turns ids into
+//! text as they are generated. Only ChatML templates are rendered (the Qwen
 //! family's format: `<|im_start|>role\ncontent<|im_end|>\n`); any other template is an error
 //! rather than a silently different prompt. It does not know about models.
 

@@ -3,9 +3,13 @@
 //! Each probe row is one verify forward: how many draft nodes it carried (`nodes`), how many
 //! distinct (layer, expert) pairs it needed (`demand`), optionally how many of those were
 //! resident (`hits`) and copied (`misses`), and the measured time (`ms`). The paper's form
-//! `ms ≈ a[nodes] + β · demand` is linear in `(a[0..=K], β)` with one-hot node columns; it is fitted
-//! by non-negative least squares so every coefficient is a valid cost. When rows carry hits and
-//! misses, the residency-aware form `a[nodes] + β_hit · hits + β_miss · misses` is fitted too.
+//! `ms ≈ a[nodes] + β · demand` is linear in `(a[0..=K], β)`; it is fitted by non-negative least
+//! squares so every coefficient is a valid cost. The intercepts are fitted as running sums
+//! `a[n] = c_0 + … + c_n` of non-negative steps ([`node_columns`]): verifying one more node never
+//! takes less fixed time, and free per-`n` intercepts, which share their variance with the
+//! demand column, came out non-monotone on every machine measured (a 6-node verify "cheaper" than
+//! a 1-node one), which the search then took at face value. When rows carry hits and misses, the
+//! residency-aware form `a[nodes] + β_hit · hits + β_miss · misses` is fitted too.
 //! This module owns the fit and its quality report; measuring probes is the engine's job.
 
 use crate::cost::{CostModel, ExpertCost};
@@ -101,14 +105,32 @@ fn check_probes(probes: &[Probe]) -> Result<bool, Error> {
     Ok(with)
 }
 
-/// Fits one form: columns are one-hot node counts, then `demand` or `hits, misses`.
+/// Sets the intercept columns of a row with `nodes` verified nodes: a 1 in columns `0..=nodes`,
+/// so that the fitted coefficients `c` are the steps of non-decreasing intercepts
+/// ([`intercepts_from_steps`]).
+pub fn node_columns(row: &mut [f64], nodes: usize) {
+    row[..=nodes].fill(1.0);
+}
+
+/// The intercepts `a[n] = c_0 + … + c_n` from fitted steps `c` (see [`node_columns`]).
+pub fn intercepts_from_steps(steps: &[f64]) -> Vec<f64> {
+    steps
+        .iter()
+        .scan(0.0, |sum, c| {
+            *sum += c;
+            Some(*sum)
+        })
+        .collect()
+}
+
+/// Fits one form: intercept columns ([`node_columns`]), then `demand` or `hits, misses`.
 fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error> {
     let counts = if residency { 2 } else { 1 };
     let cols = max_nodes + 1 + counts;
     let mut data = vec![0.0; probes.len() * cols];
     for (r, p) in probes.iter().enumerate() {
         let row = &mut data[r * cols..(r + 1) * cols];
-        row[p.nodes] = 1.0;
+        node_columns(row, p.nodes);
         match (residency, p.hits_misses) {
             (true, Some((h, m))) => {
                 row[max_nodes + 1] = h as f64;
@@ -126,7 +148,7 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
         },
         &b,
     )?;
-    let intercepts = x[..=max_nodes].to_vec();
+    let intercepts = intercepts_from_steps(&x[..=max_nodes]);
     let expert = if residency {
         ExpertCost::Residency {
             beta_hit: x[max_nodes + 1],
@@ -277,6 +299,37 @@ mod tests {
         }
         assert!(cal.paper.r2 > 0.999_999_9 && cal.paper.median_abs_err_ms < 1e-7);
         assert!(cal.residency.is_none());
+    }
+
+    #[test]
+    fn fitted_intercepts_never_fall_as_nodes_are_added() {
+        // Measured times whose per-node means dip at n = 2 (noise shared with demand): the fit
+        // keeps a[2] ≥ a[1] and matches a free fit where that fit is already monotone.
+        let rows: Vec<Probe> = (0..60u64)
+            .map(|i| {
+                let n = (i % 4) as usize;
+                let demand = 30 + 11 * n as u64 + i % 7;
+                let dip = if n == 2 { -3.0 } else { 0.0 };
+                Probe {
+                    nodes: n,
+                    demand,
+                    ms: 10.0 + n as f64 + dip + 0.1 * demand as f64,
+                    hits_misses: None,
+                }
+            })
+            .collect();
+        let cal = calibrate(&rows).unwrap();
+        let a = cal.paper.cost.intercepts();
+        assert!(a.windows(2).all(|w| w[1] >= w[0]), "{a:?}");
+        assert!(a[2] < a[3], "{a:?}");
+    }
+
+    #[test]
+    fn running_sums_of_steps_give_the_intercepts() {
+        assert_eq!(intercepts_from_steps(&[2.0, 0.0, 0.5]), vec![2.0, 2.0, 2.5]);
+        let mut row = [0.0; 5];
+        node_columns(&mut row, 2);
+        assert_eq!(row, [1.0, 1.0, 1.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! ([`specfit_selector::calibrate::fit_trimmed`]). Measuring the rows is the engine's job
 //! (`specfit_engine::spec::probe`, `specfit calibrate`); this module only fits them.
 
-use specfit_selector::calibrate::fit_trimmed;
+use specfit_selector::calibrate::{fit_trimmed, intercepts_from_steps, node_columns};
 use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson};
 
 use crate::SimError;
@@ -43,7 +43,8 @@ pub struct DraftRow {
     pub context: usize,
 }
 
-/// The replay model (see `ReplayJson`): verify probes fitted on one-hot node counts, hits,
+/// The replay model (see `ReplayJson`): verify probes fitted on non-decreasing node-count
+/// intercepts ([`node_columns`]), hits,
 /// misses, read rounds and (verified tokens × cached tokens); plain steps fitted apart on 1,
 /// hits, misses, read rounds and cached tokens. `read_width` is the reads in flight the rounds
 /// were counted with.
@@ -58,7 +59,7 @@ pub fn replay_fit(
         .iter()
         .map(|p| {
             let mut row = vec![0.0; k + 5];
-            row[p.nodes] = 1.0;
+            node_columns(&mut row, p.nodes);
             row[k + 1] = p.hits as f64;
             row[k + 2] = p.misses as f64;
             row[k + 3] = p.read_rounds as f64;
@@ -82,7 +83,7 @@ pub fn replay_fit(
     let (x, (r2, median_abs_err_ms)) = fit_trimmed(&verify)?;
     let (y, (plain_r2, plain_median)) = fit_trimmed(&plain)?;
     Ok(ReplayJson {
-        intercepts: x[..=k].to_vec(),
+        intercepts: intercepts_from_steps(&x[..=k]),
         ar_intercept: y[0],
         beta_hit: x[k + 1],
         beta_miss: x[k + 2],

@@ -193,27 +193,35 @@ impl TextDecoder {
     /// incomplete).
     pub fn push(&mut self, tokenizer: &Tokenizer, token: u32) -> Result<String, EngineError> {
         self.ids.push(token);
-        let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
-        let now = tokenizer.decode(&self.ids[self.prefix..])?;
-        let grew = now.len() > before.len() && now.is_char_boundary(before.len());
-        if !grew || now.ends_with('\u{FFFD}') {
-            return Ok(String::new()); // an incomplete character: wait for the next token
+        match self.grown(tokenizer)? {
+            // A trailing U+FFFD is an incomplete character: wait for the next token.
+            Some(text) if !text.ends_with('\u{FFFD}') => {
+                self.emitted();
+                Ok(text)
+            }
+            _ => Ok(String::new()),
         }
-        (self.prefix, self.read) = (self.read, self.ids.len());
-        Ok(now[before.len()..].to_string())
     }
 
     /// The text not emitted yet once generation ended (a final incomplete character comes out
     /// as U+FFFD).
     pub fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String, EngineError> {
+        let text = self.grown(tokenizer)?.unwrap_or_default();
+        self.emitted();
+        Ok(text)
+    }
+
+    /// The text the ids after `read` add to the window, when it grew by whole characters.
+    fn grown(&self, tokenizer: &Tokenizer) -> Result<Option<String>, EngineError> {
         let before = tokenizer.decode(&self.ids[self.prefix..self.read])?;
         let now = tokenizer.decode(&self.ids[self.prefix..])?;
+        let grew = now.len() > before.len() && now.is_char_boundary(before.len());
+        Ok(grew.then(|| now[before.len()..].to_string()))
+    }
+
+    /// Moves the window past the ids just emitted.
+    fn emitted(&mut self) {
         (self.prefix, self.read) = (self.read, self.ids.len());
-        if now.len() > before.len() && now.is_char_boundary(before.len()) {
-            Ok(now[before.len()..].to_string())
-        } else {
-            Ok(String::new())
-        }
     }
 }
 

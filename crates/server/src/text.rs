@@ -1,6 +1,7 @@
 //! Generated token ids turned into text as they arrive: incremental detokenization
-//! ([`TextDecoder`]: only whole characters are emitted) and `stop` strings (text that could still become a stop string is
-//! held back; a match ends the text just before it). It does not decode or stream anything.
+//! ([`TextDecoder`]: only whole characters are emitted) and `stop` strings (text that could
+//! still become a stop string is held back; a match ends the text just before it). It does not
+//! decode or stream anything.
 
 use specfit_engine::{TextDecoder, Tokenizer};
 

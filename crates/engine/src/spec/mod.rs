@@ -96,9 +96,8 @@ impl SpecRule for TopK {
         pool: &[DraftNode],
         _routes: &mut dyn RouteSource,
     ) -> Result<bool, EngineError> {
-        let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
-        let probs: Vec<f64> = pool.iter().map(|n| n.prob).collect();
-        let depth = pool.iter().map(|n| n.depth).max().unwrap_or(0);
+        let (parents, probs) = links(pool);
+        let depth = pool_depth(pool);
         let newest: Vec<usize> = (0..pool.len())
             .filter(|&i| pool[i].depth == depth)
             .collect();
@@ -112,12 +111,21 @@ impl SpecRule for TopK {
         pool: &[DraftNode],
         _routes: &mut dyn RouteSource,
     ) -> Result<Vec<usize>, EngineError> {
-        let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
-        let probs: Vec<f64> = pool.iter().map(|n| n.prob).collect();
+        let (parents, probs) = links(pool);
         Ok(specfit_selector::subtree::top_k_closed(
             &parents, &probs, self.0,
         ))
     }
+}
+
+/// A pool's parent links and path probabilities, as the selector's subtree functions take them.
+fn links(pool: &[DraftNode]) -> (Vec<Option<usize>>, Vec<f64>) {
+    pool.iter().map(|n| (n.parent, n.prob)).unzip()
+}
+
+/// The levels drafted in a pool: its deepest node's depth (0 when empty).
+fn pool_depth(pool: &[DraftNode]) -> usize {
+    pool.iter().map(|n| n.depth).max().unwrap_or(0)
 }
 
 /// Tree shape: `branching` children per expanded node, the `branching` best nodes of each level
@@ -359,7 +367,7 @@ fn decode(
         report.verify_seconds += t.elapsed().as_secs_f64();
         report.cycles += 1;
         report.verified_nodes += chosen.len();
-        report.drafted_levels += pool.iter().map(|node| node.depth).max().unwrap_or(0);
+        report.drafted_levels += pool_depth(&pool);
         report.committed += v.committed.len();
         // The drafter learns the accepted tokens from the target's features along the path.
         advance_drafter(target, drafter, &mut draft, n, &v)?;

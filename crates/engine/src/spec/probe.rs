@@ -82,7 +82,7 @@ pub fn probe(
             Ok(true)
         })?;
         let draft_ms = t0.elapsed().as_secs_f64() * 1e3;
-        let levels = pool.iter().map(|p| p.depth).max().unwrap_or(0);
+        let levels = pool_depth(&pool);
         // Sizes cycle through 0..=K, offset by the seed so that short probes of many prompts
         // still cover every size.
         let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
@@ -124,8 +124,7 @@ pub(super) fn random_subtree(
     size: usize,
     rng: &mut specfit_selector::synth::Rng,
 ) -> Vec<usize> {
-    let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
-    specfit_selector::subtree::random_closed(&parents, size, rng)
+    specfit_selector::subtree::random_closed(&links(pool).0, size, rng)
 }
 
 /// One timed plain-decoding forward (`specfit calibrate`'s plain-step rows).

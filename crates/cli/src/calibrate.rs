@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::spec::{probe, ProbeCache, ProbePlan, ProbeRow, TreeShape};
+use specfit_engine::spec::{probe, ProbePlan, ProbeRow, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{
     read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
@@ -239,33 +239,38 @@ pub fn measure_rows(
     plan: &Plan,
 ) -> Result<Measured> {
     ensure!(plan.cycles > 0, "--cycles must be positive");
-    let probe_plan = |i: usize, cache: ProbeCache| ProbePlan {
+    let probe_plan = |i: usize| ProbePlan {
         shape: plan.shape,
         max_nodes: plan.max_nodes,
         cycles: plan.cycles,
         seed: plan.seed + i as u64,
-        cache,
     };
     let mut m = Measured {
         read_width: specfit_engine::experts::reads_in_flight(),
         ..Measured::default()
     };
-    for (i, prompt) in prompts.iter().enumerate() {
-        let plan = probe_plan(i, ProbeCache::LruAndCleared);
-        m.verify
-            .extend(probe(model, drafter, cache, prompt, &plan)?);
-    }
-    for prompt in prompts {
-        m.plain.extend(plain_steps(model, cache, prompt, 16)?);
-    }
-    // Plain steps with every expert copied (the no-cache end of the sweep) tell the per-layer
-    // read latency apart from the per-copy cost.
-    // (Emptied every forward, so a few slots are enough: a one-token step needs top-k, and a
-    // full cache's worth again would double the memory of a large model.)
+    // The no-cache end of the sweep: every other verify probe, and plain steps with every expert
+    // copied (which tell the per-layer read latency apart from the per-copy cost), run on a
+    // cache emptied before every forward. A few slots are enough (a larger verify reads in
+    // waves), and a full cache's worth again would double the memory of a large model.
     let mut cleared = cache.sibling(
         cache.slots_per_layer().min(16),
         specfit_engine::CacheMode::ClearEveryForward,
     )?;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let rows = probe(
+            model,
+            drafter,
+            cache,
+            Some(&mut cleared),
+            prompt,
+            &probe_plan(i),
+        )?;
+        m.verify.extend(rows);
+    }
+    for prompt in prompts {
+        m.plain.extend(plain_steps(model, cache, prompt, 16)?);
+    }
     for prompt in prompts.iter().skip(1).step_by(3) {
         m.plain
             .extend(plain_steps(model, &mut cleared, prompt, 16)?);
@@ -283,9 +288,9 @@ pub fn measure_rows(
     for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
         // A first pass reads the prompt's experts in; the second's forwards are then (almost
         // all) all-resident, and only those are kept.
-        let lru = probe_plan(i, ProbeCache::Lru);
-        probe(model, drafter, &mut resident, prompt, &lru)?;
-        let warm = probe(model, drafter, &mut resident, prompt, &lru)?;
+        let lru = probe_plan(i);
+        probe(model, drafter, &mut resident, None, prompt, &lru)?;
+        let warm = probe(model, drafter, &mut resident, None, prompt, &lru)?;
         m.resident
             .extend(warm.into_iter().filter(|r| r.misses == 0));
         m.plain.extend(

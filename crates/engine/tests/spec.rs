@@ -5,8 +5,8 @@ mod common;
 use common::*;
 
 use specfit_engine::spec::{
-    generate_spec, probe, DraftNode, ProbeCache, ProbePlan, RouteSource, Routes, SpecOptions,
-    SpecRule, TopK, TreeShape,
+    generate_spec, probe, DraftNode, ProbePlan, RouteSource, Routes, SpecOptions, SpecRule, TopK,
+    TreeShape,
 };
 use specfit_engine::EngineError;
 use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
@@ -135,13 +135,17 @@ fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_e
         max_nodes: 3,
         cycles: 40,
         seed: 1,
-        cache: ProbeCache::LruAndCleared,
     };
+    let mut emptied = cache
+        .sibling(cache.slots_per_layer(), CacheMode::ClearEveryForward)
+        .unwrap();
+    let prompt = [1, 243, 56, 119, 188, 74];
     let rows = probe(
         &target,
         &drafter,
         &mut cache,
-        &[1, 243, 56, 119, 188, 74],
+        Some(&mut emptied),
+        &prompt,
         &plan,
     )
     .unwrap();

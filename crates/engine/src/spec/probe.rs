@@ -3,19 +3,6 @@
 
 use super::*;
 
-/// The expert cache's state before each probed verify forward.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeCache {
-    /// Every other cycle runs on a sibling cache emptied before it (every expert a miss), the
-    /// others on the cache decoding keeps, never emptied (its steady state of hits and misses):
-    /// both ends a calibration needs. (Emptying the decoding cache itself would leave the next
-    /// cycle a nearly empty cache, never the steady state.)
-    LruAndCleared,
-    /// The cache as decoding left it, never emptied (with every expert fitting in the slots,
-    /// the forwards become all-resident once the prompt's experts have been read).
-    Lru,
-}
-
 /// What [`probe`] measures.
 #[derive(Debug, Clone, Copy)]
 pub struct ProbePlan {
@@ -24,11 +11,7 @@ pub struct ProbePlan {
     pub max_nodes: usize,
     pub cycles: usize,
     pub seed: u64,
-    pub cache: ProbeCache,
 }
-
-/// Slots of the emptied sibling cache of [`ProbeCache::LruAndCleared`] at most.
-const CLEARED_SLOTS: usize = 16;
 
 /// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,12 +35,17 @@ pub struct ProbeRow {
 
 /// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
 /// subtree of the drafted pool whose size cycles through `0..=max_nodes` (a random subset of
-/// each size), and measures each verify forward, from the cache states `plan.cache` names.
-/// Committed tokens follow the target's greedy choices, as in real decoding.
+/// each size), and measures each verify forward. Committed tokens follow the target's greedy
+/// choices, as in real decoding. The forwards run on `experts`, the cache decoding keeps and
+/// never empties (its steady state of hits and misses); with `emptied` (a cache in
+/// [`crate::experts::CacheMode::ClearEveryForward`]) every other one runs there instead, every
+/// expert a miss: both ends a calibration needs. (Emptying the decoding cache itself would leave
+/// the next cycle a nearly empty cache, never the steady state.)
 pub fn probe(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     experts: &mut ExpertCache,
+    mut emptied: Option<&mut ExpertCache>,
     prompt: &[u32],
     plan: &ProbePlan,
 ) -> Result<Vec<ProbeRow>, EngineError> {
@@ -65,15 +53,6 @@ pub fn probe(
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
-    // As few slots as the all-miss forwards need (a verify larger than them reads in waves),
-    // capped so that a large model's slot memory is not doubled.
-    let mut cleared = match plan.cache {
-        ProbeCache::LruAndCleared => Some(experts.sibling(
-            experts.slots_per_layer().min(CLEARED_SLOTS),
-            crate::experts::CacheMode::ClearEveryForward,
-        )?),
-        ProbeCache::Lru => None,
-    };
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
@@ -87,7 +66,7 @@ pub fn probe(
         // still cover every size.
         let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
-        let cache = match cleared.as_mut() {
+        let cache = match emptied.as_deref_mut() {
             Some(empty) if cycle % 2 == 1 => empty,
             _ => &mut *experts,
         };

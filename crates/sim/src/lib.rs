@@ -15,7 +15,7 @@ pub mod machine;
 pub mod synth;
 
 use specfit_selector::{stop, CostModel, Objective, Pool, PoolBuilder, ResidentSet, Selector};
-use specfit_trace::{TraceHeader, TraceStep};
+use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
 /// A verify policy.
 #[derive(Debug, Clone)]
@@ -367,46 +367,52 @@ fn choose(
     }
 }
 
-/// The selector pool of the nodes of `step` with depth ≤ `depth`.
 /// Whether the top-`k` of `step`'s pool drafted up to `depth` can no longer change.
 fn top_k_settled_at(step: &TraceStep, k: usize, depth: usize) -> bool {
-    let upto: Vec<usize> = (0..step.nodes.len())
-        .filter(|&i| step.nodes[i].depth <= depth)
-        .collect();
-    let row = |i: usize| upto.iter().position(|&j| j == i);
-    let parents: Vec<Option<usize>> = upto
-        .iter()
-        .map(|&i| usize::try_from(step.nodes[i].parent).ok().and_then(row))
-        .collect();
-    let probs: Vec<f64> = upto.iter().map(|&i| step.nodes[i].prob).collect();
-    let newest: Vec<usize> = (0..upto.len())
-        .filter(|&r| step.nodes[upto[r]].depth == depth)
-        .collect();
+    let (mut parents, mut probs, mut newest) = (Vec::new(), Vec::new(), Vec::new());
+    for (row, (n, parent)) in nodes_upto(step, depth).enumerate() {
+        parents.push(parent);
+        probs.push(n.prob);
+        if n.depth == depth {
+            newest.push(row);
+        }
+    }
     specfit_selector::subtree::top_k_settled(&parents, &probs, k, &newest)
 }
 
+/// The selector pool of the nodes of `step` with depth ≤ `depth`.
 fn pool_upto(header: &TraceHeader, step: &TraceStep, depth: usize) -> Result<Pool, SimError> {
     let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
     b.root_routes(&step.root_routes)?;
-    let index: Vec<Option<usize>> = {
-        let mut next = 0;
-        step.nodes
-            .iter()
-            .map(|n| {
-                (n.depth <= depth).then(|| {
-                    next += 1;
-                    next - 1
-                })
-            })
-            .collect()
-    };
-    for n in step.nodes.iter().filter(|n| n.depth <= depth) {
-        let parent = usize::try_from(n.parent)
-            .ok()
-            .map(|p| index[p].expect("ancestors are shallower"));
+    for (n, parent) in nodes_upto(step, depth) {
         b.push(parent, n.prob, &n.routes)?;
     }
     Ok(b.build())
+}
+
+/// The nodes of `step` with depth ≤ `depth`, in trace order, each with its parent's index among
+/// them (`None` for a child of the root).
+fn nodes_upto(step: &TraceStep, depth: usize) -> impl Iterator<Item = (&TraceNode, Option<usize>)> {
+    let mut next = 0;
+    let index: Vec<Option<usize>> = step
+        .nodes
+        .iter()
+        .map(|n| {
+            (n.depth <= depth).then(|| {
+                next += 1;
+                next - 1
+            })
+        })
+        .collect();
+    step.nodes
+        .iter()
+        .filter(move |n| n.depth <= depth)
+        .map(move |n| {
+            let parent = usize::try_from(n.parent)
+                .ok()
+                .map(|p| index[p].expect("ancestors are shallower"));
+            (n, parent)
+        })
 }
 
 /// Costs of a published machine (the paper's measured β per expert, ms), as the simulated
@@ -507,4 +513,63 @@ pub fn calibrate_on(
         });
     }
     Ok(specfit_selector::calibrate(&probes)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace step from (parent, prob, depth) triples, listed level by level.
+    fn step(nodes: &[(i64, f64, usize)]) -> TraceStep {
+        TraceStep {
+            position: 0,
+            root: 0,
+            root_routes: vec![vec![0]],
+            nodes: nodes
+                .iter()
+                .map(|&(parent, prob, depth)| TraceNode {
+                    parent,
+                    token: 0,
+                    prob,
+                    depth,
+                    routes: vec![vec![0]],
+                    agrees: false,
+                })
+                .collect(),
+            next: 0,
+        }
+    }
+
+    #[test]
+    fn nodes_up_to_a_depth_keep_their_parents_among_themselves() {
+        // 0, 1 at depth 1; 2 under 1 and 3 under 0 at depth 2; 4 under 3 at depth 3.
+        let s = step(&[
+            (-1, 0.6, 1),
+            (-1, 0.3, 1),
+            (1, 0.2, 2),
+            (0, 0.5, 2),
+            (3, 0.4, 3),
+        ]);
+        let upto = |d| -> Vec<Option<usize>> { nodes_upto(&s, d).map(|(_, p)| p).collect() };
+        assert_eq!(upto(1), vec![None, None]);
+        assert_eq!(upto(3), vec![None, None, Some(1), Some(0), Some(3)]);
+    }
+
+    #[test]
+    fn the_top_k_settles_at_the_level_after_which_no_deeper_node_can_enter() {
+        let s = step(&[
+            (-1, 0.6, 1),
+            (-1, 0.3, 1),
+            (1, 0.2, 2),
+            (0, 0.5, 2),
+            (3, 0.4, 3),
+        ]);
+        // K = 1: node 0 (0.6) beats every deeper node already at level 1.
+        assert!(top_k_settled_at(&s, 1, 1));
+        // K = 2: level 1 holds 0.6 and 0.3, but node 3 (0.5) at level 2 may still enter.
+        assert!(!top_k_settled_at(&s, 2, 1));
+        assert!(top_k_settled_at(&s, 2, 2));
+        // K = 3: {0.6, 0.5, 0.3} after level 2, and node 4 (0.4) at level 3 still enters.
+        assert!(!top_k_settled_at(&s, 3, 2));
+    }
 }

@@ -1059,20 +1059,15 @@ async fn an_api_key_and_allowed_origins_guard_the_api() {
         (status, v["error"]["code"].as_str()),
         (401, Some("invalid_api_key"))
     );
-    let r = reqwest::Client::new()
-        .get(server.url("/v1/models/target"))
-        .bearer_auth("sesame")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let r = reqwest::Client::new()
-        .get(server.url("/v1/models/gpt-4o"))
-        .bearer_auth("sesame")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
+    for (model, status) in [("target", 200), ("gpt-4o", 404)] {
+        let r = reqwest::Client::new()
+            .get(server.url(&format!("/v1/models/{model}")))
+            .bearer_auth("sesame")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{model}");
+    }
     // Health and metrics stay open.
     assert_eq!(get(&server.url("/health")).await.0, 200);
     assert_eq!(get(&server.url("/metrics")).await.0, 200);

@@ -540,16 +540,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn nodes_up_to_a_depth_keep_their_parents_among_themselves() {
-        // 0, 1 at depth 1; 2 under 1 and 3 under 0 at depth 2; 4 under 3 at depth 3.
-        let s = step(&[
+    /// 0 (0.6), 1 (0.3) at depth 1; 2 (0.2) under 1 and 3 (0.5) under 0 at depth 2; 4 (0.4)
+    /// under 3 at depth 3.
+    fn three_levels() -> TraceStep {
+        step(&[
             (-1, 0.6, 1),
             (-1, 0.3, 1),
             (1, 0.2, 2),
             (0, 0.5, 2),
             (3, 0.4, 3),
-        ]);
+        ])
+    }
+
+    #[test]
+    fn nodes_up_to_a_depth_keep_their_parents_among_themselves() {
+        let s = three_levels();
         let upto = |d| -> Vec<Option<usize>> { nodes_upto(&s, d).map(|(_, p)| p).collect() };
         assert_eq!(upto(1), vec![None, None]);
         assert_eq!(upto(3), vec![None, None, Some(1), Some(0), Some(3)]);
@@ -557,13 +562,7 @@ mod tests {
 
     #[test]
     fn the_top_k_settles_at_the_level_after_which_no_deeper_node_can_enter() {
-        let s = step(&[
-            (-1, 0.6, 1),
-            (-1, 0.3, 1),
-            (1, 0.2, 2),
-            (0, 0.5, 2),
-            (3, 0.4, 3),
-        ]);
+        let s = three_levels();
         // K = 1: node 0 (0.6) beats every deeper node already at level 1.
         assert!(top_k_settled_at(&s, 1, 1));
         // K = 2: level 1 holds 0.6 and 0.3, but node 3 (0.5) at level 2 may still enter.

@@ -7,6 +7,7 @@ mod convert;
 mod files;
 mod forward;
 mod generate;
+mod inflate;
 mod paths;
 mod policy;
 mod probe;
@@ -57,6 +58,9 @@ enum Command {
     Probe(probe::Args),
     /// Write a checkpoint's routed experts as the expert-major disk file (for `--store disk`).
     Convert(convert::Args),
+    /// Embed a small trained target and its drafter in Qwen3-30B-A3B's tensor shapes
+    /// (function-preserving): GGUF targets (Q4_K_M, Q8_0) and a bf16 EAGLE-3 drafter.
+    Inflate(inflate::Args),
     /// One target forward over given token ids (and optional greedy steps), written as JSON.
     Forward(forward::Args),
     /// Write seeded synthetic pools or probe rows (for demos, benches and tests).
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
         Command::Synth(cmd) => synth::run(&cmd),
         Command::Forward(args) => forward::run(&args),
         Command::Convert(args) => convert::run(&args),
+        Command::Inflate(args) => inflate::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Probe(args) => probe::run(&args),

@@ -28,6 +28,20 @@ pub enum EngineError {
         path: PathBuf,
         error: specfit_gguf::GgufError,
     },
+    #[error("inflate: {field} = {value}: {reason}")]
+    InflateShape {
+        field: &'static str,
+        value: usize,
+        reason: String,
+    },
+    #[error("{path}: {reason}")]
+    InflateOutput { path: PathBuf, reason: String },
+    #[error("{path}: {needed} bytes needed ({:.1} GB), {available} free ({:.1} GB)", *needed as f64 / 1e9, *available as f64 / 1e9)]
+    DiskSpace {
+        path: PathBuf,
+        needed: u64,
+        available: u64,
+    },
     #[error("{path}: metadata {key}: {reason}")]
     GgufMetadata {
         path: PathBuf,

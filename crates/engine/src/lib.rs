@@ -17,6 +17,7 @@ mod error;
 pub mod experts;
 pub mod generate;
 pub mod gguf;
+pub mod inflate;
 pub mod kernels;
 pub mod kv;
 pub mod model;

@@ -172,6 +172,21 @@ impl RoutePredictor {
             .collect()
     }
 
+    /// A head from its parts: `(layers, experts, top_k, dim)`, weights `[L·E, D]` and bias
+    /// `[L·E]` (lengths as the shape says).
+    pub fn from_parts(
+        shape: (usize, usize, usize, usize),
+        w: Vec<f32>,
+        b: Vec<f32>,
+    ) -> RoutePredictor {
+        RoutePredictor::new(shape, w, b)
+    }
+
+    /// The weights `[L·E, D]` and bias `[L·E]`.
+    pub fn weights(&self) -> (&[f32], &[f32]) {
+        (&self.w, &self.b)
+    }
+
     /// Writes `weight` [L·E, D] and `bias` [L·E] (f32) with the shape in the metadata.
     pub fn save(&self, path: &Path) -> Result<(), EngineError> {
         let wb: Vec<u8> = self.w.iter().flat_map(|v| v.to_le_bytes()).collect();

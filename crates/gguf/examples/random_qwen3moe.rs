@@ -17,6 +17,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use specfit_gguf::quant::{q4_k_m_type, random_block, Rng};
 use specfit_gguf::write::{write_file, TensorSpec};
 use specfit_gguf::{GgmlType, Value, ValueType};
 
@@ -30,56 +31,6 @@ struct Shape {
     top_k: usize,
     moe_inter: usize,
     vocab: usize,
-}
-
-/// xorshift64*.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    /// Approximately standard normal (sum of 4 uniforms).
-    fn normal(&mut self) -> f32 {
-        ((0..4).map(|_| self.unit()).sum::<f32>() - 2.0) * 1.732
-    }
-}
-
-fn f16(v: f32) -> [u8; 2] {
-    half::f16::from_f32(v).to_bits().to_le_bytes()
-}
-
-/// One random block of `ty` whose weights have standard deviation about `std`.
-fn block(ty: GgmlType, std: f32, rng: &mut Rng, out: &mut Vec<u8>) {
-    let bytes: Vec<u8> = (0..ty.block().1).map(|_| rng.next() as u8).collect();
-    let mut b = bytes;
-    match ty {
-        GgmlType::Q8_0 => b[0..2].copy_from_slice(&f16(std / 73.0)), // int8 uniform: std 73.6
-        GgmlType::Q4_K => {
-            // w = d·sc·q − dmin·m, q uniform 0..15 (std 4.6), 6-bit sc around 32.
-            b[0..2].copy_from_slice(&f16(std / (4.6 * 32.0)));
-            b[2..4].copy_from_slice(&f16(std / (4.6 * 32.0) * 7.5));
-            // Every sub-block's 6-bit scale and min 32 (bytes 0–7: low 6 bits 32, top bits 0b10
-            // for sub-blocks 4–7; bytes 8–11: their low 4 bits 0), so the weights are centred.
-            b[4..12].fill(0xA0);
-            b[12..16].fill(0);
-        }
-        GgmlType::Q6_K => {
-            b[208..210].copy_from_slice(&f16(std / (18.5 * 32.0))); // q − 32 uniform: std 18.5
-            for s in &mut b[192..208] {
-                *s = 32;
-            }
-        }
-        GgmlType::F32 => {}
-        other => panic!("no generator for {}", other.name()),
-    }
-    out.extend_from_slice(&b);
 }
 
 fn main() -> std::io::Result<()> {
@@ -117,19 +68,12 @@ fn main() -> std::io::Result<()> {
             std::process::exit(2);
         }
     };
-    // llama.cpp's Q4_K_M gives Q6_K to attn_v and ffn_down on these layers (`use_more_bits`).
-    let more_bits = |i: usize| {
-        let n = s.layers;
-        i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
-    };
     let pick = |name: &str, layer: Option<usize>| -> GgmlType {
+        let full = layer.map_or(name.to_string(), |i| format!("blk.{i}.{name}"));
         if base == GgmlType::Q8_0 {
-            return GgmlType::Q8_0;
-        }
-        match (name, layer) {
-            ("output.weight", _) => GgmlType::Q6_K,
-            ("attn_v.weight" | "ffn_down_exps.weight", Some(i)) if more_bits(i) => GgmlType::Q6_K,
-            _ => GgmlType::Q4_K,
+            GgmlType::Q8_0
+        } else {
+            q4_k_m_type(&full, s.layers)
         }
     };
     let (h, q, kv) = (s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim);
@@ -244,7 +188,7 @@ fn main() -> std::io::Result<()> {
         tensors.len()
     );
     let start = std::time::Instant::now();
-    let mut rng = Rng(0x5eed_0001);
+    let mut rng = Rng::new(0x5eed_0001);
     let specs = tensors.clone();
     write_file(&out, &metadata, &tensors, |i, w: &mut dyn Write| {
         let t = &specs[i];
@@ -275,7 +219,8 @@ fn main() -> std::io::Result<()> {
         };
         let mut buf = Vec::with_capacity(1 << 22);
         for _ in 0..blocks {
-            block(t.ty, std, &mut rng, &mut buf);
+            random_block(t.ty, std, &mut rng, &mut buf)
+                .map_err(|ty| std::io::Error::other(format!("no generator for {}", ty.name())))?;
             if buf.len() >= 1 << 22 {
                 w.write_all(&buf)?;
                 buf.clear();

@@ -1,6 +1,6 @@
 //! GGUF, the file format of llama.cpp and ggml: the header, the typed metadata, the tensor
 //! directory ([`Gguf`], every offset and size checked against the file) and the block formats of
-//! the tensor data ([`GgmlType`], exact dequantization in [`dequant`]). It knows nothing of any
+//! the tensor data ([`GgmlType`], exact dequantization in [`dequant`], quantization in [`quant`]). It knows nothing of any
 //! model: which tensor is what, and what the metadata keys mean, is the engine's business.
 //!
 //! Format: <https://github.com/ggml-org/ggml/blob/master/docs/gguf.md> (version 2 and 3).
@@ -12,6 +12,7 @@ mod types;
 mod value;
 
 pub mod dequant;
+pub mod quant;
 pub mod write;
 
 pub use error::GgufError;

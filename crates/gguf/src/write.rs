@@ -1,7 +1,7 @@
 //! Writing GGUF files (version 3): header, metadata, tensor directory, then each tensor's data
 //! padded to the alignment — streamed from a callback so that files larger than memory can be
 //! written, to a temporary file renamed into place. Used by tests and by the generators of
-//! synthetic models; it does not quantize.
+//! synthetic models; it does not quantize ([`crate::quant`] does).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};

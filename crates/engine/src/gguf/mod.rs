@@ -11,7 +11,7 @@ mod tokenizer;
 pub use config::config_of;
 pub use names::GgufTensors;
 pub use store::GgufStore;
-pub use tokenizer::tokenizer_json;
+pub use tokenizer::{metadata_of, tokenizer_json};
 
 use std::path::Path;
 

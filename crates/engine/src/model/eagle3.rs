@@ -121,6 +121,12 @@ fn mismatch(field: &'static str, drafter: impl ToString, target: impl ToString) 
 }
 
 impl Eagle3 {
+    /// Checks that a drafter with config `cfg` fits `target` (what [`Eagle3::load`] checks
+    /// before reading any tensor).
+    pub fn check(cfg: &Eagle3Config, target: &Qwen3MoeConfig) -> Result<(), EngineError> {
+        check_fit(cfg, target).map(|_| ())
+    }
+
     /// Loads a drafter directory (`config.json` + safetensors) for `target`.
     pub fn load(dir: &Path, target: &Qwen3MoeConfig) -> Result<Eagle3, EngineError> {
         let path = dir.join("config.json");

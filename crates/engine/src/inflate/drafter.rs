@@ -1,0 +1,298 @@
+//! The inflated EAGLE-3 drafter: the small head in the published head's shape (SpecForge
+//! layout, bf16), top to bottom — `fc` reads the first copy of each tapped residual and writes
+//! every copy; the layer's attention keeps the small heads in their GQA groups with rotary pair
+//! `j` at pair `m·j` and the softmax scale carried by `q_proj` (×√m); the MLP is zero-padded;
+//! the LM head reads the first copy. `d2t`/`t2d` and the draft vocabulary are the small head's.
+//! Writing only.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::tensor::{Dtype, TensorView};
+use serde_json::json;
+use specfit_gguf::GgmlType;
+
+use super::plan::Plan;
+use super::rows::{first_copy, Matrix, Row};
+use crate::error::EngineError;
+use crate::model::eagle3::Eagle3Config;
+
+fn row(m: &[f32], cols: usize, r: usize) -> &[f32] {
+    &m[r * cols..(r + 1) * cols]
+}
+
+/// The drafter's tensors and config.json, written into `dir` (which must not exist; made
+/// through a temporary sibling renamed at the end).
+pub fn write(
+    plan: &Plan,
+    small_dir: &Path,
+    cfg: &Eagle3Config,
+    taps: &[usize],
+    dir: &Path,
+) -> Result<(), EngineError> {
+    let path = small_dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).map_err(EngineError::io(&path))?;
+    let st =
+        safetensors::SafeTensors::deserialize(&bytes).map_err(|e| EngineError::Safetensors {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+    let bad = |name: &str, reason: String| EngineError::Safetensors {
+        path: path.clone(),
+        message: format!("{name}: {reason}"),
+    };
+    let mut t: HashMap<String, Vec<f32>> = HashMap::new();
+    for (name, view) in st.tensors() {
+        let values: Option<Vec<f32>> = match view.dtype() {
+            Dtype::BF16 => Some(
+                view.data()
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            ),
+            Dtype::F16 => Some(
+                view.data()
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            ),
+            Dtype::F32 => Some(
+                view.data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            _ => None,
+        };
+        if let Some(v) = values {
+            t.insert(name, v);
+        }
+    }
+    let (s, big) = (&plan.small, &plan.shape);
+    let (h0, h, d0, d) = (cfg.hidden_size, big.hidden_size, s.head_dim, big.head_dim);
+    let (heads0, kv0) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let (i0, inter) = (cfg.intermediate_size, big.drafter_intermediate_size);
+    let vd = cfg.draft_vocab_size.unwrap_or(cfg.vocab_size);
+    let copies = h / h0;
+    let (q_out, kv_out) = (big.num_attention_heads * d, big.num_key_value_heads * d);
+    let get = |name: &str, len: usize| -> Result<&[f32], EngineError> {
+        let v = t
+            .get(name)
+            .ok_or_else(|| bad(name, "missing (or not a float tensor)".into()))?;
+        if v.len() != len {
+            return Err(bad(name, format!("{} values, {len} expected", v.len())));
+        }
+        Ok(v.as_slice())
+    };
+    let fc = get("fc.weight", h0 * 3 * h0)?;
+    let wq = get("midlayer.self_attn.q_proj.weight", heads0 * d0 * 2 * h0)?;
+    let wk = get("midlayer.self_attn.k_proj.weight", kv0 * d0 * 2 * h0)?;
+    let wv = get("midlayer.self_attn.v_proj.weight", kv0 * d0 * 2 * h0)?;
+    let wo = get("midlayer.self_attn.o_proj.weight", h0 * heads0 * d0)?;
+    let gate = get("midlayer.mlp.gate_proj.weight", i0 * h0)?;
+    let up = get("midlayer.mlp.up_proj.weight", i0 * h0)?;
+    let down = get("midlayer.mlp.down_proj.weight", h0 * i0)?;
+    let lm_head = get("lm_head.weight", vd * h0)?;
+    let norms: Vec<(String, Vec<f32>)> = [
+        "midlayer.hidden_norm.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.post_attention_layernorm.weight",
+        "norm.weight",
+    ]
+    .iter()
+    .map(|&n| Ok((n.to_string(), get(n, h0)?.repeat(copies))))
+    .collect::<Result<_, EngineError>>()?;
+    // Attention input [embedding; hidden], 2·H wide: the small halves' first copies.
+    let attn_in: Vec<Vec<usize>> = (0..2 * h0)
+        .map(|c| vec![if c < h0 { c } else { h + c - h0 }])
+        .collect();
+    let small_query = |g: usize| (0..heads0).find(|&x| plan.query_head(x, heads0, kv0) == g);
+    let q_scale = (plan.pair_factor() as f32).sqrt();
+    let rotary = |r: usize| plan.rotary_dim(r % d);
+    let matrices: Vec<(&str, Vec<usize>, Matrix<'_>)> = vec![
+        (
+            "fc.weight",
+            vec![h, 3 * h],
+            Matrix {
+                rows: h,
+                cols: 3 * h,
+                place: (0..3 * h0).map(|c| vec![(c / h0) * h + c % h0]).collect(),
+                row: Box::new(move |r| Row::Small(row(fc, 3 * h0, r % h0), 1.0)),
+            },
+        ),
+        (
+            "midlayer.self_attn.q_proj.weight",
+            vec![q_out, 2 * h],
+            Matrix {
+                rows: q_out,
+                cols: 2 * h,
+                place: attn_in.clone(),
+                row: Box::new(move |r| match (small_query(r / d), rotary(r)) {
+                    (Some(x), (j, 0)) => Row::Small(row(wq, 2 * h0, x * d0 + j), q_scale),
+                    _ => Row::Zero,
+                }),
+            },
+        ),
+        (
+            "midlayer.self_attn.k_proj.weight",
+            vec![kv_out, 2 * h],
+            Matrix {
+                rows: kv_out,
+                cols: 2 * h,
+                place: attn_in.clone(),
+                row: Box::new(move |r| match (r / d, rotary(r)) {
+                    (c, (j, 0)) if c < kv0 => Row::Small(row(wk, 2 * h0, c * d0 + j), 1.0),
+                    _ => Row::Zero,
+                }),
+            },
+        ),
+        (
+            "midlayer.self_attn.v_proj.weight",
+            vec![kv_out, 2 * h],
+            Matrix {
+                rows: kv_out,
+                cols: 2 * h,
+                place: attn_in,
+                row: Box::new(move |r| match (r / d, r % d) {
+                    (c, x) if c < kv0 && x < d0 => Row::Small(row(wv, 2 * h0, c * d0 + x), 1.0),
+                    _ => Row::Zero,
+                }),
+            },
+        ),
+        (
+            "midlayer.self_attn.o_proj.weight",
+            vec![h, q_out],
+            Matrix {
+                rows: h,
+                cols: q_out,
+                place: (0..heads0 * d0)
+                    .map(|c| vec![plan.query_head(c / d0, heads0, kv0) * d + c % d0])
+                    .collect(),
+                row: Box::new(move |r| Row::Small(row(wo, heads0 * d0, r % h0), 1.0)),
+            },
+        ),
+        (
+            "midlayer.mlp.gate_proj.weight",
+            vec![inter, h],
+            Matrix {
+                rows: inter,
+                cols: h,
+                place: first_copy(h0),
+                row: Box::new(move |r| {
+                    if r < i0 {
+                        Row::Small(row(gate, h0, r), 1.0)
+                    } else {
+                        Row::Zero
+                    }
+                }),
+            },
+        ),
+        (
+            "midlayer.mlp.up_proj.weight",
+            vec![inter, h],
+            Matrix {
+                rows: inter,
+                cols: h,
+                place: first_copy(h0),
+                row: Box::new(move |r| {
+                    if r < i0 {
+                        Row::Small(row(up, h0, r), 1.0)
+                    } else {
+                        Row::Zero
+                    }
+                }),
+            },
+        ),
+        (
+            "midlayer.mlp.down_proj.weight",
+            vec![h, inter],
+            Matrix {
+                rows: h,
+                cols: inter,
+                place: first_copy(i0),
+                row: Box::new(move |r| Row::Small(row(down, i0, r % h0), 1.0)),
+            },
+        ),
+        (
+            "lm_head.weight",
+            vec![vd, h],
+            Matrix {
+                rows: vd,
+                cols: h,
+                place: first_copy(h0),
+                row: Box::new(move |r| Row::Small(row(lm_head, h0, r), 1.0)),
+            },
+        ),
+    ];
+    let mut data: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = Vec::new();
+    for (name, shape, m) in &matrices {
+        let bytes = m
+            .to_bytes(GgmlType::BF16)
+            .map_err(|e| bad(name, e.to_string()))?;
+        data.push((name.to_string(), shape.clone(), Dtype::BF16, bytes));
+    }
+    for (name, v) in &norms {
+        let bytes = Matrix::vector(v)
+            .to_bytes(GgmlType::BF16)
+            .map_err(|e| bad(name, e.to_string()))?;
+        data.push((name.clone(), vec![h], Dtype::BF16, bytes));
+    }
+    for name in ["d2t", "t2d"] {
+        if let Ok(view) = st.tensor(name) {
+            data.push((
+                name.into(),
+                view.shape().to_vec(),
+                view.dtype(),
+                view.data().to_vec(),
+            ));
+        }
+    }
+    let views = data
+        .iter()
+        .map(|(name, shape, dtype, bytes)| {
+            TensorView::new(*dtype, shape.clone(), bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| bad(name, e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // The small config with the large shape: every other field (ids, θ, eps, context) kept.
+    let cfg_path = small_dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(EngineError::io(&cfg_path))?;
+    let mut config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| EngineError::Json {
+            path: cfg_path.clone(),
+            message: e.to_string(),
+        })?;
+    for (key, value) in [
+        ("hidden_size", json!(h)),
+        ("intermediate_size", json!(inter)),
+        ("num_attention_heads", json!(big.num_attention_heads)),
+        ("num_key_value_heads", json!(big.num_key_value_heads)),
+        ("head_dim", json!(d)),
+        ("target_hidden_size", json!(h)),
+        ("torch_dtype", json!("bfloat16")),
+        (
+            "eagle_config",
+            json!({"eagle_aux_hidden_state_layer_ids": taps}),
+        ),
+    ] {
+        config[key] = value;
+    }
+    let tmp = dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(EngineError::io(&tmp))?;
+    }
+    std::fs::create_dir_all(&tmp).map_err(EngineError::io(&tmp))?;
+    let st_path = tmp.join("model.safetensors");
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    safetensors::serialize_to_file(views, Some(meta), &st_path).map_err(|e| {
+        EngineError::Safetensors {
+            path: st_path.clone(),
+            message: e.to_string(),
+        }
+    })?;
+    let cfg_path = tmp.join("config.json");
+    let text = serde_json::to_string_pretty(&config).expect("plain JSON") + "\n";
+    std::fs::write(&cfg_path, text).map_err(EngineError::io(&cfg_path))?;
+    std::fs::rename(&tmp, dir).map_err(EngineError::io(dir))
+}

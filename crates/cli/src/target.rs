@@ -133,16 +133,21 @@ impl TargetArgs {
 /// Warns when a GGUF file about to be mapped in place (`--store ram`) is larger than the memory
 /// available: its experts would be paged in from disk again and again, as llama.cpp's mmap does
 /// on such files, where `--store disk --slots N` reads each missing expert once into its slot.
-fn warn_if_larger_than_memory(model: &std::path::Path) {
-    if !specfit_engine::gguf::is_gguf(model) {
-        return;
-    }
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+/// This machine's `MemAvailable` in bytes (Linux), if it can be read.
+pub fn memory_available() -> Option<u64> {
+    std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemAvailable:"))
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
             .map(|kb| kb * 1024)
-    });
+    })
+}
+
+fn warn_if_larger_than_memory(model: &std::path::Path) {
+    if !specfit_engine::gguf::is_gguf(model) {
+        return;
+    }
+    let available = memory_available();
     let size = std::fs::metadata(model).map(|m| m.len()).ok();
     if let (Some(available), Some(size)) = (available, size) {
         if size > available {

@@ -93,6 +93,64 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     assert!(md.contains("| policy | slots | tok/s |"));
     let svg = std::fs::read_to_string(dir.join("chart.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("decode tok/s"));
+
+    // The paper-scale plan: a slot sweep of its own, one configuration over a whole set at a
+    // time, prompts cut — still every output checked against plain decoding.
+    let dir = temp("bench-sweep");
+    let run = specfit(
+        &[
+            "bench",
+            "--store",
+            "disk",
+            "--limit",
+            "2",
+            "--max-tokens",
+            "8",
+            "--max-prompt-tokens",
+            "64",
+            "--sweep",
+            "8,16",
+            "--only",
+            "ar,eagle3,specfit,specfit+ahead[predictor]",
+            "--one-at-a-time",
+            "--validate",
+            "0",
+            "--calibration",
+            cal.to_str().unwrap(),
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["lossless"], true);
+    for set in report["sets"].as_array().unwrap() {
+        let rows: Vec<String> = set["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!("{}@{}", r["label"].as_str().unwrap(), r["slots"]))
+            .collect();
+        for want in [
+            "ar@16",
+            "ar@8",
+            "eagle3@8",
+            "specfit@16",
+            "specfit+ahead[predictor]@8",
+        ] {
+            assert!(
+                rows.contains(&want.to_string()),
+                "{want} missing from {rows:?}"
+            );
+        }
+        assert!(rows.iter().all(|r| !r.contains("vanilla")), "{rows:?}");
+    }
 }
 
 #[test]
@@ -104,6 +162,8 @@ fn bench_rejects_unknown_prompt_sets_rows_and_bad_slot_counts_with_one_line() {
         &["bench", "--max-tokens", "0", "--quick"][..],
         &["bench", "--calibration", "/nonexistent/cal.json", "--quick"][..],
         &["bench", "--only", "ar,no-such-policy", "--quick"][..],
+        &["bench", "--sweep", "8,65", "--quick"][..],
+        &["bench", "--max-prompt-tokens", "0", "--quick"][..],
     ] {
         let out = specfit(args, None);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

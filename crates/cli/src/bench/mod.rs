@@ -64,6 +64,19 @@ pub struct Args {
     /// Most new tokens per prompt.
     #[arg(long, default_value_t = 28)]
     max_tokens: usize,
+    /// Cut each prompt's user text to its first N tokens (the paper-scale run cuts the
+    /// summarization articles to 512).
+    #[arg(long, value_name = "N")]
+    max_prompt_tokens: Option<usize>,
+    /// Slot points of the sweep (0 = no cache) instead of 100%, half, a quarter and none; each
+    /// point runs ar, eagle3, specfit and specfit+ahead[predictor].
+    #[arg(long, value_delimiter = ',', value_name = "SLOTS")]
+    sweep: Option<Vec<usize>>,
+    /// Run each configuration over a whole prompt set in turn (prefixes made once and kept)
+    /// instead of every configuration on each prompt in turn; automatic when all
+    /// configurations' slots together need more than half of the available memory.
+    #[arg(long)]
+    one_at_a_time: bool,
     /// K: draft nodes verified per cycle by eagle3 and at most by specfit (`--budget` is
     /// accepted too).
     #[arg(
@@ -110,6 +123,9 @@ struct Setup {
     budget: usize,
 }
 
+/// One decode's outcome and the selector's time per cycle (µs).
+type Run = (Outcome, Vec<f64>);
+
 /// One configuration's live state: its own cache and rule.
 struct Runner {
     cache: ExpertCache,
@@ -128,54 +144,121 @@ pub fn run(args: &Args) -> Result<()> {
         .expect("a valid template")
         .progress_chars("=> "),
     );
-    let mut prefill_cache = s.base.sibling(usize::MAX, CacheMode::Lru)?;
+    // A cache of every expert for the prefills when its slots fit in memory; else (a model
+    // larger than memory on the disk tier) as many slots as the largest configuration has.
+    let largest = s
+        .configs
+        .iter()
+        .map(|c| slots_of(c).0)
+        .max()
+        .unwrap_or(usize::MAX);
+    let prefill_slots = if s.base.arena_bytes(usize::MAX) <= memory_budget() {
+        usize::MAX
+    } else {
+        largest
+    };
+    let mut prefill_cache = s.base.sibling(prefill_slots, CacheMode::Lru)?;
+    // Every configuration keeps its own slots across a set's prompts. When they do not all fit
+    // in memory at once, each configuration runs over the whole set in turn (the prompts'
+    // prefixes are made once and kept), its slots freed before the next one's.
+    let memory: u64 = s
+        .configs
+        .iter()
+        .map(|c| s.base.arena_bytes(slots_of(c).0))
+        .sum();
+    let one_at_a_time = args.one_at_a_time || memory > memory_budget();
+    if one_at_a_time && !args.one_at_a_time {
+        eprintln!(
+            "the {} configurations' slots need {:.1} GB together, more than half of this machine's available memory: each configuration runs over a whole set in turn",
+            s.configs.len(),
+            memory as f64 / 1e9
+        );
+    }
     let mut tallies: Vec<Vec<Tally>> = Vec::new();
     let sets = std::mem::take(&mut s.sets);
     let configs = std::mem::take(&mut s.configs);
     let mut validation = Vec::new();
-    for set in &sets {
-        // Each set is a fresh session: every configuration starts from empty slots (so a set's
-        // figures do not depend on which set ran before, and the simulator starts cold too).
-        let mut runners = configs
+    for (set_index, set) in sets.iter().enumerate() {
+        let n = configs.len();
+        // outcomes[prompt][config]
+        let mut outcomes: Vec<Vec<Option<Run>>> = set
+            .prompts
             .iter()
-            .map(|c| runner(&s, c))
-            .collect::<Result<Vec<_>>>()?;
-        let mut row = vec![Tally::default(); configs.len()];
-        // The same tallies over the prompts the simulator is checked on.
-        let mut checked = vec![Tally::default(); configs.len()];
-        let mut lengths = Vec::new();
-        for (index, prompt) in set.prompts.iter().enumerate() {
-            bar.set_message(format!("{} #{}", set.name, prompt.question_id));
-            let prefix = Prefix::new(
-                &s.model,
-                Some(&s.drafter),
-                &mut prefill_cache,
-                &prompt.tokens,
-            )?;
-            // Configurations run in a fresh seeded random order per prompt, so that none always
-            // runs first after the prefill or always after the same other configuration: what one
-            // leaves behind (the disk's queue and rate limiter, processor caches) would otherwise
-            // bias the next (BENCHMARKS.md). Every output is then checked against `ar`'s
-            // (config 0).
-            let n = configs.len();
-            let order = run_order(n, index as u64);
-            let mut outcomes: Vec<Option<(Outcome, Vec<f64>)>> = (0..n).map(|_| None).collect();
-            for i in order {
-                let runner = &mut runners[i];
-                // Each run reads and computes from freshly placed slot memory: on a virtual
-                // machine the speed of an arena can depend on where it landed, and an arena kept
-                // for the whole run would bias its configuration throughout. Outside the timer;
-                // equal-sized arenas rotate among the configurations.
-                runner.cache.relocate();
-                let before = runner.rule.select_us().len();
-                let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
-                let select_us = runner.rule.select_us()[before..].to_vec();
-                outcomes[i] = Some((outcome, select_us));
-                bar.inc(1);
+            .map(|_| (0..n).map(|_| None).collect())
+            .collect();
+        if one_at_a_time {
+            let prefixes = set
+                .prompts
+                .iter()
+                .map(|prompt| {
+                    bar.set_message(format!("{} #{}: prefill", set.name, prompt.question_id));
+                    Ok(Prefix::new(
+                        &s.model,
+                        Some(&s.drafter),
+                        &mut prefill_cache,
+                        &prompt.tokens,
+                    )?)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Configurations in a seeded random order per set (see below).
+            for i in run_order(n, 1000 + set_index as u64) {
+                let mut runner = runner(&s, &configs[i])?;
+                for (p, prefix) in prefixes.iter().enumerate() {
+                    bar.set_message(format!(
+                        "{} #{} {}",
+                        set.name, set.prompts[p].question_id, configs[i].label
+                    ));
+                    let before = runner.rule.select_us().len();
+                    let outcome = run_one(&mut s, &configs[i], &mut runner, prefix)?;
+                    let select_us = runner.rule.select_us()[before..].to_vec();
+                    outcomes[p][i] = Some((outcome, select_us));
+                    bar.inc(1);
+                }
             }
-            let outcomes: Vec<(Outcome, Vec<f64>)> = outcomes.into_iter().flatten().collect();
-            let reference = outcomes[0].0.tokens.clone();
-            for (i, (outcome, select_us)) in outcomes.iter().enumerate() {
+        } else {
+            // Each set is a fresh session: every configuration starts from empty slots (so a
+            // set's figures do not depend on which set ran before, and the simulator starts
+            // cold too).
+            let mut runners = configs
+                .iter()
+                .map(|c| runner(&s, c))
+                .collect::<Result<Vec<_>>>()?;
+            for (index, prompt) in set.prompts.iter().enumerate() {
+                bar.set_message(format!("{} #{}", set.name, prompt.question_id));
+                let prefix = Prefix::new(
+                    &s.model,
+                    Some(&s.drafter),
+                    &mut prefill_cache,
+                    &prompt.tokens,
+                )?;
+                // Configurations run in a fresh seeded random order per prompt, so that none
+                // always runs first after the prefill or always after the same other
+                // configuration: what one leaves behind (the disk's queue and rate limiter,
+                // processor caches) would otherwise bias the next (BENCHMARKS.md).
+                for i in run_order(n, index as u64) {
+                    let runner = &mut runners[i];
+                    // Each run reads and computes from freshly placed slot memory: on a virtual
+                    // machine the speed of an arena can depend on where it landed, and an arena
+                    // kept for the whole run would bias its configuration throughout. Outside
+                    // the timer; equal-sized arenas rotate among the configurations.
+                    runner.cache.relocate();
+                    let before = runner.rule.select_us().len();
+                    let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
+                    let select_us = runner.rule.select_us()[before..].to_vec();
+                    outcomes[index][i] = Some((outcome, select_us));
+                    bar.inc(1);
+                }
+            }
+        }
+        // Every output is checked against `ar`'s (config 0).
+        let mut row = vec![Tally::default(); n];
+        // The same tallies over the prompts the simulator is checked on.
+        let mut checked = vec![Tally::default(); n];
+        let mut lengths = Vec::new();
+        for (index, (prompt, per_config)) in set.prompts.iter().zip(outcomes).enumerate() {
+            let per_config: Vec<Run> = per_config.into_iter().flatten().collect();
+            let reference = per_config[0].0.tokens.clone();
+            for (i, (outcome, select_us)) in per_config.iter().enumerate() {
                 let same = outcome.tokens == reference;
                 row[i].add(outcome, select_us, prompt.question_id, same);
                 if index < args.validate {
@@ -272,6 +355,10 @@ fn run_order(n: usize, seed: u64) -> Vec<usize> {
 fn setup(args: &Args) -> Result<Setup> {
     ensure!(args.max_tokens > 0, "--max-tokens must be positive");
     ensure!(args.budget > 0, "--max-nodes must be positive");
+    ensure!(
+        args.max_prompt_tokens != Some(0),
+        "--max-prompt-tokens must be positive"
+    );
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
     let default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
     if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
@@ -301,7 +388,13 @@ fn setup(args: &Args) -> Result<Setup> {
             let label = path
                 .file_stem()
                 .map_or(name.clone(), |s| s.to_string_lossy().into());
-            plan::read_set(&label, &path, limit(name), &tokenizer)
+            plan::read_set(
+                &label,
+                &path,
+                limit(name),
+                args.max_prompt_tokens,
+                &tokenizer,
+            )
         })
         .collect::<Result<Vec<_>>>()?;
     // The rows, checked before anything slow (converting the experts, calibrating).
@@ -310,6 +403,7 @@ fn setup(args: &Args) -> Result<Setup> {
         default_slots,
         predictor: args.predictor.exists().then(|| args.predictor.clone()),
         quick: args.quick,
+        points: sweep_points(args, &cfg)?,
     });
     if let Some(only) = &args.only {
         let known: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
@@ -341,9 +435,9 @@ fn setup(args: &Args) -> Result<Setup> {
     };
     // Measured last: every argument is checked before the 25 s of probe forwards.
     let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
-    let atlas = Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?);
+    let atlas = Atlas::new(routing_cache(&args.model, &base)?);
     let corrupt = policy::atlas_for(
-        Atlas::new(base.sibling(usize::MAX, CacheMode::Lru)?),
+        Atlas::new(routing_cache(&args.model, &base)?),
         &RouteChoice::Corrupt(0.4),
         0,
     );
@@ -367,6 +461,26 @@ fn setup(args: &Args) -> Result<Setup> {
         },
         budget: args.budget,
     })
+}
+
+/// `--sweep` as slot points, each checked against the model.
+fn sweep_points(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<Option<Vec<Slots>>> {
+    let Some(points) = &args.sweep else {
+        return Ok(None);
+    };
+    ensure!(!points.is_empty(), "--sweep needs at least one slot count");
+    points
+        .iter()
+        .map(|&n| match n {
+            0 => Ok(Slots::None),
+            n if n <= cfg.num_experts => Ok(Slots::Count(n)),
+            n => bail!(
+                "--sweep {n}: the model has {} experts per layer",
+                cfg.num_experts
+            ),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
 }
 
 /// The calibration: `--calibration`, else the one saved next to the model for this tier, else
@@ -394,12 +508,40 @@ fn calibration(
     Ok((cal, path))
 }
 
-/// A configuration's cache (a sibling of the base cache) and rule.
-fn runner(s: &Setup, c: &Config) -> Result<Runner> {
-    let (slots, mode) = match c.slots {
+/// Slot memory this run may hold at once: half of what the machine has available (the rest is
+/// the page cache's, which the disk tier and a mapped file read through).
+fn memory_budget() -> u64 {
+    crate::target::memory_available().map_or(u64::MAX, |b| b / 2)
+}
+
+/// A cache holding every expert, for routing draft pools outside the clock: a sibling of the
+/// base cache when its slots fit in memory, else (a GGUF file larger than that) the file mapped
+/// in place, as `--store ram` maps it.
+fn routing_cache(model: &std::path::Path, base: &ExpertCache) -> Result<ExpertCache> {
+    if base.arena_bytes(usize::MAX) <= memory_budget() || !specfit_engine::gguf::is_gguf(model) {
+        return Ok(base.sibling(usize::MAX, CacheMode::Lru)?);
+    }
+    let (_, cache) = specfit_engine::load_target(
+        model,
+        &specfit_engine::Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        None,
+    )?;
+    Ok(cache)
+}
+
+/// The slots of configuration `c`'s cache.
+fn slots_of(c: &Config) -> (usize, CacheMode) {
+    match c.slots {
         Slots::None => (usize::MAX, CacheMode::ClearEveryForward),
         Slots::Count(n) => (n, CacheMode::Lru),
-    };
+    }
+}
+
+/// A configuration's cache (a sibling of the base cache) and rule.
+fn runner(s: &Setup, c: &Config) -> Result<Runner> {
+    let (slots, mode) = slots_of(c);
     let lambda = if c.policy == Policy::SpecfitLambda {
         policy::default_lambda(&s.calibration, &s.model)?
     } else {

@@ -28,13 +28,23 @@ pub const DEFAULT_SETS: [(&str, usize); 2] = [("summarization", 40), ("math_reas
 
 /// Reads `path` (Spec-Bench JSON Lines: question_id, turns[0]) and renders the first `limit`
 /// prompts, in file order, with the model's chat template.
-pub fn read_set(name: &str, path: &Path, limit: usize, tok: &Tokenizer) -> Result<PromptSet> {
+pub fn read_set(
+    name: &str,
+    path: &Path,
+    limit: usize,
+    max_prompt_tokens: Option<usize>,
+    tok: &Tokenizer,
+) -> Result<PromptSet> {
     use crate::prompt::{chat_tokens, read_jsonl, user_turn};
     let prompts = read_jsonl(path, limit, |v, at| {
         let question_id = v["question_id"]
             .as_u64()
             .with_context(|| format!("{at}: no integer question_id"))?;
-        let tokens = chat_tokens(tok, user_turn(v, at)?, at)?;
+        let user = user_turn(v, at)?;
+        let tokens = match max_prompt_tokens {
+            Some(n) => chat_tokens(tok, &cut_to_tokens(tok, user, n)?, at)?,
+            None => chat_tokens(tok, user, at)?,
+        };
         Ok(BenchPrompt {
             question_id,
             tokens,
@@ -43,6 +53,16 @@ pub fn read_set(name: &str, path: &Path, limit: usize, tok: &Tokenizer) -> Resul
     Ok(PromptSet {
         name: name.to_string(),
         prompts,
+    })
+}
+
+/// `text` cut to the text of its first `n` tokens (whole when shorter).
+fn cut_to_tokens(tok: &Tokenizer, text: &str, n: usize) -> Result<String> {
+    let ids = tok.encode(text)?;
+    Ok(if ids.len() > n {
+        tok.decode(&ids[..n])?
+    } else {
+        text.to_string()
     })
 }
 
@@ -118,6 +138,9 @@ pub struct Sweep {
     pub predictor: Option<std::path::PathBuf>,
     /// Quick mode: only the default and no-cache points, main policies.
     pub quick: bool,
+    /// The slot points of the sweep instead of none, 100%, half and a quarter (`--sweep`);
+    /// each gets `ar`, `eagle3`, `specfit` and, with a predictor, `specfit+ahead[predictor]`.
+    pub points: Option<Vec<Slots>>,
 }
 
 /// The configurations, `ar` at the default slots first (it is the reference every other
@@ -151,6 +174,25 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         out.push(Config::new(Policy::Specfit, r, d, 1.0));
         out.push(Config::new(Policy::Specfit, atlas.clone(), d, 2.0));
     }
+    if let Some(points) = &s.points {
+        for &slots in points {
+            let mut row = vec![
+                Config::new(Policy::Ar, atlas.clone(), slots, 1.0),
+                Config::new(Policy::Eagle3, atlas.clone(), slots, 1.0),
+                Config::new(Policy::Specfit, atlas.clone(), slots, 1.0),
+            ];
+            if let Some(p) = &s.predictor {
+                let r = RouteChoice::Predictor(p.clone());
+                row.push(Config::new(Policy::Specfit, r, slots, 1.0).ahead());
+            }
+            for c in row {
+                if !out.contains(&c) {
+                    out.push(c);
+                }
+            }
+        }
+        return out;
+    }
     let mut sweep = vec![Slots::None];
     if !s.quick {
         sweep.extend(
@@ -183,6 +225,7 @@ mod tests {
             default_slots: 8,
             predictor: predictor.then(|| "p.safetensors".into()),
             quick,
+            points: None,
         }
     }
 

@@ -244,6 +244,16 @@ impl ExpertCache {
         self.layout
     }
 
+    /// Bytes of slot memory a sibling with `slots_per_layer` slots would hold (0 when the store
+    /// maps experts in place).
+    pub fn arena_bytes(&self, slots_per_layer: usize) -> u64 {
+        if self.in_place {
+            return 0;
+        }
+        let experts = self.slots.first().map_or(0, |s| s.slot_of.len());
+        (self.slots.len() * slots_per_layer.min(experts) * padded(self.layout.bytes())) as u64
+    }
+
     /// Slots per layer (every expert when the store maps them in place).
     pub fn slots_per_layer(&self) -> usize {
         match self.slots.first() {

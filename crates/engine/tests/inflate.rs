@@ -10,7 +10,7 @@ use common::*;
 
 use std::path::{Path, PathBuf};
 
-use specfit_engine::inflate::{inflate, FileType, Options, Shape};
+use specfit_engine::inflate::{inflate, manifest_path, FileType, Options, Routing, Shape};
 use specfit_engine::spec::SpecOptions;
 use specfit_engine::{load_target, Batch, CacheMode, Eagle3, Logits, Sampler, Sampling, Tier};
 
@@ -36,6 +36,7 @@ fn options(out: &Path, types: Vec<FileType>) -> Options {
         out: out.to_path_buf(),
         types,
         shape: shape(),
+        routing: None,
     }
 }
 
@@ -45,14 +46,34 @@ fn inflated() -> PathBuf {
     DIR.get_or_init(|| {
         let dir = temp_dir("inflate").join("out");
         let _ = std::fs::remove_dir_all(&dir);
-        inflate(
-            &options(&dir, vec![FileType::F32, FileType::Q8_0]),
-            &mut |_| {},
-        )
-        .unwrap();
+        let mut o = options(&dir, vec![FileType::F32, FileType::Q8_0]);
+        o.routing = Some(Routing {
+            prompts: calibration_prompts(),
+            overlap: 0.43,
+        });
+        inflate(&o, &mut |_| {}).unwrap();
         dir
     })
     .clone()
+}
+
+/// The shipped calibration prompts (disjoint from the bench's), chat-rendered.
+fn calibration_prompts() -> Vec<Vec<u32>> {
+    let tok = specfit_engine::Tokenizer::load(&root().join("models/target")).unwrap();
+    ["gsm8k_train", "cnn_dm_train"]
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(root().join(format!("data/calibration/{f}.jsonl")))
+                .unwrap();
+            text.lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    tok.encode(&tok.chat_prompt(v["question"].as_str().unwrap()).unwrap())
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// Prompts from both bench sets, as token ids.
@@ -199,6 +220,59 @@ fn the_carried_over_route_predictor_loads_for_the_inflated_pair() {
     )
     .unwrap();
     assert_eq!(p.dim(), 1024);
+}
+
+#[test]
+fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_held_out_prompts() {
+    let dir = inflated();
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(manifest_path(&dir)).unwrap()).unwrap();
+    let fitted = manifest["routers"].as_array().unwrap();
+    // Layers 4 and 9 of 10 pass the residual through.
+    assert_eq!(fitted.len(), 2);
+    for f in fitted {
+        assert!(f["base"].as_f64().unwrap() < 0.3, "{f}");
+        assert!(f["overlap"].as_f64().unwrap() >= 0.43, "{f}");
+    }
+    // On the bench prompts (not fitted on): the pass-through layers' routes, every copy of a
+    // small expert chosen together.
+    let (m, mut c) = load_target(
+        &FileType::Q8_0.target_path(&dir),
+        &Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        None,
+    )
+    .unwrap();
+    let (mut same, mut total) = (0, 0);
+    for prompt in prompts() {
+        let mut kv = m.new_kv_cache();
+        let out = m
+            .forward(
+                &Batch {
+                    logits: Logits::None,
+                    ..Batch::causal(&prompt)
+                },
+                &mut kv,
+                &mut c,
+            )
+            .unwrap();
+        let routes: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
+        for layer in [4, 9] {
+            for t in routes[layer] {
+                let mut small: Vec<u32> = t.iter().map(|e| e % 64).collect();
+                small.sort();
+                small.dedup();
+                assert_eq!(small.len(), 4, "both copies of 4 small experts: {t:?}");
+            }
+            for w in routes[layer].windows(2) {
+                same += w[1].iter().filter(|e| w[0].contains(e)).count();
+                total += w[1].len();
+            }
+        }
+    }
+    let overlap = same as f64 / total as f64;
+    assert!(overlap > 0.3, "held-out previous-token overlap {overlap}");
 }
 
 #[test]

@@ -403,7 +403,7 @@ fn setup(args: &Args) -> Result<Setup> {
         default_slots,
         predictor: args.predictor.exists().then(|| args.predictor.clone()),
         quick: args.quick,
-        points: sweep_points(args, &cfg)?,
+        points: sweep_points(args, &cfg, default_slots)?,
     });
     if let Some(only) = &args.only {
         let known: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
@@ -464,8 +464,16 @@ fn setup(args: &Args) -> Result<Setup> {
 }
 
 /// `--sweep` as slot points, each checked against the model.
-fn sweep_points(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<Option<Vec<Slots>>> {
+fn sweep_points(
+    args: &Args,
+    cfg: &specfit_engine::Qwen3MoeConfig,
+    default_slots: usize,
+) -> Result<Option<Vec<Slots>>> {
     let Some(points) = &args.sweep else {
+        // A GGUF file in RAM is used in place: there are no slots to sweep.
+        if args.store == StoreArg::Ram && specfit_engine::gguf::is_gguf(&args.model) {
+            return Ok(Some(vec![Slots::Count(default_slots)]));
+        }
         return Ok(None);
     };
     ensure!(!points.is_empty(), "--sweep needs at least one slot count");

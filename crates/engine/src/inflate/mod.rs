@@ -17,6 +17,7 @@
 
 pub mod drafter;
 pub mod plan;
+pub mod routers;
 pub mod rows;
 pub mod target;
 
@@ -79,6 +80,27 @@ pub struct Options {
     pub out: PathBuf,
     pub types: Vec<FileType>,
     pub shape: Shape,
+    /// Pass-through routers: copies of the next small layer's router (`None`), or fitted on
+    /// these calibration prompts (token ids) to this previous-token overlap ([`routers`]).
+    pub routing: Option<Routing>,
+}
+
+/// How pass-through routers are fitted.
+#[derive(Debug, Clone)]
+pub struct Routing {
+    pub prompts: Vec<Vec<u32>>,
+    /// Share of a token's experts the previous token also used (Qwen3-30B-A3B: about 0.43).
+    pub overlap: f64,
+}
+
+/// One pass-through layer's fitted router, as the manifest records it.
+#[derive(Debug, Clone, Serialize)]
+pub struct FittedRouter {
+    pub layer: usize,
+    pub scale: f64,
+    /// Previous-token overlap on the calibration prompts (the small router's alone: `base`).
+    pub overlap: f64,
+    pub base: f64,
 }
 
 /// What was written.
@@ -90,6 +112,9 @@ pub struct Manifest {
     /// The drafter's taps as large-model SpecForge layer ids.
     pub drafter_taps: Vec<usize>,
     pub predictor: bool,
+    /// The pass-through routers' target overlap and fits (empty: copies of the small routers).
+    pub router_overlap: Option<f64>,
+    pub routers: Vec<FittedRouter>,
 }
 
 /// The manifest's file in an output directory.
@@ -98,9 +123,13 @@ pub fn manifest_path(dir: &Path) -> PathBuf {
 }
 
 /// Bytes of the target file of `plan` in `ty` (the tensor data; the header adds little).
-fn target_bytes(plan: &Plan, tensors: &target::Tensors, ty: FileType) -> u64 {
-    let vectors = target::Vectors::new(plan, tensors);
-    let total = target::tensors(plan, tensors, ty, &vectors)
+fn target_bytes(
+    plan: &Plan,
+    tensors: &target::Tensors,
+    vectors: &target::Vectors,
+    ty: FileType,
+) -> u64 {
+    let total = target::tensors(plan, tensors, ty, vectors)
         .iter()
         .map(|t| t.matrix.bytes(t.spec.ty))
         .sum();
@@ -239,14 +268,6 @@ pub fn inflate(
     crate::model::Eagle3::check(&drafter_cfg, &cfg)?;
     let taps = plan.drafter_taps(&drafter_cfg)?;
     let predictor = opts.predictor.as_ref().filter(|p| p.exists());
-    let manifest = Manifest {
-        source_model: opts.model.clone(),
-        source_drafter: opts.drafter.clone(),
-        plan: plan.clone(),
-        drafter_taps: taps.clone(),
-        predictor: predictor.is_some(),
-    };
-    let manifest_json = serde_json::to_string_pretty(&manifest).expect("plain data") + "\n";
     let out = &opts.out;
     if out.exists() && !out.is_dir() {
         return Err(EngineError::InflateOutput {
@@ -263,6 +284,21 @@ pub fn inflate(
             });
         }
     }
+    let tensors = read_small(&opts.model, &cfg)?;
+    let (fitted, routers) = match &opts.routing {
+        Some(r) => fit_routers(&opts.model, &plan, &tensors, r)?,
+        None => (Vec::new(), vec![None; plan.shape.num_hidden_layers]),
+    };
+    let manifest = Manifest {
+        source_model: opts.model.clone(),
+        source_drafter: opts.drafter.clone(),
+        plan: plan.clone(),
+        drafter_taps: taps.clone(),
+        predictor: predictor.is_some(),
+        router_overlap: opts.routing.as_ref().map(|r| r.overlap),
+        routers: fitted,
+    };
+    let manifest_json = serde_json::to_string_pretty(&manifest).expect("plain data") + "\n";
     // The drafter, predictor and manifest are the same for every file type: written once,
     // kept when the directory holds this very inflation.
     let manifest_file = manifest_path(out);
@@ -288,11 +324,11 @@ pub fn inflate(
                     .into(),
         });
     }
-    let tensors = read_small(&opts.model, &cfg)?;
+    let vectors = target::Vectors::new(&plan, &tensors, routers);
     let sizes: Vec<u64> = opts
         .types
         .iter()
-        .map(|&t| target_bytes(&plan, &tensors, t))
+        .map(|&t| target_bytes(&plan, &tensors, &vectors, t))
         .collect();
     let big = &plan.shape;
     let drafter_bytes = 2
@@ -337,7 +373,6 @@ pub fn inflate(
         std::fs::rename(&tmp, &manifest_file).map_err(EngineError::io(&manifest_file))?;
     }
     let tokenizer = tokenizer_metadata(&opts.model)?;
-    let vectors = target::Vectors::new(&plan, &tensors);
     for (&ty, &total) in opts.types.iter().zip(&sizes) {
         let path = ty.target_path(out);
         let metadata = target::metadata(&plan, ty, &cfg, tokenizer.clone(), &opts.model);
@@ -353,6 +388,86 @@ pub fn inflate(
         })?;
     }
     Ok(manifest)
+}
+
+/// Fits every pass-through layer's router on the small target's normalised residuals over the
+/// calibration prompts: per large layer, `Some([experts, hidden])` for a pass-through layer.
+type Routers = Vec<Option<Vec<f32>>>;
+
+fn fit_routers(
+    model: &Path,
+    plan: &Plan,
+    tensors: &target::Tensors,
+    routing: &Routing,
+) -> Result<(Vec<FittedRouter>, Routers), EngineError> {
+    let s = &plan.small;
+    let (small, mut cache) = crate::load_target(
+        model,
+        &crate::Tier::Ram,
+        usize::MAX,
+        crate::CacheMode::Lru,
+        None,
+    )?;
+    let eps = small.config().rms_norm_eps as f32;
+    // Inputs of small layers 1..L (L: the final residual), per prompt.
+    let taps: Vec<usize> = (1..=s.layers).collect();
+    let mut residuals: Vec<Vec<Vec<Vec<f32>>>> = vec![Vec::new(); s.layers]; // [tap][prompt][token]
+    for prompt in &routing.prompts {
+        let mut kv = small.new_kv_cache();
+        let out = small.forward(
+            &crate::Batch {
+                taps: &taps,
+                logits: crate::Logits::None,
+                ..crate::Batch::causal(prompt)
+            },
+            &mut kv,
+            &mut cache,
+        )?;
+        for (k, tap) in out.taps.iter().enumerate() {
+            residuals[k].push(tap.chunks_exact(s.hidden).map(<[f32]>::to_vec).collect());
+        }
+    }
+    let norm = |r: &[f32], w: &[f32]| -> Vec<f32> {
+        let ms = r.iter().map(|x| x * x).sum::<f32>() / r.len() as f32;
+        let inv = 1.0 / (ms + eps).sqrt();
+        r.iter().zip(w).map(|(x, w)| x * inv * w).collect()
+    };
+    let mut fitted = Vec::new();
+    let mut routers = vec![None; plan.shape.num_hidden_layers];
+    for (l, slot) in routers.iter_mut().enumerate() {
+        if plan.trained_layers.contains(&l) {
+            continue;
+        }
+        // Small layers before l: the residual it sees is the input of small layer `before`.
+        let before = plan.trained_layers.iter().filter(|&&t| t < l).count();
+        let source = plan.router_source[l];
+        let w = &tensors[&format!("model.layers.{source}.post_attention_layernorm.weight")];
+        let inputs = routers::Inputs {
+            dim: s.hidden,
+            sequences: residuals[before - 1]
+                .iter()
+                .map(|seq| seq.iter().map(|r| norm(r, w)).collect())
+                .collect(),
+        };
+        let small_router = &tensors[&format!("model.layers.{source}.mlp.gate.weight")];
+        let base = routers::overlap(small_router, s.experts, s.top_k, &inputs);
+        let f = routers::fit(
+            small_router,
+            s.experts,
+            s.top_k,
+            &inputs,
+            routing.overlap,
+            0x5107_0000 + l as u64,
+        )?;
+        fitted.push(FittedRouter {
+            layer: l,
+            scale: f.scale,
+            overlap: f.overlap,
+            base,
+        });
+        *slot = Some(f.weights);
+    }
+    Ok((fitted, routers))
 }
 
 /// The small target's tokenizer as GGUF metadata.

@@ -94,15 +94,19 @@ pub fn tensors<'a>(
     out
 }
 
-/// Norm weights computed once per layer (replicated hidden norms, remapped head norms).
+/// What is computed once per layer: replicated hidden norms, remapped head norms, and the
+/// pass-through layers' fitted routers.
 pub struct Vectors {
     pub output_norm: Vec<f32>,
     /// Per large layer: attn_norm, q_norm, k_norm, ffn_norm.
     pub layers: Vec<[Vec<f32>; 4]>,
+    /// Per large layer: its fitted router `[small experts, small hidden]` (pass-through layers
+    /// with fitted routing), else `None` (the small router of its source layer).
+    pub routers: Vec<Option<Vec<f32>>>,
 }
 
 impl Vectors {
-    pub fn new(plan: &Plan, t: &Tensors) -> Vectors {
+    pub fn new(plan: &Plan, t: &Tensors, routers: Vec<Option<Vec<f32>>>) -> Vectors {
         let copies = plan.hidden_copies();
         let repeat =
             |v: &[f32]| -> Vec<f32> { (0..copies).flat_map(|_| v.iter().copied()).collect() };
@@ -135,6 +139,7 @@ impl Vectors {
         Vectors {
             output_norm: repeat(small(t, "model.norm.weight")),
             layers,
+            routers,
         }
     }
 }
@@ -264,7 +269,10 @@ fn layer<'a>(
     });
     // Router [E, H]: every copy of a small expert gets its row (their logits tie, so top-k
     // picks all copies and the renormalised weights sum to the small expert's).
-    let router = small(t, &p("mlp.gate.weight"));
+    let router = match &vectors.routers[l] {
+        Some(fitted) => fitted.as_slice(),
+        None => small(t, &p("mlp.gate.weight")),
+    };
     out.push(Tensor {
         spec: spec("ffn_gate_inp.weight", &[e, h], GgmlType::F32),
         matrix: Matrix {

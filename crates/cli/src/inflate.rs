@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use specfit_engine::inflate::routers::Target;
 use specfit_engine::inflate::{inflate, FileType, Options, Routing, Shape};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -41,11 +42,35 @@ pub struct Args {
         default_value = "q4_k_m"
     )]
     types: Vec<TypeArg>,
-    /// Previous-token expert overlap the pass-through layers' routers are fitted to (on the
-    /// calibration prompts); 0 copies the next trained layer's router instead. Default: the
-    /// figure measured on Qwen3-30B-A3B.
-    #[arg(long, default_value_t = 0.43)]
-    router_overlap: f64,
+    /// What the pass-through layers' routers are fitted to on the calibration prompts:
+    /// `lru=H` (the hit rate of an LRU holding half the experts, as published for
+    /// Qwen3-30B-A3B: 64 of 128 slots ≈ 0.67), `overlap=S` (the share of a token's experts the
+    /// previous token used; about 0.43 on Qwen3-30B-A3B), or `copy` (the next trained layer's
+    /// router as it is).
+    #[arg(long, default_value = "lru=0.67")]
+    router_target: String,
+}
+
+/// `--router-target` (`None`: copy).
+fn parse_target(text: &str, experts: usize) -> Result<Option<Target>> {
+    if text == "copy" {
+        return Ok(None);
+    }
+    let bad = || {
+        anyhow::anyhow!("--router-target {text:?}: lru=H, overlap=S (a share in (0, 1)) or copy")
+    };
+    let (kind, value) = text.split_once('=').ok_or_else(bad)?;
+    let v: f64 = value.parse().map_err(|_| bad())?;
+    anyhow::ensure!(v > 0.0 && v < 1.0, bad());
+    match kind {
+        // Half the small model's experts: the large model's 64 of 128.
+        "lru" => Ok(Some(Target::LruHits {
+            slots: experts / 2,
+            share: v,
+        })),
+        "overlap" => Ok(Some(Target::Overlap(v))),
+        _ => Err(bad()),
+    }
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -66,19 +91,17 @@ pub fn run(args: &Args) -> Result<()> {
         .expect("a valid template")
         .progress_chars("=> "),
     );
-    anyhow::ensure!(
-        (0.0..1.0).contains(&args.router_overlap),
-        "--router-overlap {}: a share in [0, 1)",
-        args.router_overlap
-    );
-    let routing = if args.router_overlap > 0.0 {
-        let tokenizer = specfit_engine::Tokenizer::load(&args.model)?;
-        Some(Routing {
-            prompts: crate::calibrate::default_prompts(&tokenizer)?,
-            overlap: args.router_overlap,
-        })
-    } else {
-        None
+    let small = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
+    let target = parse_target(&args.router_target, small.num_experts)?;
+    let routing = match target {
+        Some(target) => {
+            let tokenizer = specfit_engine::Tokenizer::load(&args.model)?;
+            Some(Routing {
+                prompts: crate::calibrate::default_prompts(&tokenizer)?,
+                target,
+            })
+        }
+        None => None,
     };
     let opts = Options {
         model: args.model.clone(),
@@ -111,15 +134,18 @@ pub fn run(args: &Args) -> Result<()> {
         manifest.drafter_taps,
         if manifest.predictor { "; route predictor carried over" } else { "" }
     );
-    if let (Some(target), false) = (manifest.router_overlap, manifest.routers.is_empty()) {
+    if !manifest.routers.is_empty() {
         let mean = |f: fn(&specfit_engine::inflate::FittedRouter) -> f64| {
             manifest.routers.iter().map(f).sum::<f64>() / manifest.routers.len() as f64
         };
         eprintln!(
-            "{} pass-through routers fitted to a previous-token overlap of {target}: {:.3} on the calibration prompts (the copied small routers: {:.3})",
+            "{} pass-through routers fitted to {:?} on the calibration prompts: previous-token overlap {:.3}, LRU hits at half the experts {:.3} (the copied small routers: {:.3}, {:.3})",
             manifest.routers.len(),
+            manifest.router_target,
             mean(|r| r.overlap),
-            mean(|r| r.base)
+            mean(|r| r.lru_half),
+            mean(|r| r.base_overlap),
+            mean(|r| r.base_lru_half)
         );
     }
     Ok(())

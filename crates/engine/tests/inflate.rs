@@ -49,7 +49,7 @@ fn inflated() -> PathBuf {
         let mut o = options(&dir, vec![FileType::F32, FileType::Q8_0]);
         o.routing = Some(Routing {
             prompts: calibration_prompts(),
-            overlap: 0.43,
+            target: specfit_engine::inflate::routers::Target::Overlap(0.43),
         });
         inflate(&o, &mut |_| {}).unwrap();
         dir
@@ -231,7 +231,7 @@ fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_h
     // Layers 4 and 9 of 10 pass the residual through.
     assert_eq!(fitted.len(), 2);
     for f in fitted {
-        assert!(f["base"].as_f64().unwrap() < 0.3, "{f}");
+        assert!(f["base_overlap"].as_f64().unwrap() < 0.3, "{f}");
         assert!(f["overlap"].as_f64().unwrap() >= 0.43, "{f}");
     }
     // On the bench prompts (not fitted on): the pass-through layers' routes, every copy of a

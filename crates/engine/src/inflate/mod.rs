@@ -81,16 +81,16 @@ pub struct Options {
     pub types: Vec<FileType>,
     pub shape: Shape,
     /// Pass-through routers: copies of the next small layer's router (`None`), or fitted on
-    /// these calibration prompts (token ids) to this previous-token overlap ([`routers`]).
+    /// calibration prompts ([`routers`]).
     pub routing: Option<Routing>,
 }
 
 /// How pass-through routers are fitted.
 #[derive(Debug, Clone)]
 pub struct Routing {
+    /// Token ids.
     pub prompts: Vec<Vec<u32>>,
-    /// Share of a token's experts the previous token also used (Qwen3-30B-A3B: about 0.43).
-    pub overlap: f64,
+    pub target: routers::Target,
 }
 
 /// One pass-through layer's fitted router, as the manifest records it.
@@ -98,9 +98,12 @@ pub struct Routing {
 pub struct FittedRouter {
     pub layer: usize,
     pub scale: f64,
-    /// Previous-token overlap on the calibration prompts (the small router's alone: `base`).
+    /// On the calibration prompts: previous-token overlap and LRU hit rate at half the
+    /// experts, fitted and (`base_*`) of the small router alone.
     pub overlap: f64,
-    pub base: f64,
+    pub lru_half: f64,
+    pub base_overlap: f64,
+    pub base_lru_half: f64,
 }
 
 /// What was written.
@@ -112,8 +115,9 @@ pub struct Manifest {
     /// The drafter's taps as large-model SpecForge layer ids.
     pub drafter_taps: Vec<usize>,
     pub predictor: bool,
-    /// The pass-through routers' target overlap and fits (empty: copies of the small routers).
-    pub router_overlap: Option<f64>,
+    /// What the pass-through routers were fitted to, and the fits (empty: copies of the small
+    /// routers).
+    pub router_target: Option<routers::Target>,
     pub routers: Vec<FittedRouter>,
 }
 
@@ -295,7 +299,7 @@ pub fn inflate(
         plan: plan.clone(),
         drafter_taps: taps.clone(),
         predictor: predictor.is_some(),
-        router_overlap: opts.routing.as_ref().map(|r| r.overlap),
+        router_target: opts.routing.as_ref().map(|r| r.target),
         routers: fitted,
     };
     let manifest_json = serde_json::to_string_pretty(&manifest).expect("plain data") + "\n";
@@ -450,20 +454,45 @@ fn fit_routers(
                 .collect(),
         };
         let small_router = &tensors[&format!("model.layers.{source}.mlp.gate.weight")];
-        let base = routers::overlap(small_router, s.experts, s.top_k, &inputs);
+        let half = s.experts / 2;
+        let stats = |router: &[f32]| {
+            (
+                routers::measure(
+                    router,
+                    s.experts,
+                    s.top_k,
+                    &inputs,
+                    routers::Target::Overlap(0.0),
+                ),
+                routers::measure(
+                    router,
+                    s.experts,
+                    s.top_k,
+                    &inputs,
+                    routers::Target::LruHits {
+                        slots: half,
+                        share: 0.0,
+                    },
+                ),
+            )
+        };
+        let (base_overlap, base_lru_half) = stats(small_router);
         let f = routers::fit(
             small_router,
             s.experts,
             s.top_k,
             &inputs,
-            routing.overlap,
+            routing.target,
             0x5107_0000 + l as u64,
         )?;
+        let (overlap, lru_half) = stats(&f.weights);
         fitted.push(FittedRouter {
             layer: l,
             scale: f.scale,
-            overlap: f.overlap,
-            base,
+            overlap,
+            lru_half,
+            base_overlap,
+            base_lru_half,
         });
         *slot = Some(f.weights);
     }

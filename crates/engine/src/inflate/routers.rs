@@ -22,13 +22,98 @@ pub struct Inputs {
     pub sequences: Vec<Vec<Vec<f32>>>,
 }
 
+/// What a pass-through router is fitted to reach on the calibration prompts.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub enum Target {
+    /// The share of a token's experts the previous token also used.
+    Overlap(f64),
+    /// The hit rate of a per-layer LRU cache holding `slots` of the (small) experts, each
+    /// prompt from an empty cache.
+    LruHits { slots: usize, share: f64 },
+}
+
 /// A fitted router and what it achieves on the fitting inputs.
 #[derive(Debug, Clone)]
 pub struct Fitted {
     /// `[experts, dim]`.
     pub weights: Vec<f32>,
     pub scale: f64,
-    pub overlap: f64,
+    /// The target's measure at the fit.
+    pub reached: f64,
+}
+
+/// Every token's top-`k` experts under `router`, per sequence.
+fn routes(router: &[f32], experts: usize, k: usize, inputs: &Inputs) -> Vec<Vec<Vec<u32>>> {
+    inputs
+        .sequences
+        .iter()
+        .map(|seq| {
+            seq.iter()
+                .map(|x| {
+                    let logits: Vec<f32> = (0..experts)
+                        .map(|e| {
+                            router[e * inputs.dim..(e + 1) * inputs.dim]
+                                .iter()
+                                .zip(x)
+                                .map(|(a, b)| a * b)
+                                .sum()
+                        })
+                        .collect();
+                    top_k(&logits, k).into_iter().map(|(e, _)| e).collect()
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Hit rate of an LRU of `slots` experts over each sequence's routes (from empty).
+pub fn lru_hits(routes: &[Vec<Vec<u32>>], slots: usize) -> f64 {
+    let (mut hits, mut lookups) = (0usize, 0usize);
+    for seq in routes {
+        let mut lru: std::collections::VecDeque<u32> = std::collections::VecDeque::new();
+        for t in seq {
+            for &e in t {
+                lookups += 1;
+                if let Some(p) = lru.iter().position(|&x| x == e) {
+                    hits += 1;
+                    lru.remove(p);
+                } else if lru.len() == slots {
+                    lru.pop_front();
+                }
+                lru.push_back(e);
+            }
+        }
+    }
+    hits as f64 / lookups.max(1) as f64
+}
+
+/// Share of each token's experts the previous token of its sequence also had.
+pub fn previous_overlap(routes: &[Vec<Vec<u32>>]) -> f64 {
+    let (mut same, mut total) = (0usize, 0usize);
+    for seq in routes {
+        for w in seq.windows(2) {
+            same += w[1].iter().filter(|e| w[0].contains(e)).count();
+            total += w[1].len();
+        }
+    }
+    same as f64 / total.max(1) as f64
+}
+
+/// `target`'s measure of `router` on `inputs`.
+pub fn measure(router: &[f32], experts: usize, k: usize, inputs: &Inputs, target: Target) -> f64 {
+    let r = routes(router, experts, k, inputs);
+    match target {
+        Target::Overlap(_) => previous_overlap(&r),
+        Target::LruHits { slots, .. } => lru_hits(&r, slots),
+    }
+}
+
+impl Target {
+    fn value(self) -> f64 {
+        match self {
+            Target::Overlap(v) | Target::LruHits { share: v, .. } => v,
+        }
+    }
 }
 
 /// Eigen-decomposition of a symmetric `n × n` matrix by cyclic Jacobi rotations: eigenvalues
@@ -184,43 +269,18 @@ pub fn slow_features(inputs: &Inputs, count: usize) -> Result<Vec<(Vec<f64>, f64
 
 /// Share of each token's top-`k` experts the previous token of its sequence also had.
 pub fn overlap(router: &[f32], experts: usize, k: usize, inputs: &Inputs) -> f64 {
-    let (mut same, mut total) = (0usize, 0usize);
-    for seq in &inputs.sequences {
-        let mut previous: Option<Vec<u32>> = None;
-        for x in seq {
-            let logits: Vec<f32> = (0..experts)
-                .map(|e| {
-                    router[e * inputs.dim..(e + 1) * inputs.dim]
-                        .iter()
-                        .zip(x)
-                        .map(|(a, b)| a * b)
-                        .sum()
-                })
-                .collect();
-            let chosen: Vec<u32> = top_k(&logits, k).into_iter().map(|(e, _)| e).collect();
-            if let Some(p) = &previous {
-                same += chosen.iter().filter(|e| p.contains(e)).count();
-                total += k;
-            }
-            previous = Some(chosen);
-        }
-    }
-    if total == 0 {
-        0.0
-    } else {
-        same as f64 / total as f64
-    }
+    previous_overlap(&routes(router, experts, k, inputs))
 }
 
 /// The router `small + s · A F` (A a seeded random `experts × FEATURES` mix, F the slow
-/// features), with `s` the smallest scale (by bisection) whose previous-token overlap on
-/// `inputs` reaches `target` (the largest tried when none does).
+/// features), with `s` the smallest scale (by bisection) whose measure on `inputs` reaches
+/// `target` (the largest tried when none does; 0 when the small router already does).
 pub fn fit(
     small: &[f32],
     experts: usize,
     k: usize,
     inputs: &Inputs,
-    target: f64,
+    target: Target,
     seed: u64,
 ) -> Result<Fitted, EngineError> {
     let n = inputs.dim;
@@ -249,32 +309,27 @@ pub fn fit(
             .map(|(&a, &b)| a + (s as f32) * b)
             .collect()
     };
-    // The small router's own logits have a standard deviation of a few units; the slow mix
-    // one of about √FEATURES per unit scale.
+    let at = |s: f64| measure(&with(s), experts, k, inputs, target);
+    let goal = target.value();
     let (mut lo, mut hi) = (0.0f64, 64.0f64);
-    if overlap(&with(hi), experts, k, inputs) < target {
-        let weights = with(hi);
-        let overlap = overlap(&weights, experts, k, inputs);
-        return Ok(Fitted {
-            weights,
-            scale: hi,
-            overlap,
-        });
-    }
-    for _ in 0..24 {
-        let mid = 0.5 * (lo + hi);
-        if overlap(&with(mid), experts, k, inputs) >= target {
-            hi = mid;
-        } else {
-            lo = mid;
+    if at(0.0) >= goal {
+        hi = 0.0;
+    } else if at(hi) >= goal {
+        for _ in 0..20 {
+            let mid = 0.5 * (lo + hi);
+            if at(mid) >= goal {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
         }
     }
     let weights = with(hi);
-    let overlap = overlap(&weights, experts, k, inputs);
+    let reached = measure(&weights, experts, k, inputs, target);
     Ok(Fitted {
         weights,
         scale: hi,
-        overlap,
+        reached,
     })
 }
 
@@ -355,13 +410,28 @@ mod tests {
             .map(|i| if i % 12 < 2 { 0.0 } else { rng.normal() })
             .collect();
         let before = overlap(&small, 16, 2, &inputs);
-        let fitted = fit(&small, 16, 2, &inputs, 0.5, 1).unwrap();
+        let fitted = fit(&small, 16, 2, &inputs, Target::Overlap(0.5), 1).unwrap();
         assert!(before < 0.3, "{before}");
         assert!(
-            fitted.overlap >= 0.5 && fitted.overlap < 0.65,
+            fitted.reached >= 0.5 && fitted.reached < 0.65,
             "{}",
-            fitted.overlap
+            fitted.reached
         );
         assert!(fitted.scale > 0.0);
+        let lru = fit(
+            &small,
+            16,
+            2,
+            &inputs,
+            Target::LruHits {
+                slots: 4,
+                share: 0.6,
+            },
+            1,
+        )
+        .unwrap();
+        assert!(lru.reached >= 0.6 && lru.reached < 0.7, "{}", lru.reached);
+        let r = routes(&lru.weights, 16, 2, &inputs);
+        assert!((lru_hits(&r, 4) - lru.reached).abs() < 1e-12);
     }
 }

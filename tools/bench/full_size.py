@@ -58,26 +58,7 @@ print("RESULT", ttft, (n - 1) / (time.time() - t), ",".join(map(str, toks)), flu
 '''
 
 
-def drop_caches() -> bool:
-    try:
-        subprocess.run(["sync"], check=True)
-        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return True
-    except OSError:
-        return False
-
-
-def watch(proc: subprocess.Popen, stats: dict) -> None:
-    """Samples the process's read bytes and peak RSS until it exits."""
-    while proc.poll() is None:
-        try:
-            io = pathlib.Path(f"/proc/{proc.pid}/io").read_text()
-            st = pathlib.Path(f"/proc/{proc.pid}/status").read_text()
-            stats["read_bytes"] = int(re.search(r"read_bytes: (\d+)", io).group(1))
-            stats["hwm_kb"] = int(re.search(r"VmHWM:\s+(\d+)", st).group(1))
-        except (OSError, AttributeError):
-            pass
-        time.sleep(0.2)
+from peer_protocol import drop_caches, watch  # the one protocol's helpers (same folder)
 
 
 def run(cmd: list[str], env: dict | None = None) -> tuple[str, dict, float]:

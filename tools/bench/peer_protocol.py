@@ -132,7 +132,8 @@ def execute(cmd: list[str], env: dict | None = None) -> tuple[str, dict, float]:
     out, _ = proc.communicate()
     th.join()
     if proc.returncode != 0:
-        sys.exit(f"{cmd[0]} failed ({proc.returncode}):\n{out[-3000:]}")
+        why = "killed (-9: out of memory?)" if proc.returncode == -9 else f"exit {proc.returncode}"
+        raise RuntimeError(f"{cmd[0]} {why}: {out[-1500:]}")
     return out, stats, time.time() - t0
 
 
@@ -197,17 +198,19 @@ def main() -> None:
         warm(args.gguf)
         return True
 
-    # Flash attention: one probe run of each setting (repacking on), the faster kept.
+    # Flash attention: one probe run of each setting (repacking off), the faster kept.
     probes = {}
     for flash in (False, True):
         prepare()
-        cfg = {**base, "ids": ids, "repack": True, "mlock": fits and args.warm, "flash": flash,
+        cfg = {**base, "ids": ids, "repack": False, "mlock": False, "flash": flash,
                "tokens": min(args.tokens, 16)}
         probes[flash] = run_llama(cfg)["tok_s"]
     flash = probes[True] > probes[False]
     engines: list[tuple[str, dict]] = []
     for repack in (True, False):
-        cfg = {**base, "ids": ids, "repack": repack, "mlock": fits and args.warm, "flash": flash}
+        # mlock keeps the mapped file resident; with repacking the weights are copied out of it
+        # (a second copy in anonymous memory), so mlock then only doubles the footprint.
+        cfg = {**base, "ids": ids, "repack": repack, "mlock": fits and args.warm and not repack, "flash": flash}
         engines.append((f"llama.cpp (repack {'on' if repack else 'off'}{', mlock' if cfg['mlock'] else ''})", cfg))
     for c in args.specfit.split(","):
         engines.append((f"specfit ({'mapped in place' if c == 'ram' else c + ' slots, disk tier'})", {"specfit": c}))
@@ -217,18 +220,27 @@ def main() -> None:
             name, cfg = engines[(k + r) % len(engines)]
             dropped = prepare()
             before = cached_bytes(args.gguf)
-            res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads) if "specfit" in cfg
-                   else run_llama(cfg))
+            try:
+                res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads) if "specfit" in cfg
+                       else run_llama(cfg))
+            except RuntimeError as e:
+                print(f"round {r} {name}: failed: {str(e)[:200]}", flush=True)
+                runs[name].append({"round": r, "failed": str(e)[-600:], "caches_dropped": dropped})
+                continue
             res.update({"round": r, "caches_dropped": dropped, "file_cached_before": before,
                         "file_cached_after": cached_bytes(args.gguf)})
             if "specfit" not in cfg:
                 res["command"] = " ".join(llama_cmd(cfg)[:2]) + " <LLAMA script> " + json.dumps(cfg)
             runs[name].append(res)
             print(f"round {r} {name}: {res['tok_s']:.2f} tok/s", flush=True)
-    reference = runs[engines[0][0]][0]["tokens"]
+    ok = {name: [x for x in rs if "failed" not in x] for name, rs in runs.items()}
+    reference = next((rs[0]["tokens"] for name, rs in ok.items() if rs and name.startswith("llama")), None)
     table = []
     for name, _ in engines:
-        rs = runs[name]
+        rs = ok[name]
+        if not rs:
+            table.append({"engine": name, "failed": runs[name][0]["failed"][:300]})
+            continue
         row = {"engine": name, "tok_s": summary([x["tok_s"] for x in rs]),
                "ttft_s": summary([x["ttft_s"] for x in rs]),
                "peak_rss_gb": summary([x["stats"].get("hwm_kb", 0) / 1e6 for x in rs]),
@@ -238,9 +250,11 @@ def main() -> None:
                "caches_dropped": all(x["caches_dropped"] for x in rs)}
         row["memory_gb_median"] = row["peak_rss_gb"]["median"] + row["page_cache_gb"]["median"]
         table.append(row)
-    best_llama = max((r for r in table if r["engine"].startswith("llama")), key=lambda r: r["tok_s"]["median"])
-    for row in table:
-        row["vs_best_llama"] = row["tok_s"]["median"] / best_llama["tok_s"]["median"]
+    measured = [r for r in table if "failed" not in r]
+    best_llama = max((r for r in measured if r["engine"].startswith("llama")), key=lambda r: r["tok_s"]["median"],
+                     default=None)
+    for row in measured:
+        row["vs_best_llama"] = row["tok_s"]["median"] / best_llama["tok_s"]["median"] if best_llama else None
     report = {"gguf": str(args.gguf), "gguf_bytes": size, "mem_total_bytes": meminfo("MemTotal"),
               "mode": "cold" if args.cold else "warm", "threads": args.threads,
               "specfit_io_threads": int(os.environ.get("SPECFIT_IO_THREADS", "8")), "tokens": args.tokens,
@@ -256,8 +270,11 @@ def main() -> None:
     print("| engine | tok/s median (min–max) | × best llama.cpp | TTFT s | peak RSS GB | + page cache GB | read GB | same tokens |")
     print("|---|---|---|---|---|---|---|---|")
     for r in table:
+        if "failed" in r:
+            print(f"| {r['engine']} | failed: {r['failed'][:80]} | | | | | | |")
+            continue
         t = r["tok_s"]
-        print(f"| {r['engine']} | {t['median']:.2f} ({t['min']:.2f}–{t['max']:.2f}) | {r['vs_best_llama']:.2f} | "
+        print(f"| {r['engine']} | {t['median']:.2f} ({t['min']:.2f}–{t['max']:.2f}) | {r['vs_best_llama'] or 0:.2f} | "
               f"{r['ttft_s']['median']:.1f} | {r['peak_rss_gb']['median']:.1f} | {r['page_cache_gb']['median']:.1f} | "
               f"{r['read_gb']['median']:.1f} | {'yes' if r['same_tokens_as_llama'] else 'no'} |")
     print(f"\nwrote {args.out}")

@@ -145,19 +145,20 @@ pub fn run(args: &Args) -> Result<()> {
         .progress_chars("=> "),
     );
     // A cache of every expert for the prefills when its slots fit in memory; else (a model
-    // larger than memory on the disk tier) as many slots as the largest configuration has.
-    let largest = s
+    // larger than memory on the disk tier) as few slots as the smallest configuration has: a
+    // forward copies each expert it needs once however few slots there are.
+    let smallest = s
         .configs
         .iter()
         .map(|c| slots_of(c).0)
-        .max()
+        .min()
         .unwrap_or(usize::MAX);
     let prefill_slots = if s.base.arena_bytes(usize::MAX) <= memory_budget() {
         usize::MAX
     } else {
-        largest
+        smallest.min(16)
     };
-    let mut prefill_cache = s.base.sibling(prefill_slots, CacheMode::Lru)?;
+    let mut prefill_cache = Some(s.base.sibling(prefill_slots, CacheMode::Lru)?);
     // Every configuration keeps its own slots across a set's prompts. When they do not all fit
     // in memory at once, each configuration runs over the whole set in turn (the prompts'
     // prefixes are made once and kept), its slots freed before the next one's.
@@ -187,6 +188,10 @@ pub fn run(args: &Args) -> Result<()> {
             .map(|_| (0..n).map(|_| None).collect())
             .collect();
         if one_at_a_time {
+            let cache = match prefill_cache.as_mut() {
+                Some(c) => c,
+                None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
+            };
             let prefixes = set
                 .prompts
                 .iter()
@@ -195,11 +200,13 @@ pub fn run(args: &Args) -> Result<()> {
                     Ok(Prefix::new(
                         &s.model,
                         Some(&s.drafter),
-                        &mut prefill_cache,
+                        cache,
                         &prompt.tokens,
                     )?)
                 })
                 .collect::<Result<Vec<_>>>()?;
+            // Its slots are freed before any configuration's are filled.
+            prefill_cache = None;
             // Configurations in a seeded random order per set (see below).
             for i in run_order(n, 1000 + set_index as u64) {
                 let mut runner = runner(&s, &configs[i])?;
@@ -225,12 +232,11 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?;
             for (index, prompt) in set.prompts.iter().enumerate() {
                 bar.set_message(format!("{} #{}", set.name, prompt.question_id));
-                let prefix = Prefix::new(
-                    &s.model,
-                    Some(&s.drafter),
-                    &mut prefill_cache,
-                    &prompt.tokens,
-                )?;
+                let cache = match prefill_cache.as_mut() {
+                    Some(c) => c,
+                    None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
+                };
+                let prefix = Prefix::new(&s.model, Some(&s.drafter), cache, &prompt.tokens)?;
                 // Configurations run in a fresh seeded random order per prompt, so that none
                 // always runs first after the prefill or always after the same other
                 // configuration: what one leaves behind (the disk's queue and rate limiter,
@@ -280,13 +286,11 @@ pub fn run(args: &Args) -> Result<()> {
                 .zip(&lengths)
                 .map(|(p, &n)| (&p.tokens[..], n))
                 .collect();
-            let traces = validate::traces(
-                &s.model,
-                &s.drafter,
-                &mut prefill_cache,
-                &mut s.atlas,
-                &prompts,
-            )?;
+            let cache = match prefill_cache.as_mut() {
+                Some(c) => c,
+                None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
+            };
+            let traces = validate::traces(&s.model, &s.drafter, cache, &mut s.atlas, &prompts)?;
             let cfg = s.model.config();
             let machine = validate::Machine {
                 header: specfit_trace::TraceHeader::new(

@@ -21,6 +21,31 @@ fn row(m: &[f32], cols: usize, r: usize) -> &[f32] {
     &m[r * cols..(r + 1) * cols]
 }
 
+/// An MLP gate or up matrix `[inter, h]`: the small `[i0, h0]` rows on the first copy, then zero
+/// rows.
+fn padded_rows<'a>(
+    name: &'static str,
+    small: &'a [f32],
+    (inter, h, h0, i0): (usize, usize, usize, usize),
+) -> (&'static str, Vec<usize>, Matrix<'a>) {
+    (
+        name,
+        vec![inter, h],
+        Matrix {
+            rows: inter,
+            cols: h,
+            place: first_copy(h0),
+            row: Box::new(move |r| {
+                if r < i0 {
+                    Row::Small(row(small, h0, r), 1.0)
+                } else {
+                    Row::Zero
+                }
+            }),
+        },
+    )
+}
+
 /// The drafter's tensors and config.json, written into `dir` (which must not exist; made
 /// through a temporary sibling renamed at the end).
 pub fn write(
@@ -109,7 +134,10 @@ pub fn write(
     let small_query = |g: usize| (0..heads0).find(|&x| plan.query_head(x, heads0, kv0) == g);
     let q_scale = (plan.pair_factor() as f32).sqrt();
     let rotary = |r: usize| plan.rotary_dim(r % d);
+    let padded_rows = |name, small| padded_rows(name, small, (inter, h, h0, i0));
     let matrices: Vec<(&str, Vec<usize>, Matrix<'_>)> = vec![
+        padded_rows("midlayer.mlp.gate_proj.weight", gate),
+        padded_rows("midlayer.mlp.up_proj.weight", up),
         (
             "fc.weight",
             vec![h, 3 * h],
@@ -169,38 +197,6 @@ pub fn write(
                     .map(|c| vec![plan.query_head(c / d0, heads0, kv0) * d + c % d0])
                     .collect(),
                 row: Box::new(move |r| Row::Small(row(wo, heads0 * d0, r % h0), 1.0)),
-            },
-        ),
-        (
-            "midlayer.mlp.gate_proj.weight",
-            vec![inter, h],
-            Matrix {
-                rows: inter,
-                cols: h,
-                place: first_copy(h0),
-                row: Box::new(move |r| {
-                    if r < i0 {
-                        Row::Small(row(gate, h0, r), 1.0)
-                    } else {
-                        Row::Zero
-                    }
-                }),
-            },
-        ),
-        (
-            "midlayer.mlp.up_proj.weight",
-            vec![inter, h],
-            Matrix {
-                rows: inter,
-                cols: h,
-                place: first_copy(h0),
-                row: Box::new(move |r| {
-                    if r < i0 {
-                        Row::Small(row(up, h0, r), 1.0)
-                    } else {
-                        Row::Zero
-                    }
-                }),
             },
         ),
         (

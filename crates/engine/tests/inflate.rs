@@ -88,9 +88,14 @@ fn prompts() -> Vec<Vec<u32>> {
     .collect()
 }
 
+/// The target at `path` with every expert in RAM.
+fn in_ram(path: &Path) -> (specfit_engine::Qwen3Moe, specfit_engine::ExpertCache) {
+    load_target(path, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap()
+}
+
 /// Logits of every position of `ids` (one causal forward).
 fn all_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
-    let (m, mut cache) = load_target(model, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let (m, mut cache) = in_ram(model);
     let rows: Vec<usize> = (0..ids.len()).collect();
     let mut kv = m.new_kv_cache();
     let out = m
@@ -116,10 +121,9 @@ fn the_f32_inflation_gives_the_shipped_targets_logits_and_greedy_tokens() {
     let shipped = root().join("models/target");
     let big = FileType::F32.target_path(&dir);
     for prompt in prompts() {
-        let (m, mut c) =
-            load_target(&shipped, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+        let (m, mut c) = in_ram(&shipped);
         let want = plain_tokens(&m, &mut c, &prompt, Sampler::new(Sampling::Greedy, 0), 24);
-        let (b, mut bc) = load_target(&big, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+        let (b, mut bc) = in_ram(&big);
         assert_eq!(b.config().num_hidden_layers, 10);
         let got = plain_tokens(&b, &mut bc, &prompt, Sampler::new(Sampling::Greedy, 0), 24);
         assert_eq!(got, want);
@@ -142,8 +146,7 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
         (root().join("models/target"), root().join("models/drafter")),
         (FileType::F32.target_path(&dir), dir.join("drafter")),
     ] {
-        let (m, mut c) =
-            load_target(&target, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+        let (m, mut c) = in_ram(&target);
         let d = Eagle3::load(&drafter, m.config()).unwrap();
         let (mut cycles, mut committed) = (0, 0);
         for prompt in prompts() {
@@ -176,7 +179,7 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
 fn the_q8_0_inflation_agrees_with_the_shipped_targets_greedy_choices() {
     let dir = inflated();
     let shipped = root().join("models/target");
-    let (m, mut c) = load_target(&shipped, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let (m, mut c) = in_ram(&shipped);
     let (mut same, mut total, mut worst) = (0, 0, 0.0f32);
     for prompt in prompts() {
         let greedy = plain_tokens(&m, &mut c, &prompt, Sampler::new(Sampling::Greedy, 0), 24);
@@ -201,14 +204,7 @@ fn the_q8_0_inflation_agrees_with_the_shipped_targets_greedy_choices() {
 #[test]
 fn the_carried_over_route_predictor_loads_for_the_inflated_pair() {
     let dir = inflated();
-    let (m, _) = load_target(
-        &FileType::Q8_0.target_path(&dir),
-        &Tier::Ram,
-        usize::MAX,
-        CacheMode::Lru,
-        None,
-    )
-    .unwrap();
+    let (m, _) = in_ram(&FileType::Q8_0.target_path(&dir));
     let d = Eagle3::load(&dir.join("drafter"), m.config()).unwrap();
     let cfg = m.config();
     let p = specfit_engine::predictor::RoutePredictor::load(
@@ -236,14 +232,7 @@ fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_h
     }
     // On the bench prompts (not fitted on): the pass-through layers' routes, every copy of a
     // small expert chosen together.
-    let (m, mut c) = load_target(
-        &FileType::Q8_0.target_path(&dir),
-        &Tier::Ram,
-        usize::MAX,
-        CacheMode::Lru,
-        None,
-    )
-    .unwrap();
+    let (m, mut c) = in_ram(&FileType::Q8_0.target_path(&dir));
     let (mut same, mut total) = (0, 0);
     for prompt in prompts() {
         let mut kv = m.new_kv_cache();

@@ -278,7 +278,7 @@ pub fn measure_rows(
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
     let every = cache.arena_bytes(usize::MAX);
-    if every > crate::target::memory_available().map_or(u64::MAX, |b| b / 2) {
+    if every > crate::target::memory_budget() {
         eprintln!(
             "all-resident probes skipped (every expert in slots needs {:.1} GB, more than half of the available memory): hits are then fitted from the cached probes alone",
             every as f64 / 1e9

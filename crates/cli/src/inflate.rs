@@ -11,10 +11,10 @@ use specfit_engine::inflate::{inflate, FileType, Options, Routing, Shape};
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum TypeArg {
-    /// Every matrix Q8_0 (about 31.7 GB).
+    /// Every matrix Q8_0 (31.8 GB for Qwen3-30B-A3B shapes with the shipped vocabulary).
     #[value(name = "q8_0")]
     Q8_0,
-    /// llama.cpp's Q4_K_M mix (about 17.3 GB).
+    /// llama.cpp's Q4_K_M mix (18.1 GB).
     #[value(name = "q4_k_m")]
     Q4KM,
 }

@@ -130,9 +130,6 @@ impl TargetArgs {
     }
 }
 
-/// Warns when a GGUF file about to be mapped in place (`--store ram`) is larger than the memory
-/// available: its experts would be paged in from disk again and again, as llama.cpp's mmap does
-/// on such files, where `--store disk --slots N` reads each missing expert once into its slot.
 /// This machine's `MemAvailable` in bytes (Linux), if it can be read.
 pub fn memory_available() -> Option<u64> {
     std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
@@ -143,6 +140,15 @@ pub fn memory_available() -> Option<u64> {
     })
 }
 
+/// Slot memory a run may hold at once: half of what the machine has available (the rest is the
+/// page cache's, which the disk tier and a mapped file read through).
+pub fn memory_budget() -> u64 {
+    memory_available().map_or(u64::MAX, |b| b / 2)
+}
+
+/// Warns when a GGUF file about to be mapped in place (`--store ram`) is larger than the memory
+/// available: its experts would be paged in from disk again and again, as llama.cpp's mmap does
+/// on such files, where `--store disk --slots N` reads each missing expert once into its slot.
 fn warn_if_larger_than_memory(model: &std::path::Path) {
     if !specfit_engine::gguf::is_gguf(model) {
         return;

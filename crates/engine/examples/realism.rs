@@ -18,11 +18,11 @@
 //!     --store disk --slots 32 --prompts 10 --json bench-results/realism-q8_0.json
 //! ```
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use serde_json::json;
+use specfit_engine::inflate::routers::{lru_hits, previous_overlap};
 use specfit_engine::predictor::RoutePredictor;
 use specfit_engine::spec::{collect_route_samples, Atlas, TreeShape};
 use specfit_engine::{
@@ -148,37 +148,20 @@ fn rel_err(g: &[f32], w: &[f32]) -> f64 {
     (d / w.iter().map(|v| v.abs()).fold(0.0f32, f32::max)) as f64
 }
 
-/// Per layer: (overlap hits, overlap total, LRU hits per slot count, lookups).
-#[derive(Clone, Default)]
-struct LayerRouting {
-    overlap: usize,
-    pairs: usize,
-    lru_hits: Vec<usize>,
-    lookups: usize,
-}
+/// One layer's routes: per sequence, per token, its experts.
+type LayerRoutes = Vec<Vec<Vec<u32>>>;
 
-/// Adds one sequence's routes (`[token][expert]` of one layer) to `acc`.
-fn add_routing(acc: &mut LayerRouting, tokens: &[Vec<u32>], slots: &[usize]) {
-    acc.lru_hits.resize(slots.len(), 0);
-    for w in tokens.windows(2) {
-        acc.overlap += w[1].iter().filter(|e| w[0].contains(e)).count();
-        acc.pairs += w[1].len();
-    }
-    for (s, &n) in slots.iter().enumerate() {
-        let mut lru: VecDeque<u32> = VecDeque::new();
-        for t in tokens {
-            for e in t {
-                if let Some(p) = lru.iter().position(|x| x == e) {
-                    acc.lru_hits[s] += 1;
-                    lru.remove(p);
-                } else if lru.len() == n {
-                    lru.pop_front();
-                }
-                lru.push_back(*e);
-            }
-        }
-    }
-    acc.lookups += tokens.iter().map(Vec::len).sum::<usize>();
+/// Previous-token overlap and LRU hit rates at `slots` over every sequence of `layers` (each
+/// sequence of each layer from an empty cache), as the inflation's router fit measures them.
+fn routing_stats<'a>(
+    layers: impl Iterator<Item = &'a LayerRoutes>,
+    slots: &[usize],
+) -> (f64, Vec<f64>) {
+    let sequences: LayerRoutes = layers.flatten().cloned().collect();
+    (
+        previous_overlap(&sequences),
+        slots.iter().map(|&n| lru_hits(&sequences, n)).collect(),
+    )
 }
 
 /// Which layers a summary row covers.
@@ -238,8 +221,8 @@ fn main() {
         a.max_prompt_tokens
     );
     markdown += "| set | tokens | argmax agreement | rel. logit error median | p95 | max |\n|---|---|---|---|---|---|\n";
-    let mut big_routing = vec![LayerRouting::default(); bc.moe_layers().len()];
-    let mut small_routing = vec![LayerRouting::default(); sc.moe_layers().len()];
+    let mut big_routing: Vec<LayerRoutes> = vec![Vec::new(); bc.moe_layers().len()];
+    let mut small_routing: Vec<LayerRoutes> = vec![Vec::new(); sc.moe_layers().len()];
     let mut sets = Vec::new();
     let mut all_prompts = Vec::new();
     for set in ["summarization", "math_reasoning"] {
@@ -264,11 +247,11 @@ fn main() {
                 total += 1;
                 errs.push(rel_err(g, w));
             }
-            for (acc, routes) in big_routing.iter_mut().zip(&big_routes) {
-                add_routing(acc, routes, &a.lru);
+            for (acc, routes) in big_routing.iter_mut().zip(big_routes) {
+                acc.push(routes);
             }
-            for (acc, routes) in small_routing.iter_mut().zip(&small_routes) {
-                add_routing(acc, routes, &small_slots);
+            for (acc, routes) in small_routing.iter_mut().zip(small_routes) {
+                acc.push(routes);
             }
             eprintln!(
                 "{set}: prompt of {} tokens done at {:.0} s",
@@ -293,22 +276,15 @@ fn main() {
     }
     report.insert("agreement".into(), json!(sets));
     // Routing summary: trained and pass-through layers apart.
-    let summarize = |layers: &[LayerRouting], pick: &dyn Fn(usize) -> bool| {
-        let chosen: Vec<&LayerRouting> = layers
-            .iter()
-            .enumerate()
-            .filter(|(l, _)| pick(*l))
-            .map(|(_, r)| r)
-            .collect();
-        let overlap = share(
-            chosen.iter().map(|r| r.overlap).sum(),
-            chosen.iter().map(|r| r.pairs).sum(),
-        );
-        let lookups: usize = chosen.iter().map(|r| r.lookups).sum();
-        let hits: Vec<f64> = (0..a.lru.len())
-            .map(|s| share(chosen.iter().map(|r| r.lru_hits[s]).sum(), lookups))
-            .collect();
-        (overlap, hits)
+    let summarize = |layers: &[LayerRoutes], pick: &dyn Fn(usize) -> bool, slots: &[usize]| {
+        routing_stats(
+            layers
+                .iter()
+                .enumerate()
+                .filter(|(l, _)| pick(*l))
+                .map(|(_, r)| r),
+            slots,
+        )
     };
     let groups: Vec<(&str, LayerPick<'_>, bool)> = vec![
         ("inflated, all 48 layers", Box::new(|_| true), true),
@@ -339,14 +315,11 @@ fn main() {
     );
     let mut routing = Vec::new();
     for (label, pick, inflated) in &groups {
-        let (overlap, hits) = summarize(
-            if *inflated {
-                &big_routing
-            } else {
-                &small_routing
-            },
-            pick.as_ref(),
-        );
+        let (overlap, hits) = if *inflated {
+            summarize(&big_routing, pick.as_ref(), &a.lru)
+        } else {
+            summarize(&small_routing, pick.as_ref(), &small_slots)
+        };
         markdown += &format!(
             "| {label} | {:.3} | {} |\n",
             overlap,
@@ -361,8 +334,9 @@ fn main() {
         .iter()
         .enumerate()
         .map(|(l, r)| {
-            json!({"layer": l, "trained": trained.contains(&l), "previous_token_overlap": share(r.overlap, r.pairs),
-                "lru_hit_rate": r.lru_hits.iter().map(|&h| share(h, r.lookups)).collect::<Vec<_>>()})
+            let (overlap, hits) = routing_stats(std::iter::once(r), &a.lru);
+            json!({"layer": l, "trained": trained.contains(&l), "previous_token_overlap": overlap,
+                "lru_hit_rate": hits})
         })
         .collect();
     report.insert("routing".into(), json!(routing));

@@ -153,12 +153,13 @@ pub fn run(args: &Args) -> Result<()> {
         .map(|c| slots_of(c).0)
         .min()
         .unwrap_or(usize::MAX);
-    let prefill_slots = if s.base.arena_bytes(usize::MAX) <= memory_budget() {
+    let prefill_slots = if s.base.arena_bytes(usize::MAX) <= crate::target::memory_budget() {
         usize::MAX
     } else {
         smallest.min(16)
     };
-    let mut prefill_cache = Some(s.base.sibling(prefill_slots, CacheMode::Lru)?);
+    // Made on first use (and again after being freed, see below).
+    let mut prefill_cache: Option<ExpertCache> = None;
     // Every configuration keeps its own slots across a set's prompts. When they do not all fit
     // in memory at once, each configuration runs over the whole set in turn (the prompts'
     // prefixes are made once and kept), its slots freed before the next one's.
@@ -167,7 +168,7 @@ pub fn run(args: &Args) -> Result<()> {
         .iter()
         .map(|c| s.base.arena_bytes(slots_of(c).0))
         .sum();
-    let one_at_a_time = args.one_at_a_time || memory > memory_budget();
+    let one_at_a_time = args.one_at_a_time || memory > crate::target::memory_budget();
     if one_at_a_time && !args.one_at_a_time {
         eprintln!(
             "the {} configurations' slots need {:.1} GB together, more than half of this machine's available memory: each configuration runs over a whole set in turn",
@@ -188,10 +189,7 @@ pub fn run(args: &Args) -> Result<()> {
             .map(|_| (0..n).map(|_| None).collect())
             .collect();
         if one_at_a_time {
-            let cache = match prefill_cache.as_mut() {
-                Some(c) => c,
-                None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
-            };
+            let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
             let prefixes = set
                 .prompts
                 .iter()
@@ -215,10 +213,7 @@ pub fn run(args: &Args) -> Result<()> {
                         "{} #{} {}",
                         set.name, set.prompts[p].question_id, configs[i].label
                     ));
-                    let before = runner.rule.select_us().len();
-                    let outcome = run_one(&mut s, &configs[i], &mut runner, prefix)?;
-                    let select_us = runner.rule.select_us()[before..].to_vec();
-                    outcomes[p][i] = Some((outcome, select_us));
+                    outcomes[p][i] = Some(run_one(&mut s, &configs[i], &mut runner, prefix)?);
                     bar.inc(1);
                 }
             }
@@ -232,10 +227,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect::<Result<Vec<_>>>()?;
             for (index, prompt) in set.prompts.iter().enumerate() {
                 bar.set_message(format!("{} #{}", set.name, prompt.question_id));
-                let cache = match prefill_cache.as_mut() {
-                    Some(c) => c,
-                    None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
-                };
+                let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
                 let prefix = Prefix::new(&s.model, Some(&s.drafter), cache, &prompt.tokens)?;
                 // Configurations run in a fresh seeded random order per prompt, so that none
                 // always runs first after the prefill or always after the same other
@@ -248,10 +240,7 @@ pub fn run(args: &Args) -> Result<()> {
                     // kept for the whole run would bias its configuration throughout. Outside
                     // the timer; equal-sized arenas rotate among the configurations.
                     runner.cache.relocate();
-                    let before = runner.rule.select_us().len();
-                    let outcome = run_one(&mut s, &configs[i], runner, &prefix)?;
-                    let select_us = runner.rule.select_us()[before..].to_vec();
-                    outcomes[index][i] = Some((outcome, select_us));
+                    outcomes[index][i] = Some(run_one(&mut s, &configs[i], runner, &prefix)?);
                     bar.inc(1);
                 }
             }
@@ -286,10 +275,7 @@ pub fn run(args: &Args) -> Result<()> {
                 .zip(&lengths)
                 .map(|(p, &n)| (&p.tokens[..], n))
                 .collect();
-            let cache = match prefill_cache.as_mut() {
-                Some(c) => c,
-                None => prefill_cache.insert(s.base.sibling(prefill_slots, CacheMode::Lru)?),
-            };
+            let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
             let traces = validate::traces(&s.model, &s.drafter, cache, &mut s.atlas, &prompts)?;
             let cfg = s.model.config();
             let machine = validate::Machine {
@@ -520,17 +506,25 @@ fn calibration(
     Ok((cal, path))
 }
 
-/// Slot memory this run may hold at once: half of what the machine has available (the rest is
-/// the page cache's, which the disk tier and a mapped file read through).
-fn memory_budget() -> u64 {
-    crate::target::memory_available().map_or(u64::MAX, |b| b / 2)
+/// The prefill cache, made again (with `slots`) when it was freed.
+fn prefill<'a>(
+    cache: &'a mut Option<ExpertCache>,
+    base: &ExpertCache,
+    slots: usize,
+) -> Result<&'a mut ExpertCache> {
+    Ok(match cache {
+        Some(c) => c,
+        empty => empty.insert(base.sibling(slots, CacheMode::Lru)?),
+    })
 }
 
 /// A cache holding every expert, for routing draft pools outside the clock: a sibling of the
 /// base cache when its slots fit in memory, else (a GGUF file larger than that) the file mapped
 /// in place, as `--store ram` maps it.
 fn routing_cache(model: &std::path::Path, base: &ExpertCache) -> Result<ExpertCache> {
-    if base.arena_bytes(usize::MAX) <= memory_budget() || !specfit_engine::gguf::is_gguf(model) {
+    if base.arena_bytes(usize::MAX) <= crate::target::memory_budget()
+        || !specfit_engine::gguf::is_gguf(model)
+    {
         return Ok(base.sibling(usize::MAX, CacheMode::Lru)?);
     }
     let (_, cache) = specfit_engine::load_target(
@@ -575,8 +569,16 @@ fn runner(s: &Setup, c: &Config) -> Result<Runner> {
     })
 }
 
+/// Decodes one prompt under one configuration: its outcome and the selector's times of its
+/// cycles.
+fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Run> {
+    let before = r.rule.select_us().len();
+    let outcome = decode_one(s, c, r, prefix)?;
+    Ok((outcome, r.rule.select_us()[before..].to_vec()))
+}
+
 /// Decodes one prompt under one configuration.
-fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Outcome> {
+fn decode_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Outcome> {
     if c.policy == Policy::Ar {
         let options = GenerateOptions {
             max_tokens: s.max_tokens,

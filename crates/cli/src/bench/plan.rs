@@ -174,39 +174,34 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         out.push(Config::new(Policy::Specfit, r, d, 1.0));
         out.push(Config::new(Policy::Specfit, atlas.clone(), d, 2.0));
     }
-    if let Some(points) = &s.points {
-        for &slots in points {
-            let mut row = vec![
-                Config::new(Policy::Ar, atlas.clone(), slots, 1.0),
-                Config::new(Policy::Eagle3, atlas.clone(), slots, 1.0),
-                Config::new(Policy::Specfit, atlas.clone(), slots, 1.0),
-            ];
-            if let Some(p) = &s.predictor {
-                let r = RouteChoice::Predictor(p.clone());
-                row.push(Config::new(Policy::Specfit, r, slots, 1.0).ahead());
+    let sweep = match &s.points {
+        Some(points) => points.clone(),
+        None => {
+            let mut sweep = vec![Slots::None];
+            if !s.quick {
+                sweep.extend(
+                    [s.experts, s.default_slots / 2, s.default_slots / 4]
+                        .into_iter()
+                        .filter(|&n| n > 0 && n != s.default_slots)
+                        .map(Slots::Count),
+                );
             }
-            for c in row {
-                if !out.contains(&c) {
-                    out.push(c);
-                }
-            }
+            sweep.sort();
+            sweep.dedup();
+            sweep
         }
-        return out;
-    }
-    let mut sweep = vec![Slots::None];
-    if !s.quick {
-        sweep.extend(
-            [s.experts, s.default_slots / 2, s.default_slots / 4]
-                .into_iter()
-                .filter(|&n| n > 0 && n != s.default_slots)
-                .map(Slots::Count),
-        );
-    }
-    sweep.sort();
-    sweep.dedup();
+    };
     for slots in sweep {
-        for policy in [Policy::Ar, Policy::Eagle3, Policy::Specfit] {
-            let c = Config::new(policy, atlas.clone(), slots, 1.0);
+        let mut row: Vec<Config> = [Policy::Ar, Policy::Eagle3, Policy::Specfit]
+            .into_iter()
+            .map(|policy| Config::new(policy, atlas.clone(), slots, 1.0))
+            .collect();
+        // A sweep of its own (`--sweep`) also reads ahead on predicted routes at every point.
+        if let (Some(_), Some(p)) = (&s.points, &s.predictor) {
+            let r = RouteChoice::Predictor(p.clone());
+            row.push(Config::new(Policy::Specfit, r, slots, 1.0).ahead());
+        }
+        for c in row {
             if !out.contains(&c) {
                 out.push(c);
             }

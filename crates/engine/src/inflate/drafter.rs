@@ -13,13 +13,10 @@ use serde_json::json;
 use specfit_gguf::GgmlType;
 
 use super::plan::Plan;
-use super::rows::{first_copy, Matrix, Row};
+use super::rows::{first_copy, row, Matrix, Row};
 use crate::error::EngineError;
 use crate::model::eagle3::Eagle3Config;
-
-fn row(m: &[f32], cols: usize, r: usize) -> &[f32] {
-    &m[r * cols..(r + 1) * cols]
-}
+use crate::weights::Checkpoint;
 
 /// An MLP gate or up matrix `[inter, h]`: the small `[i0, h0]` rows on the first copy, then zero
 /// rows.
@@ -55,44 +52,6 @@ pub fn write(
     taps: &[usize],
     dir: &Path,
 ) -> Result<(), EngineError> {
-    let path = small_dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).map_err(EngineError::io(&path))?;
-    let st =
-        safetensors::SafeTensors::deserialize(&bytes).map_err(|e| EngineError::Safetensors {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-    let bad = |name: &str, reason: String| EngineError::Safetensors {
-        path: path.clone(),
-        message: format!("{name}: {reason}"),
-    };
-    let mut t: HashMap<String, Vec<f32>> = HashMap::new();
-    for (name, view) in st.tensors() {
-        let values: Option<Vec<f32>> = match view.dtype() {
-            Dtype::BF16 => Some(
-                view.data()
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::F16 => Some(
-                view.data()
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-            ),
-            Dtype::F32 => Some(
-                view.data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-            _ => None,
-        };
-        if let Some(v) = values {
-            t.insert(name, v);
-        }
-    }
     let (s, big) = (&plan.small, &plan.shape);
     let (h0, h, d0, d) = (cfg.hidden_size, big.hidden_size, s.head_dim, big.head_dim);
     let (heads0, kv0) = (cfg.num_attention_heads, cfg.num_key_value_heads);
@@ -100,24 +59,26 @@ pub fn write(
     let vd = cfg.draft_vocab_size.unwrap_or(cfg.vocab_size);
     let copies = h / h0;
     let (q_out, kv_out) = (big.num_attention_heads * d, big.num_key_value_heads * d);
-    let get = |name: &str, len: usize| -> Result<&[f32], EngineError> {
-        let v = t
-            .get(name)
-            .ok_or_else(|| bad(name, "missing (or not a float tensor)".into()))?;
-        if v.len() != len {
-            return Err(bad(name, format!("{} values, {len} expected", v.len())));
-        }
-        Ok(v.as_slice())
-    };
-    let fc = get("fc.weight", h0 * 3 * h0)?;
-    let wq = get("midlayer.self_attn.q_proj.weight", heads0 * d0 * 2 * h0)?;
-    let wk = get("midlayer.self_attn.k_proj.weight", kv0 * d0 * 2 * h0)?;
-    let wv = get("midlayer.self_attn.v_proj.weight", kv0 * d0 * 2 * h0)?;
-    let wo = get("midlayer.self_attn.o_proj.weight", h0 * heads0 * d0)?;
-    let gate = get("midlayer.mlp.gate_proj.weight", i0 * h0)?;
-    let up = get("midlayer.mlp.up_proj.weight", i0 * h0)?;
-    let down = get("midlayer.mlp.down_proj.weight", h0 * i0)?;
-    let lm_head = get("lm_head.weight", vd * h0)?;
+    // The small head's float tensors, widened to f32 with their shapes checked.
+    let ck = Checkpoint::open(small_dir)?;
+    let fc = ck.peek("fc.weight", &[h0, 3 * h0])?;
+    let wq = ck.peek("midlayer.self_attn.q_proj.weight", &[heads0 * d0, 2 * h0])?;
+    let wk = ck.peek("midlayer.self_attn.k_proj.weight", &[kv0 * d0, 2 * h0])?;
+    let wv = ck.peek("midlayer.self_attn.v_proj.weight", &[kv0 * d0, 2 * h0])?;
+    let wo = ck.peek("midlayer.self_attn.o_proj.weight", &[h0, heads0 * d0])?;
+    let gate = ck.peek("midlayer.mlp.gate_proj.weight", &[i0, h0])?;
+    let up = ck.peek("midlayer.mlp.up_proj.weight", &[i0, h0])?;
+    let down = ck.peek("midlayer.mlp.down_proj.weight", &[h0, i0])?;
+    let lm_head = ck.peek("lm_head.weight", &[vd, h0])?;
+    let (fc, wq, wk, wv, wo, down, lm_head) = (
+        fc.as_slice(),
+        wq.as_slice(),
+        wk.as_slice(),
+        wv.as_slice(),
+        wo.as_slice(),
+        down.as_slice(),
+        lm_head.as_slice(),
+    );
     let norms: Vec<(String, Vec<f32>)> = [
         "midlayer.hidden_norm.weight",
         "midlayer.input_layernorm.weight",
@@ -125,7 +86,7 @@ pub fn write(
         "norm.weight",
     ]
     .iter()
-    .map(|&n| Ok((n.to_string(), get(n, h0)?.repeat(copies))))
+    .map(|&n| Ok((n.to_string(), ck.peek(n, &[h0])?.repeat(copies))))
     .collect::<Result<_, EngineError>>()?;
     // Attention input [embedding; hidden], 2·H wide: the small halves' first copies.
     let attn_in: Vec<Vec<usize>> = (0..2 * h0)
@@ -136,8 +97,8 @@ pub fn write(
     let rotary = |r: usize| plan.rotary_dim(r % d);
     let padded_rows = |name, small| padded_rows(name, small, (inter, h, h0, i0));
     let matrices: Vec<(&str, Vec<usize>, Matrix<'_>)> = vec![
-        padded_rows("midlayer.mlp.gate_proj.weight", gate),
-        padded_rows("midlayer.mlp.up_proj.weight", up),
+        padded_rows("midlayer.mlp.gate_proj.weight", &gate),
+        padded_rows("midlayer.mlp.up_proj.weight", &up),
         (
             "fc.weight",
             vec![h, 3 * h],
@@ -220,6 +181,17 @@ pub fn write(
             },
         ),
     ];
+    // d2t / t2d (integer and bool tensors) are copied as stored.
+    let path = small_dir.join("model.safetensors");
+    let raw = std::fs::read(&path).map_err(EngineError::io(&path))?;
+    let st = safetensors::SafeTensors::deserialize(&raw).map_err(|e| EngineError::Safetensors {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    let bad = |name: &str, reason: String| EngineError::Safetensors {
+        path: path.clone(),
+        message: format!("{name}: {reason}"),
+    };
     let mut data: Vec<(String, Vec<usize>, Dtype, Vec<u8>)> = Vec::new();
     for (name, shape, m) in &matrices {
         let bytes = m

@@ -431,11 +431,22 @@ fn fit_routers(
             residuals[k].push(tap.chunks_exact(s.hidden).map(<[f32]>::to_vec).collect());
         }
     }
-    let norm = |r: &[f32], w: &[f32]| -> Vec<f32> {
-        let ms = r.iter().map(|x| x * x).sum::<f32>() / r.len() as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        r.iter().zip(w).map(|(x, w)| x * inv * w).collect()
+    // The routes' share reused from the previous token and LRU hit rate at half the experts.
+    let stats = |routes: &[Vec<Vec<u32>>]| {
+        (
+            routers::previous_overlap(routes),
+            routers::lru_hits(routes, s.experts / 2),
+        )
     };
+    // Every pass-through layer after the same small layers sees the same residual and copies
+    // the same small router: its inputs, slow features and the small router's own figures are
+    // made once per boundary.
+    struct Boundary {
+        inputs: routers::Inputs,
+        features: Vec<(Vec<f64>, f64)>,
+        base: (f64, f64),
+    }
+    let mut boundaries: Vec<Option<Boundary>> = (0..s.layers).map(|_| None).collect();
     let mut fitted = Vec::new();
     let mut routers = vec![None; plan.shape.num_hidden_layers];
     for (l, slot) in routers.iter_mut().enumerate() {
@@ -445,54 +456,51 @@ fn fit_routers(
         // Small layers before l: the residual it sees is the input of small layer `before`.
         let before = plan.trained_layers.iter().filter(|&&t| t < l).count();
         let source = plan.router_source[l];
-        let w = &tensors[&format!("model.layers.{source}.post_attention_layernorm.weight")];
-        let inputs = routers::Inputs {
-            dim: s.hidden,
-            sequences: residuals[before - 1]
-                .iter()
-                .map(|seq| seq.iter().map(|r| norm(r, w)).collect())
-                .collect(),
-        };
         let small_router = &tensors[&format!("model.layers.{source}.mlp.gate.weight")];
-        let half = s.experts / 2;
-        let stats = |router: &[f32]| {
-            (
-                routers::measure(
-                    router,
-                    s.experts,
-                    s.top_k,
-                    &inputs,
-                    routers::Target::Overlap(0.0),
-                ),
-                routers::measure(
-                    router,
-                    s.experts,
-                    s.top_k,
-                    &inputs,
-                    routers::Target::LruHits {
-                        slots: half,
-                        share: 0.0,
-                    },
-                ),
-            )
+        let boundary = match &mut boundaries[before - 1] {
+            Some(b) => b,
+            empty => {
+                let w = &tensors[&format!("model.layers.{source}.post_attention_layernorm.weight")];
+                let inputs = routers::Inputs {
+                    dim: s.hidden,
+                    sequences: residuals[before - 1]
+                        .iter()
+                        .map(|seq| {
+                            seq.iter()
+                                .map(|r| {
+                                    let mut x = r.clone();
+                                    crate::kernels::rms_norm_in_place(&mut x, w, eps);
+                                    x
+                                })
+                                .collect()
+                        })
+                        .collect(),
+                };
+                let features = routers::slow_features(&inputs, routers::FEATURES)?;
+                let base = stats(&routers::routes(small_router, s.top_k, &inputs));
+                empty.insert(Boundary {
+                    inputs,
+                    features,
+                    base,
+                })
+            }
         };
-        let (base_overlap, base_lru_half) = stats(small_router);
         let f = routers::fit(
             small_router,
-            s.experts,
             s.top_k,
-            &inputs,
+            &boundary.inputs,
+            &boundary.features,
             routing.target,
             0x5107_0000 + l as u64,
-        )?;
-        let (overlap, lru_half) = stats(&f.weights);
+        );
+        let (overlap, lru_half) = stats(&routers::routes(&f.weights, s.top_k, &boundary.inputs));
         fitted.push(FittedRouter {
             layer: l,
             scale: f.scale,
             overlap,
             lru_half,
-            base_overlap,
-            base_lru_half,
+            base_overlap: boundary.base.0,
+            base_lru_half: boundary.base.1,
         });
         *slot = Some(f.weights);
     }

@@ -7,14 +7,16 @@
 //! of its input — the directions along which the normalised residual changes least from one
 //! token to the next relative to how much it varies (generalised eigenvectors of the
 //! difference covariance against the covariance, the input's mean direction projected out so
-//! that no expert is favoured on average) — scaled until the previous-token overlap on the
-//! calibration prompts reaches a target. Fitting only; the tensors are [`super::target`]'s.
+//! that no expert is favoured on average) — scaled until, on the calibration prompts, an LRU
+//! of a given size hits as often as asked or the previous-token overlap reaches a target
+//! ([`Target`]). Fitting only; the tensors are [`super::target`]'s.
 
 use crate::error::EngineError;
+use crate::kernels::dot;
 use crate::kernels::math::top_k;
 
 /// Slow features kept per router.
-const FEATURES: usize = 16;
+pub const FEATURES: usize = 16;
 
 /// One boundary's router inputs: sequences (one per prompt) of normalised residual rows.
 pub struct Inputs {
@@ -42,23 +44,16 @@ pub struct Fitted {
     pub reached: f64,
 }
 
-/// Every token's top-`k` experts under `router`, per sequence.
-fn routes(router: &[f32], experts: usize, k: usize, inputs: &Inputs) -> Vec<Vec<Vec<u32>>> {
+/// Every token's top-`k` experts under `router` (`[experts, dim]`), per sequence.
+pub fn routes(router: &[f32], k: usize, inputs: &Inputs) -> Vec<Vec<Vec<u32>>> {
     inputs
         .sequences
         .iter()
         .map(|seq| {
             seq.iter()
                 .map(|x| {
-                    let logits: Vec<f32> = (0..experts)
-                        .map(|e| {
-                            router[e * inputs.dim..(e + 1) * inputs.dim]
-                                .iter()
-                                .zip(x)
-                                .map(|(a, b)| a * b)
-                                .sum()
-                        })
-                        .collect();
+                    let logits: Vec<f32> =
+                        router.chunks_exact(inputs.dim).map(|w| dot(w, x)).collect();
                     top_k(&logits, k).into_iter().map(|(e, _)| e).collect()
                 })
                 .collect()
@@ -99,19 +94,18 @@ pub fn previous_overlap(routes: &[Vec<Vec<u32>>]) -> f64 {
     same as f64 / total.max(1) as f64
 }
 
-/// `target`'s measure of `router` on `inputs`.
-pub fn measure(router: &[f32], experts: usize, k: usize, inputs: &Inputs, target: Target) -> f64 {
-    let r = routes(router, experts, k, inputs);
-    match target {
-        Target::Overlap(_) => previous_overlap(&r),
-        Target::LruHits { slots, .. } => lru_hits(&r, slots),
-    }
-}
-
 impl Target {
     fn value(self) -> f64 {
         match self {
             Target::Overlap(v) | Target::LruHits { share: v, .. } => v,
+        }
+    }
+
+    /// This target's measure of `routes`.
+    fn measure(self, routes: &[Vec<Vec<u32>>]) -> f64 {
+        match self {
+            Target::Overlap(_) => previous_overlap(routes),
+            Target::LruHits { slots, .. } => lru_hits(routes, slots),
         }
     }
 }
@@ -267,24 +261,20 @@ pub fn slow_features(inputs: &Inputs, count: usize) -> Result<Vec<(Vec<f64>, f64
         .collect())
 }
 
-/// Share of each token's top-`k` experts the previous token of its sequence also had.
-pub fn overlap(router: &[f32], experts: usize, k: usize, inputs: &Inputs) -> f64 {
-    previous_overlap(&routes(router, experts, k, inputs))
-}
-
-/// The router `small + s · A F` (A a seeded random `experts × FEATURES` mix, F the slow
-/// features), with `s` the smallest scale (by bisection) whose measure on `inputs` reaches
-/// `target` (the largest tried when none does; 0 when the small router already does).
+/// The router `small + s · A F` (`small` is `[experts, dim]`; A a seeded random mix of the
+/// slow `features` of `inputs`, [`slow_features`]), with `s` the smallest scale (by bisection)
+/// whose measure on `inputs` reaches `target` (the largest tried when none does; 0 when the
+/// small router already does).
 pub fn fit(
     small: &[f32],
-    experts: usize,
     k: usize,
     inputs: &Inputs,
+    features: &[(Vec<f64>, f64)],
     target: Target,
     seed: u64,
-) -> Result<Fitted, EngineError> {
+) -> Fitted {
     let n = inputs.dim;
-    let features = slow_features(inputs, FEATURES)?;
+    let experts = small.len() / n;
     let mut rng = specfit_gguf::quant::Rng::new(seed);
     // Each feature weighs ρ⁴: the slowest count fully, features that change every token not
     // at all.
@@ -309,7 +299,7 @@ pub fn fit(
             .map(|(&a, &b)| a + (s as f32) * b)
             .collect()
     };
-    let at = |s: f64| measure(&with(s), experts, k, inputs, target);
+    let at = |s: f64| target.measure(&routes(&with(s), k, inputs));
     let goal = target.value();
     let (mut lo, mut hi) = (0.0f64, 64.0f64);
     if at(0.0) >= goal {
@@ -325,12 +315,12 @@ pub fn fit(
         }
     }
     let weights = with(hi);
-    let reached = measure(&weights, experts, k, inputs, target);
-    Ok(Fitted {
+    let reached = target.measure(&routes(&weights, k, inputs));
+    Fitted {
         weights,
         scale: hi,
         reached,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -409,8 +399,9 @@ mod tests {
         let small: Vec<f32> = (0..16 * 12)
             .map(|i| if i % 12 < 2 { 0.0 } else { rng.normal() })
             .collect();
-        let before = overlap(&small, 16, 2, &inputs);
-        let fitted = fit(&small, 16, 2, &inputs, Target::Overlap(0.5), 1).unwrap();
+        let before = previous_overlap(&routes(&small, 2, &inputs));
+        let features = slow_features(&inputs, FEATURES).unwrap();
+        let fitted = fit(&small, 2, &inputs, &features, Target::Overlap(0.5), 1);
         assert!(before < 0.3, "{before}");
         assert!(
             fitted.reached >= 0.5 && fitted.reached < 0.65,
@@ -420,18 +411,17 @@ mod tests {
         assert!(fitted.scale > 0.0);
         let lru = fit(
             &small,
-            16,
             2,
             &inputs,
+            &features,
             Target::LruHits {
                 slots: 4,
                 share: 0.6,
             },
             1,
-        )
-        .unwrap();
+        );
         assert!(lru.reached >= 0.6 && lru.reached < 0.7, "{}", lru.reached);
-        let r = routes(&lru.weights, 16, 2, &inputs);
+        let r = routes(&lru.weights, 2, &inputs);
         assert!((lru_hits(&r, 4) - lru.reached).abs() < 1e-12);
     }
 }

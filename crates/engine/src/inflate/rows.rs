@@ -31,6 +31,11 @@ pub struct Matrix<'a> {
     pub row: Box<dyn Fn(usize) -> Row<'a> + 'a>,
 }
 
+/// Row `r` of a row-major small matrix with `cols` columns.
+pub fn row(m: &[f32], cols: usize, r: usize) -> &[f32] {
+    &m[r * cols..(r + 1) * cols]
+}
+
 /// Small columns `0..n` on large columns `0..n` (the first copy).
 pub fn first_copy(n: usize) -> Vec<Vec<usize>> {
     (0..n).map(|c| vec![c]).collect()

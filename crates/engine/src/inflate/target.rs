@@ -13,7 +13,7 @@ use specfit_gguf::write::TensorSpec;
 use specfit_gguf::{GgmlType, Value};
 
 use super::plan::Plan;
-use super::rows::{every_copy, first_copy, Matrix, Row};
+use super::rows::{every_copy, first_copy, row, Matrix, Row};
 use super::FileType;
 use crate::error::EngineError;
 
@@ -29,11 +29,6 @@ pub struct Tensor<'a> {
 fn small<'a>(t: &'a Tensors, name: &str) -> &'a [f32] {
     t.get(name)
         .unwrap_or_else(|| panic!("{name} was read with the checkpoint"))
-}
-
-/// The rows of a `[rows, cols]` small matrix.
-fn row(m: &[f32], cols: usize, r: usize) -> &[f32] {
-    &m[r * cols..(r + 1) * cols]
 }
 
 /// Every tensor of the inflated target, in file order.

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::spec::{probe, ProbePlan, ProbeRow, TreeShape};
+use specfit_engine::spec::{probe, PlainStep, ProbePlan, ProbeRow, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{
     read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
@@ -230,7 +230,9 @@ pub struct Measured {
 }
 
 /// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
-/// `plan.seed + i`, in every cache state).
+/// `plan.seed + i`, in every cache state). One prefill per prompt and cache state: the plain
+/// steps continue the probed sequence (at paper scale on the disk tier a prefill reads most of
+/// the file, so a second one per prompt would double the time).
 pub fn measure_rows(
     model: &Qwen3Moe,
     drafter: &Eagle3,
@@ -243,14 +245,15 @@ pub fn measure_rows(
         shape: plan.shape,
         max_nodes: plan.max_nodes,
         cycles: plan.cycles,
+        plain: PLAIN_STEPS,
         seed: plan.seed + i as u64,
     };
     let mut m = Measured {
         read_width: specfit_engine::experts::reads_in_flight(),
         ..Measured::default()
     };
-    // The no-cache end of the sweep: every other verify probe, and plain steps with every expert
-    // copied (which tell the per-layer read latency apart from the per-copy cost), run on a
+    // The no-cache end of the sweep: every other verify probe and plain step (those with every
+    // expert copied tell the per-layer read latency apart from the per-copy cost) run on a
     // cache emptied before every forward. A few slots are enough (a larger verify reads in
     // waves), and a full cache's worth again would double the memory of a large model.
     let mut cleared = cache.sibling(
@@ -266,14 +269,8 @@ pub fn measure_rows(
             prompt,
             &probe_plan(i),
         )?;
-        m.verify.extend(rows);
-    }
-    for prompt in prompts {
-        m.plain.extend(plain_steps(model, cache, prompt, 16)?);
-    }
-    for prompt in prompts.iter().skip(1).step_by(3) {
-        m.plain
-            .extend(plain_steps(model, &mut cleared, prompt, 16)?);
+        m.verify.extend(rows.verify);
+        m.plain.extend(rows.plain.iter().map(plain_row));
     }
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
@@ -300,15 +297,15 @@ pub fn measure_rows(
         probe(model, drafter, &mut resident, None, prompt, &lru)?;
         let warm = probe(model, drafter, &mut resident, None, prompt, &lru)?;
         m.resident
-            .extend(warm.into_iter().filter(|r| r.misses == 0));
-        m.plain.extend(
-            plain_steps(model, &mut resident, prompt, 16)?
-                .into_iter()
-                .filter(|s| s.misses == 0),
-        );
+            .extend(warm.verify.into_iter().filter(|r| r.misses == 0));
+        m.plain
+            .extend(warm.plain.iter().filter(|s| s.misses == 0).map(plain_row));
     }
     Ok(m)
 }
+
+/// Plain steps timed after each prompt's probe cycles (half of them on the emptied cache).
+const PLAIN_STEPS: usize = 16;
 
 /// Fits measured rows: the paper and residency forms on the verify rows, the replay model on
 /// verify, resident and plain rows, and the drafting costs; prints each fit's quality.
@@ -511,21 +508,13 @@ fn print_fit(cal: &Calibration) {
     }
 }
 
-/// [`specfit_engine::spec::plain_steps`] as the replay fit reads them.
-fn plain_steps(
-    model: &Qwen3Moe,
-    cache: &mut ExpertCache,
-    prompt: &[u32],
-    n: usize,
-) -> Result<Vec<PlainRow>> {
-    Ok(specfit_engine::spec::plain_steps(model, cache, prompt, n)?
-        .into_iter()
-        .map(|s| PlainRow {
-            hits: s.hits,
-            misses: s.misses,
-            read_rounds: s.read_rounds,
-            context: s.context,
-            ms: s.ms,
-        })
-        .collect())
+/// A plain step as the replay fit reads it.
+fn plain_row(s: &PlainStep) -> PlainRow {
+    PlainRow {
+        hits: s.hits,
+        misses: s.misses,
+        read_rounds: s.read_rounds,
+        context: s.context,
+        ms: s.ms,
+    }
 }

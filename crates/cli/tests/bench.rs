@@ -111,7 +111,7 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             "--sweep",
             "8,16",
             "--only",
-            "ar,eagle3,specfit,specfit+ahead[predictor]",
+            "ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor]",
             "--one-at-a-time",
             "--validate",
             "0",
@@ -142,6 +142,7 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             "ar@8",
             "eagle3@8",
             "specfit@16",
+            "specfit[predictor]@8",
             "specfit+ahead[predictor]@8",
         ] {
             assert!(

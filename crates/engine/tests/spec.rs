@@ -124,7 +124,8 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
 }
 
 #[test]
-fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_emptied() {
+fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decoding_cache_never_emptied(
+) {
     // Every expert fits: the decoding cache misses each expert at most once, unless it were
     // emptied for the all-miss probes (it must not be: the probes on it stand for decoding's
     // steady state; emptied, each of its probes would miss every routed expert again).
@@ -134,6 +135,7 @@ fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_e
         shape: TreeShape::default(),
         max_nodes: 3,
         cycles: 40,
+        plain: 10,
         seed: 1,
     };
     let mut emptied = cache
@@ -149,10 +151,11 @@ fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_e
         &plan,
     )
     .unwrap();
-    assert_eq!(rows.len(), 40);
+    assert_eq!(rows.verify.len(), 40);
+    assert_eq!(rows.plain.len(), 10);
     let cfg = target.config();
     let mut decoding_misses = 0;
-    for (cycle, row) in rows.iter().enumerate() {
+    for (cycle, row) in rows.verify.iter().enumerate() {
         if cycle % 2 == 1 {
             assert_eq!(row.hits, 0, "cycle {cycle}: an emptied cache has no hits");
             assert!(
@@ -162,6 +165,17 @@ fn calibration_probes_alternate_an_emptied_cache_with_the_decoding_cache_never_e
         } else {
             decoding_misses += row.misses;
         }
+    }
+    for (step, row) in rows.plain.iter().enumerate() {
+        if step % 2 == 1 {
+            assert_eq!(
+                row.hits, 0,
+                "plain step {step}: an emptied cache has no hits"
+            );
+        } else {
+            decoding_misses += row.misses;
+        }
+        assert_eq!(row.context, rows.plain[0].context + step, "one sequence");
     }
     let experts = (cfg.moe_layers().len() * cfg.num_experts) as u64;
     assert!(

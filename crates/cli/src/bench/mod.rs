@@ -69,7 +69,8 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     max_prompt_tokens: Option<usize>,
     /// Slot points of the sweep (0 = no cache) instead of 100%, half, a quarter and none; each
-    /// point runs ar, eagle3, specfit and specfit+ahead[predictor].
+    /// point runs ar, eagle3, specfit and, with a predictor, specfit[predictor] and
+    /// specfit+ahead[predictor].
     #[arg(long, value_delimiter = ',', value_name = "SLOTS")]
     sweep: Option<Vec<usize>>,
     /// Run each configuration over a whole prompt set in turn (prefixes made once and kept)

@@ -139,7 +139,8 @@ pub struct Sweep {
     /// Quick mode: only the default and no-cache points, main policies.
     pub quick: bool,
     /// The slot points of the sweep instead of none, 100%, half and a quarter (`--sweep`);
-    /// each gets `ar`, `eagle3`, `specfit` and, with a predictor, `specfit+ahead[predictor]`.
+    /// each gets `ar`, `eagle3`, `specfit` and, with a predictor, `specfit[predictor]` and
+    /// `specfit+ahead[predictor]`.
     pub points: Option<Vec<Slots>>,
 }
 
@@ -196,9 +197,12 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
             .into_iter()
             .map(|policy| Config::new(policy, atlas.clone(), slots, 1.0))
             .collect();
-        // A sweep of its own (`--sweep`) also reads ahead on predicted routes at every point.
+        // A sweep of its own (`--sweep`) also runs SpecFit on predicted routes, without and
+        // with read-ahead, at every point (on a model larger than memory the atlas's exact
+        // routes may be out of reach).
         if let (Some(_), Some(p)) = (&s.points, &s.predictor) {
             let r = RouteChoice::Predictor(p.clone());
+            row.push(Config::new(Policy::Specfit, r.clone(), slots, 1.0));
             row.push(Config::new(Policy::Specfit, r, slots, 1.0).ahead());
         }
         for c in row {
@@ -287,5 +291,30 @@ mod tests {
                 "specfit@0"
             ]
         );
+    }
+
+    #[test]
+    fn a_sweep_of_its_own_runs_specfit_on_predicted_routes_with_and_without_read_ahead_at_every_point(
+    ) {
+        let s = Sweep {
+            points: Some(vec![Slots::Count(16), Slots::Count(32)]),
+            ..sweep(true, true)
+        };
+        let labels: Vec<String> = configs(&s)
+            .iter()
+            .map(|c| format!("{}@{}", c.label, c.slots.number()))
+            .collect();
+        for n in [16, 32] {
+            for policy in [
+                "ar",
+                "eagle3",
+                "specfit",
+                "specfit[predictor]",
+                "specfit+ahead[predictor]",
+            ] {
+                let want = format!("{policy}@{n}");
+                assert!(labels.contains(&want), "{want} not in {labels:?}");
+            }
+        }
     }
 }

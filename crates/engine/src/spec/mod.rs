@@ -26,7 +26,7 @@ pub use draft::concat_taps;
 pub(crate) use draft::feed_drafter;
 pub use draft::top_children;
 use draft::{advance_drafter, draft_tree};
-pub use probe::{plain_steps, probe, PlainStep, ProbePlan, ProbeRow};
+pub use probe::{probe, PlainStep, ProbePlan, ProbeRow, Probed};
 use routes::route_source;
 pub use routes::{Atlas, NoRoutes, PoolRoutes, RouteSource, Routes};
 pub use verify::{verify, Tree, Verified};

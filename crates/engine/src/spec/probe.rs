@@ -10,7 +10,19 @@ pub struct ProbePlan {
     /// Node counts cycle through `0..=max_nodes` (starting at `seed mod (max_nodes + 1)`).
     pub max_nodes: usize,
     pub cycles: usize,
+    /// Timed plain one-token forwards after the cycles, on the same sequence (no second
+    /// prefill: at paper scale on the disk tier a prefill reads most of the file).
+    pub plain: usize,
     pub seed: u64,
+}
+
+/// What [`probe`] measured on one prompt.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Probed {
+    /// One row per verify cycle.
+    pub verify: Vec<ProbeRow>,
+    /// The plain steps after the cycles.
+    pub plain: Vec<PlainStep>,
 }
 
 /// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
@@ -40,7 +52,9 @@ pub struct ProbeRow {
 /// never empties (its steady state of hits and misses); with `emptied` (a cache in
 /// [`crate::experts::CacheMode::ClearEveryForward`]) every other one runs there instead, every
 /// expert a miss: both ends a calibration needs. (Emptying the decoding cache itself would leave
-/// the next cycle a nearly empty cache, never the steady state.)
+/// the next cycle a nearly empty cache, never the steady state.) Then `plan.plain` greedy
+/// one-token forwards continue the same sequence, alternating between the two caches the same
+/// way.
 pub fn probe(
     target: &Qwen3Moe,
     drafter: &Eagle3,
@@ -48,7 +62,7 @@ pub fn probe(
     mut emptied: Option<&mut ExpertCache>,
     prompt: &[u32],
     plan: &ProbePlan,
-) -> Result<Vec<ProbeRow>, EngineError> {
+) -> Result<Probed, EngineError> {
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
@@ -94,7 +108,20 @@ pub fn probe(
         rows.last_mut().expect("pushed").feed_ms = t1.elapsed().as_secs_f64() * 1e3;
         root = *v.committed.last().expect("the bonus token");
     }
-    Ok(rows)
+    let mut plain = Vec::with_capacity(plan.plain);
+    for step in 0..plan.plain {
+        let cache = match emptied.as_deref_mut() {
+            Some(empty) if step % 2 == 1 => empty,
+            _ => &mut *experts,
+        };
+        let (row, next) = plain_step(target, cache, &mut kv, root)?;
+        plain.push(row);
+        root = next;
+    }
+    Ok(Probed {
+        verify: rows,
+        plain,
+    })
 }
 
 /// A uniformly grown random ancestor-closed subtree of (at most) `size` nodes.
@@ -118,33 +145,23 @@ pub struct PlainStep {
     pub ms: f64,
 }
 
-/// Prefills `prompt`, then times `n` greedy one-token forwards through `cache`.
-pub fn plain_steps(
+/// One timed greedy one-token forward of `token` through `cache`: its row and the next token.
+fn plain_step(
     target: &Qwen3Moe,
     cache: &mut ExpertCache,
-    prompt: &[u32],
-    n: usize,
-) -> Result<Vec<PlainStep>, EngineError> {
-    let mut kv = target.new_kv_cache();
-    let batch = Batch {
-        logits: Logits::Last,
-        ..Batch::causal(prompt)
+    kv: &mut KvCache,
+    token: u32,
+) -> Result<(PlainStep, u32), EngineError> {
+    let context = kv.len();
+    let t = Instant::now();
+    let out = target.forward(&Batch::causal(&[token]), kv, cache)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let row = PlainStep {
+        hits: out.copies.total.hits,
+        misses: out.copies.total.misses,
+        read_rounds: out.copies.read_rounds(cache.read_width()),
+        context,
+        ms,
     };
-    let mut next = target.forward(&batch, &mut kv, cache)?.argmax(0);
-    let mut steps = Vec::with_capacity(n);
-    for _ in 0..n {
-        let context = kv.len();
-        let t = Instant::now();
-        let out = target.forward(&Batch::causal(&[next]), &mut kv, cache)?;
-        let ms = t.elapsed().as_secs_f64() * 1e3;
-        next = out.argmax(0);
-        steps.push(PlainStep {
-            hits: out.copies.total.hits,
-            misses: out.copies.total.misses,
-            read_rounds: out.copies.read_rounds(cache.read_width()),
-            context,
-            ms,
-        });
-    }
-    Ok(steps)
+    Ok((row, out.argmax(0)))
 }

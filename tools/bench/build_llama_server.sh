@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's own HTTP server (llama-server, C++) from the llama.cpp tree vendored in the
-# pinned llama-cpp-python sdist, for the server load test (tools/bench/serve_load.py). Prints the
+# pinned llama-cpp-python sdist, for the server load test (peer_protocol.py server). Prints the
 # binary's path. Native CPU flags (AVX-512 etc. where present), no curl, no web UI downloads.
 #   LLAMA_SERVER=$(tools/bench/build_llama_server.sh)
 set -euo pipefail

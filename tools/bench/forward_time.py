@@ -1,12 +1,18 @@
-"""Forward time of one verify forward, specfit beside llama.cpp (issue 12 item 6).
+"""Verify cost: the time of one verify forward, specfit beside llama.cpp under the peer protocol
+(protocol.py): `peer_protocol.py forward` (issue 12 item 6, issue 22). This module owns that
+comparison; the protocol's steps (rounds, statistics, llama.cpp's settings, noise guard, report)
+are protocol.py's.
 
 One run measures, for specfit and for llama.cpp on a GGUF of the same target (models/target, same
 weight dtype, same threads), the time of ONE forward of T new tokens (a causal chain, every row's
 logits, as a verify forward needs) after C cached tokens, for T in --tokens and C in --cached,
-the cache brought back to C tokens between repetitions (outside the timing). Each engine runs
---rounds times per dtype (a fresh process each, engines in turn), --reps timed repetitions after
---warmup untimed ones per process and cell; reported: the least time of all, and the median of
-the processes' medians (one process alone can sit 1.5x off for its whole life on this machine).
+the cache brought back to C tokens between repetitions (outside the timing). Each engine setting
+runs --rounds times per dtype (a fresh process each; each round runs every engine, dtype and
+llama.cpp setting once, the order rotating), --reps timed repetitions after --warmup untimed ones
+per process and cell; reported per cell: the median of the processes' medians, the min–max of
+those medians, and the least time of all (one process alone can sit 1.5x off for its whole life on
+this machine). Ratios are from the medians, against the best llama.cpp setting of that dtype (the
+one with the least sum of the cells' medians).
 
 Token ids: the cached prefix is ids[i] = (7 + 131*i) % 4096 for i < C; the T new tokens continue the
 same formula for i in C..C+T.
@@ -16,22 +22,30 @@ same formula for i in C..C+T.
              cell) and also times one drafted level of the EAGLE-3 drafter.
   llama.cpp  llama-cpp-python's low-level API in a subprocess of this script: the GGUF
              (tools/bench/README.md, "Forward time"), n_ctx 2048, n_batch = n_ubatch = 512,
-             n_threads = n_threads_batch = threads; the f32 GGUF with an f32 KV cache and flash
-             attention off, the bf16 GGUF with an f16 KV cache and the library's flash attention
-             (auto, on here; see FLASH_ATTN); prefill C tokens once, then per rep: llama_decode of
-             T tokens at positions C..C+T-1 with logits for all T rows, timed with perf_counter
-             around llama_decode + llama_synchronize, then llama_memory_seq_rm(positions >= C).
+             n_threads = n_threads_batch = threads; the f32 GGUF with an f32 KV cache, the bf16 GGUF
+             with an f16 KV cache; two settings, weight repacking (use_extra_bufts) on, and off with
+             mlock; prefill C tokens once, then per rep: llama_decode of T tokens at positions
+             C..C+T-1 with logits for all T rows, timed with perf_counter around llama_decode +
+             llama_synchronize, then llama_memory_seq_rm(positions >= C).
+
+Flash attention (llama.cpp): per dtype, one probe process with it on and one with it off
+(repacking off, PROBE_REPS reps; the figure is the sum of the cells' medians), the faster kept;
+both figures are in the JSON. With flash attention on, llama.cpp casts an f32 KV cache to f16 in
+every forward (src/llama-graph.cpp, build_attn_mha), which loses f32 accuracy (logits off by up to
+~0.4 at C=1000 against transformers f32, against 4e-5 without) and costs a cast of C rows: for the
+f32 GGUF only "off" keeps the same dtype, so it is kept whatever the probe says (the probe is still
+run and recorded). --flash-attn on|off|auto fixes the setting instead.
 
 Checks (llama.cpp, recorded in the JSON): every rep's logits equal the first rep's (the removal
 really restores the cache), the memory's last position is C-1 after each removal, and the batched
 rows match T one-token forwards at the same positions (the chain is causal and reads the cache).
 
-Noise guard: tools/bench/peer_decode.py's (imported). llama.cpp: before the timed reps of one C (all
-T) the worker waits for a quiet second, and it repeats those reps if other processes used more than
---max-others of a core meanwhile. specfit: the same around the whole process.
+Noise guard (protocol.py's): llama.cpp: before the timed reps of one C (all T) the worker waits for
+a quiet second, and it repeats those reps if other processes used more than --max-others of a core
+meanwhile. specfit: the same around the whole process.
 
-    tools/.venv/bin/python tools/bench/forward_time.py          # writes bench-results/forward_time.json
-    tools/.venv/bin/python tools/bench/forward_time.py --engines llama --dtypes f32 --reps 10
+    tools/.venv/bin/python tools/bench/peer_protocol.py forward      # writes bench-results/forward_time.json
+    tools/.venv/bin/python tools/bench/peer_protocol.py forward --engines llama --dtypes f32 --reps 10
 """
 from __future__ import annotations
 
@@ -40,58 +54,26 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from peer_decode import (  # noqa: E402  (the shared noise guard and machine description)
-    GUARD,
-    ROOT,
-    binary_info,
-    cpu_model,
-    cpu_snapshot,
-    others_seconds,
-    run_json_worker,
-    wait_quiet,
-)
+from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, fits_in_memory,
+                      flash_probe, guarded, llama_settings, machine, mark_process_tree, rel, rotation, rounds_arg,
+                      run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env, write_report)
 
 DTYPES = ("f32", "bf16")
 ENGINES = ("specfit", "llama")
 KV_TYPE = {"f32": "f32", "bf16": "f16"}  # llama.cpp KV cache type per GGUF dtype
-# llama.cpp flash attention per GGUF dtype unless --flash-attn says otherwise. With an f32 KV cache
-# llama.cpp's flash attention casts the whole cache to f16 in every forward (src/llama-graph.cpp,
-# build_attn_mha), which loses f32 accuracy (logits off by up to ~0.4 at C=1000 against transformers
-# f32, against 4e-5 without) and costs a cast of C rows; the library's default (auto) turns it on on
-# this CPU. So f32 runs without it, bf16 (f16 KV cache, no cast) with the library default.
-FLASH_ATTN = {"f32": "off", "bf16": "auto"}
 VOCAB = 4096
 REPS_LOGITS_TOL = 1e-3  # llama.cpp's reps are bit-identical here; a cache not restored moves logits by far more
 BUILD_HINT = "cargo build --release -p specfit-engine --example forward_time"
-
-
-def flash_attn_mode(flag: str, dtype: str) -> str:
-    return FLASH_ATTN[dtype] if flag == "default" else flag
+PROBE_REPS = 10
 
 
 def token_ids(lo: int, hi: int, vocab: int = VOCAB) -> list[int]:
     return [(7 + 131 * i) % vocab for i in range(lo, hi)]
-
-
-def guarded(block) -> tuple[object, dict]:
-    """Run block() after a quiet second; run it again while others used > --max-others of a core."""
-    discarded, waited = 0, 0.0
-    while True:
-        waited += wait_quiet(GUARD["max_others"], GUARD["quiet_timeout"])
-        before, t0 = cpu_snapshot(), time.perf_counter()
-        out = block()
-        share = others_seconds(before, cpu_snapshot()) / (time.perf_counter() - t0)
-        if share <= GUARD["max_others"] or discarded >= GUARD["max_retries"]:
-            return out, {"others_cpu_share": round(share, 4), "discarded_noisy_runs": discarded,
-                         "waited_for_quiet_s": round(waited, 1)}
-        discarded += 1
 
 
 def min_median(ms: list[float]) -> dict:
@@ -99,7 +81,8 @@ def min_median(ms: list[float]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# llama.cpp (run in a subprocess: `forward_time.py --worker llama --dtypes D ...`, prints one JSON line)
+# llama.cpp (run in a subprocess: `peer_protocol.py forward --worker llama --dtypes D --worker-config JSON ...`,
+# prints one JSON line)
 
 
 def llama_worker(args: argparse.Namespace) -> dict:
@@ -124,8 +107,11 @@ def llama_worker(args: argparse.Namespace) -> dict:
     gguf = args.gguf
     kv_name = KV_TYPE[args.dtype]
     kv = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[kv_name]
+    cfg = json.loads(args.worker_config)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    mp.use_extra_bufts = cfg["repack"]
+    mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK if cfg["mlock"] else L.LLAMA_LOAD_MODE_MMAP
     model = L.llama_model_load_from_file(str(gguf).encode(), mp)
     if not model:
         raise SystemExit(f"llama.cpp could not load {gguf}")
@@ -142,7 +128,7 @@ def llama_worker(args: argparse.Namespace) -> dict:
     cp.n_threads_batch = args.threads
     cp.type_k = kv
     cp.type_v = kv
-    fa = flash_attn_mode(args.flash_attn, args.dtype)
+    fa = cfg["flash"]
     cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                           "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[fa]
     ctx = L.llama_init_from_model(model, cp)
@@ -278,7 +264,8 @@ def llama_worker(args: argparse.Namespace) -> dict:
     L.llama_model_free(model)
     return {
         "engine": "llama.cpp", "dtype": args.dtype, "threads": args.threads, "rows": cells,
-        "gguf": str(gguf.relative_to(ROOT) if gguf.is_relative_to(ROOT) else gguf),
+        "gguf": rel(gguf),
+        "repack": cfg["repack"], "mlock": cfg["mlock"],
         "kv_cache": kv_name, "n_ctx": cp.n_ctx, "n_batch": cp.n_batch, "n_ubatch": cp.n_ubatch,
         "flash_attn": {"requested": fa, "used": fa_used},
         "memory_rm_api": rm_api, "context_log": context_log,
@@ -288,22 +275,26 @@ def llama_worker(args: argparse.Namespace) -> dict:
     }
 
 
-def run_llama(args: argparse.Namespace, dtype: str) -> dict:
-    gguf = args.gguf_dir / f"target-{dtype}.gguf"
-    ensure_gguf(args, gguf, dtype)
-    cmd = [sys.executable, __file__, "--worker", "llama", "--dtypes", dtype, "--gguf-dir", str(args.gguf_dir),
+def run_llama(args: argparse.Namespace, dtype: str, cfg: dict, reps: int) -> dict:
+    """One llama.cpp process (the worker) for one dtype and setting."""
+    cmd = [sys.executable, str(DRIVER), "forward", "--worker", "llama", "--dtypes", dtype,
+           "--gguf-dir", str(args.gguf_dir),
            "--cached", ",".join(map(str, args.cached)), "--tokens", ",".join(map(str, args.tokens)),
-           "--threads", str(args.threads), "--reps", str(args.reps), "--warmup", str(args.warmup),
-           "--max-others", str(args.max_others), "--quiet-timeout", str(args.quiet_timeout),
-           "--max-retries", str(args.max_retries), "--flash-attn", args.flash_attn]
+           "--threads", str(args.threads), "--reps", str(reps), "--warmup", str(args.warmup),
+           "--worker-config", json.dumps(cfg), *args.guard_flags]
     if args.verbose:
         cmd.append("--verbose")
     if args.vary:
         cmd.append("--vary")
-    return run_json_worker(cmd, args.threads, f"the llama.cpp worker ({dtype})")
+    return run_json_worker(cmd, args.threads, f"the llama.cpp worker ({dtype}, {cfg})")
 
 
-def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, dtype: str) -> None:
+def gguf_path(args: argparse.Namespace, dtype: str) -> pathlib.Path:
+    return args.gguf_dir / f"target-{dtype}.gguf"
+
+
+def ensure_gguf(args: argparse.Namespace, dtype: str) -> None:
+    path = gguf_path(args, dtype)
     if path.is_file():
         return
     if args.llama_cpp_src is None:
@@ -314,20 +305,28 @@ def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, dtype: str) -> Non
                     "--outtype", dtype, "--outfile", str(path)], check=True)
 
 
+def probe_flash(args: argparse.Namespace, dtype: str) -> dict:
+    """One llama.cpp process with flash attention off and one with it on (repacking off, no mlock,
+    PROBE_REPS reps); the figure is the sum of the cells' medians."""
+    runs = {fa: run_llama(args, dtype, {"repack": False, "mlock": False, "flash": fa}, PROBE_REPS)
+            for fa in ("off", "on")}
+    record = flash_probe({fa: sum(r["median_ms"] for r in res["rows"]) for fa, res in runs.items()},
+                         "ms (sum of the cells' medians)", KV_TYPE[dtype])
+    return record | {"commands": {fa: res["command"] for fa, res in runs.items()}}
+
+
 # ----------------------------------------------------------------------------------------------
-# specfit (the forward_time example, one process per dtype)
+# specfit (the forward_time example, one process per dtype and round)
 
 
 def run_specfit(args: argparse.Namespace, dtype: str) -> dict:
-    if not args.specfit_bin.is_file():
-        raise SystemExit(f"{args.specfit_bin} is missing: run `{BUILD_HINT}` first (or pass --specfit-bin)")
     cmd = [str(args.specfit_bin), "--model", str(args.model), "--dtype", dtype, "--drafter", str(args.drafter),
            "--cached", ",".join(map(str, args.cached)), "--tokens", ",".join(map(str, args.tokens)),
            "--reps", str(args.reps)] + (["--vary"] if args.vary else [])
-    env = os.environ | {"SPECFIT_THREADS": str(args.threads)}
+    env = thread_env(args.threads)
 
     def block() -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True)
+        return subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True)
 
     binary = binary_info(args.specfit_bin)
     p, guard = guarded(block)
@@ -350,139 +349,140 @@ def run_specfit(args: argparse.Namespace, dtype: str) -> dict:
                                             if r["cached"] == c) for c in args.cached) + " ms (min)",
           file=sys.stderr, flush=True)
     return res | {"binary": binary, "noise_guard_scope": "whole process", **guard,
-                  "command": f"SPECFIT_THREADS={args.threads} " + " ".join(rel(c) for c in cmd)}
+                  "command": command_line(cmd, env)}
 
 
 # ----------------------------------------------------------------------------------------------
 # driver
 
 
-def rel(p: str | pathlib.Path) -> str:
-    p = pathlib.Path(p)
-    return str(p.relative_to(ROOT)) if p.is_absolute() and p.is_relative_to(ROOT) else str(p)
-
-
 def ints(v: str) -> list[int]:
     return [int(x) for x in v.split(",") if x]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of f32,bf16")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of specfit,llama")
-    ap.add_argument("--cached", default="100,1000", help="cached tokens C (comma-separated)")
-    ap.add_argument("--tokens", default="1,2,4,8,16", help="new tokens T per forward (comma-separated)")
+    ap.add_argument("--llama-repack", default="on,off",
+                    help="llama.cpp's weight repacking settings to run (off runs with mlock: the files fit)")
+    ap.add_argument("--cached", type=ints, default="100,1000", help="cached tokens C (comma-separated)")
+    ap.add_argument("--tokens", type=ints, default="1,2,4,8,16", help="new tokens T per forward (comma-separated)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=30, help="timed forwards per (C, T) and process")
     ap.add_argument("--vary", action="store_true",
                     help="other new tokens in every rep (other experts, not all warm in the caches), both engines")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="processes per engine and dtype, run in turn (min over all, median of medians)")
+    ap.add_argument("--rounds", type=rounds_arg, default=3,
+                    help="processes per engine setting and dtype, in a rotating order (median of the medians, "
+                         "their min–max, least time)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed forwards per (C, T) before them (llama.cpp; "
                     "specfit's example does 3)")
     ap.add_argument("--model", type=pathlib.Path, default=ROOT / "models/target")
     ap.add_argument("--drafter", type=pathlib.Path, default=ROOT / "models/drafter")
     ap.add_argument("--gguf-dir", type=pathlib.Path, default=ROOT / "bench-models/target-gguf",
                     help="holds target-f32.gguf and target-bf16.gguf")
-    ap.add_argument("--flash-attn", default="default", choices=["default", "auto", "on", "off"],
-                    help="llama.cpp flash attention; default: off for the f32 GGUF (f32 KV cache), the "
-                         "library's auto for bf16 (f16 KV cache)")
+    ap.add_argument("--flash-attn", default="probe", choices=["probe", "auto", "on", "off"],
+                    help="llama.cpp flash attention; probe: the faster of on and off per dtype, off for the f32 GGUF "
+                         "(on casts its f32 KV cache to f16)")
     ap.add_argument("--llama-cpp-src", type=pathlib.Path, default=None,
                     help="llama.cpp source tree, to convert missing GGUFs")
     ap.add_argument("--specfit-bin", type=pathlib.Path, default=ROOT / "target/release/examples/forward_time")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/forward_time.json")
-    ap.add_argument("--max-others", type=float, default=GUARD["max_others"],
-                    help="repeat a measurement during which other processes (nice < 19) used more than this "
-                         "share of a core, and wait for a quiet second before each")
-    ap.add_argument("--quiet-timeout", type=float, default=GUARD["quiet_timeout"],
-                    help="seconds to wait for a quiet machine before measuring anyway")
-    ap.add_argument("--max-retries", type=int, default=GUARD["max_retries"],
-                    help="noisy measurements thrown away before keeping a noisy one")
+    add_guard_arguments(ap)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    args.cached, args.tokens = ints(args.cached), ints(args.tokens)
+    ap.add_argument("--worker-config", default=None, help=argparse.SUPPRESS)
+    ap.set_defaults(run=run)
+
+
+def check(args: argparse.Namespace) -> tuple[list[str], list[str], list[dict]]:
+    """The dtypes, engines and llama.cpp settings asked for; SystemExit on a bad value."""
     dtypes = [d for d in args.dtypes.split(",") if d]
     engines = [e for e in args.engines.split(",") if e]
-    for d in dtypes:
-        if d not in DTYPES:
-            ap.error(f"unknown dtype {d}")
-    for e in engines:
-        if e not in ENGINES:
-            ap.error(f"unknown engine {e}")
-    if not args.cached or not args.tokens or min(args.cached + args.tokens) < 1 or min(args.reps, args.rounds) < 1:
-        ap.error("--cached, --tokens, --reps and --rounds need positive values")
+    repack = [r for r in args.llama_repack.split(",") if r]
+    for values, allowed, what in ((dtypes, DTYPES, "dtype"), (engines, ENGINES, "engine"),
+                                  (repack, ("on", "off"), "--llama-repack value")):
+        for v in values:
+            if v not in allowed:
+                raise SystemExit(f"unknown {what} {v}")
+    if not args.cached or not args.tokens or min(args.cached + args.tokens) < 1 or args.reps < 1:
+        raise SystemExit("--cached, --tokens and --reps need positive values")
+    settings = [s for s in llama_settings(True) if ("on" if s["repack"] else "off") in repack]
+    return dtypes, engines, settings
+
+
+def run(args: argparse.Namespace) -> None:
+    dtypes, engines, settings = check(args)
     args.gguf_dir = args.gguf_dir.resolve()
-    GUARD.update(max_others=args.max_others, quiet_timeout=args.quiet_timeout, max_retries=args.max_retries)
+    args.guard_flags = set_guard(args)
 
     if args.worker:
         args.dtype = dtypes[0]
-        args.gguf = args.gguf_dir / f"target-{args.dtype}.gguf"
+        args.gguf = gguf_path(args, args.dtype)
         print(json.dumps(llama_worker(args)))
         return
 
-    os.environ["PEER_DECODE_ROOT"] = str(os.getpid())  # the noise guard's "our process tree"
+    mark_process_tree()
     if "specfit" in engines and not args.specfit_bin.is_file():
         raise SystemExit(f"{args.specfit_bin} is missing: run `{BUILD_HINT}` first (or pass --specfit-bin)")
     load_before = os.getloadavg()
-    # Rounds: every engine and dtype runs once per round, in turn, each in a fresh process. On this
+    # The engines of a round: specfit and each llama.cpp setting, per dtype. mlock with repacking
+    # off where the GGUF fits in memory (these are tens of MB).
+    entries: list[tuple[str, str, dict | None]] = []
+    probes, flash = {}, {}
+    for dtype in dtypes:
+        if "specfit" in engines:
+            entries.append((dtype, "specfit", None))
+        if "llama" not in engines:
+            continue
+        ensure_gguf(args, dtype)
+        if args.flash_attn == "probe":
+            print(f"[forward_time] flash-attention probe, llama.cpp {dtype} ...", file=sys.stderr, flush=True)
+            probes[dtype] = probe_flash(args, dtype)
+        flash[dtype] = probes[dtype]["chosen"] if dtype in probes else args.flash_attn
+        fits = fits_in_memory(gguf_path(args, dtype).stat().st_size)
+        for s in settings:
+            s = {**s, "mlock": s["mlock"] and fits}
+            entries.append((dtype, f"llama ({setting_name(s)})", s | {"flash": flash[dtype]}))
+    # Rounds: every entry once per round, the order rotating, each in a fresh process. On this
     # (virtual) machine one process of either engine can run a whole cell 1.5x slower than the next
     # one on a quiet machine, steadily through its reps, so one process per engine is not enough.
-    runs: dict[str, dict[str, list]] = {d: {e: [] for e in engines} for d in dtypes}
+    runs: dict[str, dict[str, list]] = {d: {} for d in dtypes}
     for r in range(args.rounds):
-        for dtype in dtypes:
-            for engine in engines:
-                print(f"[forward_time] round {r + 1}/{args.rounds}: {engine} {dtype} ...", file=sys.stderr,
-                      flush=True)
-                runs[dtype][engine].append(run_specfit(args, dtype) if engine == "specfit"
-                                           else run_llama(args, dtype))
-    results = {d: {e: merge_rounds(runs[d][e]) for e in engines} for d in dtypes}
+        for dtype, key, cfg in rotation(entries, r):
+            print(f"[forward_time] round {r + 1}/{args.rounds}: {key} {dtype} ...", file=sys.stderr, flush=True)
+            res = run_specfit(args, dtype) if cfg is None else run_llama(args, dtype, cfg, args.reps)
+            runs[dtype].setdefault(key, []).append(res)
+    results = {d: {key: merge_rounds(rs) for key, rs in runs[d].items()} for d in dtypes}
+    best = {d: best_llama(results[d]) for d in dtypes}
 
-    specfit_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cpu_id": cpu_id(), "cores": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "what": "time of one forward of T new tokens (causal chain, logits for every row) after C cached tokens",
         "vary": args.vary,
         "model": rel(args.model), "threads": args.threads, "rounds": args.rounds, "reps": args.reps,
         "warmup_llama": args.warmup,
-        "statistics": "min_ms: least of all rounds' reps; median_ms: median of the rounds' medians",
+        "statistics": "min_ms: least of all rounds' reps; median_ms: median of the rounds' medians; "
+                      "round_median_min_ms / round_median_max_ms: the least and the largest of those medians",
         "cached": args.cached, "tokens": args.tokens,
         "token_ids": "ids[i] = (7 + 131*i) % 4096; cached prefix i < C, new tokens C <= i < C+T",
         "llama_kv_cache": {d: KV_TYPE[d] for d in dtypes},
-        "llama_flash_attn": {d: flash_attn_mode(args.flash_attn, d) for d in dtypes}, "noise_guard": dict(GUARD),
-        "specfit_commit": specfit_commit, "results": results,
+        "llama_flash_attn": flash, "llama_flash_attention_probe": probes,
+        "best_llama": best, "specfit_vs_best_llama": {d: ratios(results[d], best[d]) for d in dtypes},
+        "noise_guard": dict(GUARD), "specfit_commit": specfit_commit(), "invocation": args.invocation,
+        "results": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.out, report)
     print(markdown(report))
     print(f"\n(written to {args.out})", file=sys.stderr)
 
 
-def cpu_id() -> dict:
-    """/proc/cpuinfo's family, model and stepping (the model name alone can be as vague as "AMD EPYC")."""
-    out = {}
-    try:
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("vendor_id", "cpu family", "model", "stepping") and key not in out:
-                out[key] = value.strip()
-            if not line.strip():
-                break
-    except OSError:
-        pass
-    return out
-
-
 def merge_rounds(rounds: list[dict]) -> dict:
-    """One engine's result over its rounds: per cell the least min and the median of the medians;
-    the largest deviation of each llama.cpp check; every round kept under "rounds"."""
+    """One engine setting's result over its rounds: per cell the least min, the median of the
+    medians and their min–max; the largest deviation of each llama.cpp check; every round kept
+    under "rounds"."""
     first = rounds[0]
-    per_round = ("rows", "draft_level", "others_cpu_share", "discarded_noisy_runs", "waited_for_quiet_s")
+    per_round = ("rows", "draft_level", "others_cpu_share", "discarded_noisy_runs", "waited_for_quiet_s", "command")
     out = {k: v for k, v in first.items() if k not in per_round}
     for key, ident in (("rows", ("cached", "tokens")), ("draft_level", ("cached", "nodes"))):
         if key not in first:
@@ -490,10 +490,11 @@ def merge_rounds(rounds: list[dict]) -> dict:
         merged = []
         for row in first[key]:
             same = [next(x for x in run[key] if all(x.get(i) == row.get(i) for i in ident)) for run in rounds]
+            medians = [x["median_ms"] for x in same]
             m = {i: row[i] for i in ident if i in row}
-            m |= {"min_ms": min(x["min_ms"] for x in same),
-                  "median_ms": statistics.median(x["median_ms"] for x in same),
-                  "round_min_ms": [x["min_ms"] for x in same], "round_median_ms": [x["median_ms"] for x in same]}
+            m |= {"min_ms": min(x["min_ms"] for x in same), "median_ms": statistics.median(medians),
+                  "round_median_min_ms": min(medians), "round_median_max_ms": max(medians),
+                  "round_min_ms": [x["min_ms"] for x in same], "round_median_ms": medians}
             if "reps_logits_max_abs_diff" in row:
                 m["reps_logits_max_abs_diff"] = max(x["reps_logits_max_abs_diff"] for x in same)
                 m["vs_one_token_forwards_max_abs_diff"] = max(
@@ -506,31 +507,50 @@ def merge_rounds(rounds: list[dict]) -> dict:
             out["binary"] = [r["binary"] for r in rounds]
             print(f"WARNING: {first['binary']['path']} changed between rounds ({len(shas)} different builds); "
                   "the merged numbers mix them", file=sys.stderr)
+    out["commands"] = [r["command"] for r in rounds]
     out["rounds"] = rounds
     return out
 
 
+def best_llama(results: dict) -> str | None:
+    """The llama.cpp setting with the least sum of the cells' medians."""
+    llama = [k for k in results if k.startswith("llama")]
+    return min(llama, key=lambda k: sum(r["median_ms"] for r in results[k]["rows"]), default=None)
+
+
+def ratios(results: dict, best: str | None) -> list[dict]:
+    """specfit / the best llama.cpp setting per cell, from the medians (< 1: specfit faster)."""
+    if best is None or "specfit" not in results:
+        return []
+    ref = {(r["cached"], r["tokens"]): r["median_ms"] for r in results[best]["rows"]}
+    return [{"cached": r["cached"], "tokens": r["tokens"], "ratio": r["median_ms"] / ref[(r["cached"], r["tokens"])]}
+            for r in results["specfit"]["rows"]]
+
+
+def label(key: str, dtype: str) -> str:
+    return f"specfit {dtype}" if key == "specfit" else f"llama.cpp {dtype} {key[len('llama '):]}"
+
+
 def markdown(report: dict) -> str:
     ts, out = report["tokens"], []
-    llama_info = next((r["llama"] for r in report["results"].values() if "llama" in r), None)
     n = f"{report['rounds']} processes × {report['reps']} reps"
-    for stat, title in (("min_ms", f"min of {n}"), ("median_ms", f"median of the medians of {n}")):
-        vary = ", other new tokens every rep" if report.get("vary") else ""
+    vary = ", other new tokens every rep" if report.get("vary") else ""
+    header = ["| engine, C | " + " | ".join(f"T={t}" for t in ts) + " |", "|---|" + "---:|" * len(ts)]
+    for stat, title in (("median_ms", f"median of the medians of {n} (min–max of those medians)"),
+                        ("min_ms", f"least of {n}")):
         out += [f"Forward time of T new tokens after C cached, ms ({title}{vary}), "
-                f"{report['threads']} threads, {report['machine']['cpu']}", "",
-                "| engine, C | " + " | ".join(f"T={t}" for t in ts) + " |",
-                "|---|" + "---:|" * len(ts)]
+                f"{report['threads']} threads, {report['machine']['cpu']}", "", *header]
         for dtype, res in report["results"].items():
+            best = report["best_llama"][dtype]
+            ratio = {(x["cached"], x["tokens"]): x["ratio"] for x in report["specfit_vs_best_llama"][dtype]}
             for c in report["cached"]:
-                cells = {}
-                for engine, name in (("specfit", "specfit"), ("llama", "llama.cpp")):
-                    if engine in res:
-                        cells[engine] = {r["tokens"]: r[stat] for r in res[engine]["rows"] if r["cached"] == c}
-                        out.append(f"| {name} {dtype}, C={c} | "
-                                   + " | ".join(f"{cells[engine][t]:.3f}" for t in ts) + " |")
-                if len(cells) == 2:
-                    out.append("| specfit / llama.cpp | "
-                               + " | ".join(f"{cells['specfit'][t] / cells['llama'][t]:.2f}" for t in ts) + " |")
+                for key, r in res.items():
+                    cells = {x["tokens"]: x for x in r["rows"] if x["cached"] == c}
+                    out.append(f"| {label(key, dtype)}, C={c} | "
+                               + " | ".join(cell(cells[t], stat) for t in ts) + " |")
+                if ratio and stat == "median_ms":
+                    out.append(f"| specfit / {label(best, dtype)} | "
+                               + " | ".join(f"{ratio[(c, t)]:.2f}" for t in ts) + " |")
         out.append("")
         for dtype, res in report["results"].items():
             lv = res.get("specfit", {}).get("draft_level", [])
@@ -538,15 +558,21 @@ def markdown(report: dict) -> str:
                 out.append(f"specfit {dtype} drafted level (EAGLE-3 drafter, {lv[0].get('nodes', 2)} nodes + "
                            "top-2 children each), ms: " + ", ".join(f"C={x['cached']} {x[stat]:.3f}" for x in lv))
         out.append("")
-    if llama_info:
-        out.append("llama.cpp: " + "; ".join(
-            f"{d} GGUF with {res['llama']['kv_cache']} KV cache, flash attention "
-            f"{res['llama']['flash_attn']['used']} ({res['llama']['flash_attn']['requested']})"
-            for d, res in report["results"].items() if "llama" in res)
-            + f"; n_ctx {llama_info['n_ctx']}, n_batch = n_ubatch = {llama_info['n_batch']}; llama-cpp-python "
-              f"{llama_info['versions']['llama-cpp-python']}")
+    for dtype, res in report["results"].items():
+        llama = [r for k, r in res.items() if k.startswith("llama")]
+        if not llama:
+            continue
+        probe = report["llama_flash_attention_probe"].get(dtype)
+        chose = (f"flash attention {llama[0]['flash_attn']['used']} ({llama[0]['flash_attn']['requested']}"
+                 + (f"; probe, {probe['unit']}: off {probe['off']:.2f}, on {probe['on']:.2f})" if probe else ")"))
+        out.append(f"llama.cpp {dtype}: GGUF with {llama[0]['kv_cache']} KV cache, {chose}; n_ctx "
+                   f"{llama[0]['n_ctx']}, n_batch = n_ubatch = {llama[0]['n_batch']}; llama-cpp-python "
+                   f"{llama[0]['versions']['llama-cpp-python']}")
     return "\n".join(out).rstrip()
 
 
-if __name__ == "__main__":
-    main()
+def cell(row: dict, stat: str) -> str:
+    if stat == "min_ms":
+        return f"{row['min_ms']:.3f}"
+    return spread({"median": row["median_ms"], "min": row["round_median_min_ms"],
+                   "max": row["round_median_max_ms"]}, ".3f")

@@ -4,7 +4,7 @@
 # larger than RAM, on the disk tier at 16 / 32 / 48 slots: calibrate, then `specfit bench` for
 # plain decoding, EAGLE-3 (K = 7), SpecFit and SpecFit with read-ahead on predicted routes,
 # every output checked against plain decoding. Summarization prompts are cut to their first 512
-# tokens. About 40 minutes on 2 cores; the reports go to bench-results/paper-{ram,disk}/.
+# tokens. About 41 minutes on 2 cores (8 for (a), 32 for (b)); the reports go to bench-results/paper-{ram,disk}/.
 #
 #   cargo build --release
 #   target/release/specfit inflate --out bench-models/paper --type q4_k_m,q8_0

@@ -1,24 +1,40 @@
-"""Peer comparison of autoregressive decode speed at batch 1 (issue 3, BENCHMARKS.md).
+"""Engine: autoregressive decode speed at batch 1, specfit beside transformers and llama.cpp under
+the peer protocol (protocol.py): `peer_protocol.py engine` (issue 3, issue 22). This module owns
+that comparison; the protocol's steps (rounds, statistics, llama.cpp's settings, noise guard,
+report) are protocol.py's.
 
 One run measures, on the same random Qwen3-MoE checkpoint (tools/bench/make_peer_model.py), the
 same prompt token ids and the same number of greedy tokens (eos ignored):
 
-  transformers (torch CPU)  f32 checkpoint, f32 compute; bf16 checkpoint, bf16 compute
-  llama.cpp (llama-cpp-python, low-level API)  f32 GGUF + f32 KV cache; f16 GGUF + f16 KV cache
-  specfit (target/release/specfit generate)  f32 checkpoint; bf16 checkpoint
+  hf-f32, hf-bf16            transformers (torch CPU): f32 checkpoint, f32 compute; bf16 checkpoint, bf16 compute
+  llama-f32, llama-bf16      llama.cpp (llama-cpp-python, low-level API): f32 GGUF + f32 KV cache; bf16 GGUF
+                             (of the bf16 checkpoint: specfit's weights) + f16 KV cache; each in two
+                             settings, weight repacking (use_extra_bufts) on, and off with mlock
+  specfit-f32, specfit-bf16  specfit (target/release/specfit generate): f32 checkpoint; bf16 checkpoint
 
 Decode tok/s counts decode only, as specfit does: the first token comes from the prefill logits,
 then N-1 one-token forwards (each followed by an argmax) are timed, tok/s = (N-1) / time.
-Every engine gets one untimed warm-up run, then --reps timed runs (best and median reported).
-Each Python engine runs in its own subprocess (torch's and ggml's OpenMP pools never share one),
-one after the other.
+Rounds (--rounds, at least 3): each round runs every engine row once, the order rotating; in a
+round an engine gets --warmup untimed runs, then --reps timed runs (each Python engine in its own
+subprocess, so torch's and ggml's OpenMP pools never share one; specfit one process per run).
+Reported per row: the median of the rounds' medians, the min–max of those medians, the best run;
+ratios from the medians, against the faster llama.cpp setting of the same weights (f32 rows against
+llama-f32, half-precision rows against llama-bf16).
+
+llama.cpp's flash attention: per GGUF one probe round with it off and one with it on (repacking
+off), the faster kept; with it on llama.cpp casts an f32 KV cache to f16 in every forward, so the
+f32 GGUF keeps "off" (the probe is still run and recorded).
 
 Agreement: the greedy sequences are compared with transformers' (length of the common prefix).
-f32 rows are compared with transformers f32; bf16/f16 rows also with transformers running the bf16
-checkpoint widened to f32 (what specfit's bf16 path computes exactly). With random weights small
-numeric differences can flip near-ties, so this reports and does not assert.
+f32 rows are compared with transformers f32; bf16 rows also with transformers running the bf16
+checkpoint widened to f32 (what specfit's bf16 path computes exactly), and every row with the best
+llama.cpp setting of the same weights. With random weights small numeric differences can flip
+near-ties, so this reports and does not assert.
 
-    tools/.venv/bin/python tools/bench/peer_decode.py            # writes bench-results/peer_decode.json
+Noise guard (protocol.py's): before each timed run the worker waits for a quiet second and throws
+the run away if other processes used more than --max-others of a core meanwhile.
+
+    tools/.venv/bin/python tools/bench/peer_protocol.py engine      # writes bench-results/peer_decode.json
 
 GGUFs are made by tools/bench/convert_peer_gguf.py (see tools/bench/README.md); a missing one is
 converted on the fly when --llama-cpp-src is given.
@@ -30,30 +46,34 @@ import datetime
 import json
 import os
 import pathlib
-import platform
 import re
 import statistics
 import subprocess
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, cpu_snapshot,
+                      flash_probe, llama_settings, machine, mark_process_tree, others_seconds, rel, rotation,
+                      rounds_arg, run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env,
+                      wait_quiet, write_report)
 
 # key -> (engine, weights, description of the compute)
 ENGINES = {
     "hf-f32": ("transformers", "f32", "f32 checkpoint, f32 compute"),
     "hf-bf16": ("transformers", "bf16", "bf16 checkpoint, bf16 compute"),
     "llama-f32": ("llama.cpp", "f32", "f32 GGUF, f32 KV cache"),
-    "llama-f16": ("llama.cpp", "f16", "f16 GGUF, f16 KV cache"),
+    "llama-bf16": ("llama.cpp", "bf16", "bf16 GGUF, f16 KV cache"),
     "specfit-f32": ("specfit", "f32", "f32 checkpoint, f32 compute"),
     "specfit-bf16": ("specfit", "bf16", "bf16 checkpoint widened exactly, f32 compute"),
 }
-# Agreement reference for the low-precision rows (timed once, not in the table).
+KV_TYPE = {"llama-f32": "f32", "llama-bf16": "f16"}
+# Agreement reference for the low-precision rows (run once, not in the table).
 REF_BF16 = "hf-bf16ckpt-f32"
 
 
 # ----------------------------------------------------------------------------------------------
-# workers (run in a subprocess: `peer_decode.py --worker KEY ...`, print one JSON line)
+# workers (run in a subprocess: `peer_protocol.py engine --worker KEY [--worker-config JSON] ...`, print one
+# JSON line)
 
 
 def hf_worker(args: argparse.Namespace) -> dict:
@@ -104,11 +124,13 @@ def llama_worker(args: argparse.Namespace) -> dict:
 
     L.llama_log_set(quiet, ctypes.c_void_p(0))
     L.llama_backend_init()
-    gguf, kv = {"llama-f32": (args.gguf_f32, L.GGML_TYPE_F32), "llama-f16": (args.gguf_f16, L.GGML_TYPE_F16)}[
-        args.worker
-    ]
+    cfg = json.loads(args.worker_config)
+    gguf = gguf_path(args, args.worker)
+    kv = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[KV_TYPE[args.worker]]
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = 0
+    mp.use_extra_bufts = cfg["repack"]
+    mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK if cfg["mlock"] else L.LLAMA_LOAD_MODE_MMAP
     model = L.llama_model_load_from_file(str(gguf).encode(), mp)
     if not model:
         raise SystemExit(f"llama.cpp could not load {gguf}")
@@ -125,6 +147,8 @@ def llama_worker(args: argparse.Namespace) -> dict:
         cp.n_threads_batch = args.threads
         cp.type_k = kv
         cp.type_v = kv
+        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg["flash"] == "on"
+                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
         ctx = L.llama_init_from_model(model, cp)
         if not ctx:
             raise SystemExit("llama.cpp could not create a context")
@@ -153,100 +177,16 @@ def llama_worker(args: argparse.Namespace) -> dict:
     res = timed(run, args.warmup, args.reps, args.tokens)
     L.llama_model_free(model)
     return res | {
-        "threads": args.threads,
-        "kv_cache": {L.GGML_TYPE_F32: "f32", L.GGML_TYPE_F16: "f16"}[kv],
-        "flash_attn": "auto (library default)",
-        "gguf": str(gguf.relative_to(ROOT) if gguf.is_relative_to(ROOT) else gguf),
+        "threads": args.threads, "kv_cache": KV_TYPE[args.worker], "repack": cfg["repack"], "mlock": cfg["mlock"],
+        "flash_attn": cfg["flash"], "gguf": rel(gguf),
         "system_info": L.llama_print_system_info().decode().strip(),
         "versions": {"llama-cpp-python": L.__version__},
     }
 
 
-# ----------------------------------------------------------------------------------------------
-# noise guard: CPU time that other processes (not ours, nice < 19) use while a run is timed.
-# On a small shared machine a compile or a test run next door makes the engines' thread pools
-# collapse, so a run during which others used more than --max-others of a core is thrown away and
-# retried once the machine is quiet again. A background job at nice 19 barely competes and is not
-# counted, unless the scheduler's autogroups make its nice moot (see low_priority_group). Others = all busy CPU time in /proc/stat (steal included, so short-lived processes count
-# too) minus this benchmark's process tree (children reaped included) minus nice-19 processes.
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_snapshot() -> tuple[int, int, dict[int, int]]:
-    """(busy ticks of the machine, ticks of our process tree, ticks of each nice-19 process)."""
-    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-    busy = f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)
-    root = int(os.environ.get("PEER_DECODE_ROOT", os.getpid()))
-    stats: dict[int, tuple[int, int, int]] = {}  # pid -> (ppid, nice, utime+stime+cutime+cstime)
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            raw = open(f"/proc/{d}/stat").read()
-        except OSError:
-            continue
-        x = raw[raw.rindex(")") + 2:].split()
-        stats[int(d)] = (int(x[1]), int(x[16]), int(x[11]) + int(x[12]) + int(x[13]) + int(x[14]))
-    ours = {root}
-    changed = True
-    while changed:
-        changed = False
-        for pid, (ppid, _, _) in stats.items():
-            if ppid in ours and pid not in ours:
-                ours.add(pid)
-                changed = True
-    mine = sum(stats[p][2] for p in ours if p in stats)
-    group = autogroup(root)
-    idle = {p: t for p, (_, nice, t) in stats.items()
-            if nice >= 19 and p not in ours and low_priority_group(autogroup(p), group)}
-    return busy, mine, idle
-
-
-def autogroup(pid: int) -> tuple[str, int] | None:
-    """(autogroup name, autogroup nice), or None without CONFIG_SCHED_AUTOGROUP."""
-    try:
-        name, _, nice = open(f"/proc/{pid}/autogroup").read().split()
-        return name, int(nice)
-    except (OSError, ValueError):
-        return None
-
-
-def low_priority_group(theirs: tuple[str, int] | None, ours: tuple[str, int] | None) -> bool:
-    # With sched_autogroup_enabled=1 a process's nice only ranks it inside its own autogroup
-    # (session): a nice-19 job started from another session still gets an equal share against
-    # this benchmark unless its whole autogroup is niced (echo 19 > /proc/PID/autogroup).
-    if theirs is None or ours is None or not autogroup_enabled():
-        return True
-    return theirs[0] == ours[0] or theirs[1] >= 19
-
-
-def autogroup_enabled() -> bool:
-    try:
-        return open("/proc/sys/kernel/sched_autogroup_enabled").read().strip() == "1"
-    except OSError:
-        return False
-
-
-def others_seconds(a: tuple, b: tuple) -> float:
-    niced = sum(t - a[2].get(p, t) for p, t in b[2].items())
-    return max(0, (b[0] - a[0]) - (b[1] - a[1]) - niced) / CLK_TCK
-
-
-def wait_quiet(max_others: float, timeout: float) -> float:
-    """Wait until others use < max_others of a core over one second; returns the seconds waited."""
-    t0 = time.perf_counter()
-    while True:
-        a = cpu_snapshot()
-        time.sleep(1.0)
-        if others_seconds(a, cpu_snapshot()) < max_others or time.perf_counter() - t0 > timeout:
-            return time.perf_counter() - t0
-
-
-GUARD = {"max_others": 0.05, "quiet_timeout": 900.0, "max_retries": 20}
-
-
 def timed(run, warmup: int, reps: int, n: int) -> dict:
+    """warmup untimed runs, then reps timed ones, each after a quiet second; a run during which
+    others used more than --max-others of a core is thrown away (up to --max-retries)."""
     for _ in range(warmup):
         run()
     tok_s, prefill_ms, seqs, others, discarded, waited = [], [], [], [], 0, 0.0
@@ -280,10 +220,10 @@ def specfit_bench(args: argparse.Namespace, key: str) -> dict:
         "--prompt-ids", ",".join(map(str, args.prompt_ids)),
         "--max-tokens", str(args.tokens), "--ignore-eos",
     ]
-    env = os.environ | {"SPECFIT_THREADS": str(args.threads)}
+    env = thread_env(args.threads)
 
     def run() -> tuple[list[int], float, float]:
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        p = subprocess.run(cmd, env=os.environ | env, capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr}")
         m = SPECFIT_LINE.search(p.stderr)
@@ -297,8 +237,7 @@ def specfit_bench(args: argparse.Namespace, key: str) -> dict:
 
     binary = binary_info(args.specfit)
     res = timed(run, args.warmup, args.reps, args.tokens)
-    return res | {"threads": args.threads, "binary": binary, "command": "SPECFIT_THREADS=%d " % args.threads + " ".join(
-        str(pathlib.Path(c).relative_to(ROOT)) if c.startswith(str(ROOT)) else c for c in cmd)}
+    return res | {"threads": args.threads, "binary": binary, "command": command_line(cmd, env)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,129 +253,134 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def run_worker_subprocess(args: argparse.Namespace, key: str) -> dict:
-    cmd = [sys.executable, __file__, "--worker", key, "--model-dir", str(args.model_dir),
-           "--gguf-f32", str(args.gguf_f32), "--gguf-f16", str(args.gguf_f16),
+def run_worker(args: argparse.Namespace, key: str, cfg: dict | None = None, reference: bool = False) -> dict:
+    """One round of a Python engine (a worker subprocess); the reference runs once, untimed."""
+    cmd = [sys.executable, str(DRIVER), "engine", "--worker", key, "--model-dir", str(args.model_dir),
+           "--gguf-f32", str(args.gguf_f32), "--gguf-bf16", str(args.gguf_bf16),
            "--prompt-ids", ",".join(map(str, args.prompt_ids)), "--tokens", str(args.tokens),
-           "--threads", str(args.threads), "--max-others", str(args.max_others),
-           "--quiet-timeout", str(args.quiet_timeout), "--max-retries", str(args.max_retries),
-           "--reps", str(1 if key == REF_BF16 else args.reps),
-           "--warmup", str(0 if key == REF_BF16 else args.warmup)]
+           "--threads", str(args.threads), *args.guard_flags,
+           "--reps", str(1 if reference else args.reps), "--warmup", str(0 if reference else args.warmup)]
+    if cfg is not None:
+        cmd += ["--worker-config", json.dumps(cfg)]
     if args.verbose:
         cmd.append("--verbose")
     return run_json_worker(cmd, args.threads, f"worker {key}")
 
 
-def run_json_worker(cmd: list[str], threads: int, what: str) -> dict:
-    """Runs a worker subprocess (OpenMP limited to `threads`) and returns the JSON object it
-    printed on its last stdout line."""
-    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-    if p.returncode != 0:
-        raise SystemExit(f"{what} failed ({p.returncode})")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+def run_row(args: argparse.Namespace, key: str, cfg: dict | None) -> dict:
+    return specfit_bench(args, key) if key.startswith("specfit") else run_worker(args, key, cfg)
 
 
-def ensure_gguf(args: argparse.Namespace, path: pathlib.Path, outtype: str) -> None:
+def gguf_path(args: argparse.Namespace, key: str) -> pathlib.Path:
+    return {"llama-f32": args.gguf_f32, "llama-bf16": args.gguf_bf16}[key]
+
+
+def ensure_gguf(args: argparse.Namespace, key: str) -> None:
+    """Converts the GGUF of a llama.cpp key from the checkpoint of the same dtype, if missing."""
+    path, dtype = gguf_path(args, key), ENGINES[key][1]
     if path.is_file():
         return
     if args.llama_cpp_src is None:
         raise SystemExit(f"{path} is missing: convert it (tools/bench/README.md) or pass --llama-cpp-src")
     subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp",
-                    str(args.llama_cpp_src), "--model", str(args.model_dir / "f32"), "--outtype", outtype,
+                    str(args.llama_cpp_src), "--model", str(args.model_dir / dtype), "--outtype", dtype,
                     "--outfile", str(path)], check=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def probe_flash(args: argparse.Namespace, key: str) -> dict:
+    """One round of the llama.cpp key with flash attention off and one with it on (repacking off,
+    no mlock); the figure is the round's median tok/s."""
+    runs = {fa: run_worker(args, key, {"repack": False, "mlock": False, "flash": fa}) for fa in ("off", "on")}
+    record = flash_probe({fa: statistics.median(res["tok_s"]) for fa, res in runs.items()}, "tok/s", KV_TYPE[key])
+    return record | {"commands": {fa: res["command"] for fa, res in runs.items()}}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model-dir", type=pathlib.Path, default=ROOT / "bench-models/peer115m",
                     help="holds f32/ and bf16/ (make_peer_model.py)")
-    ap.add_argument("--gguf-f32", type=pathlib.Path, default=None)
-    ap.add_argument("--gguf-f16", type=pathlib.Path, default=None)
+    ap.add_argument("--gguf-f32", type=pathlib.Path, default=None, help="default MODEL_DIR/gguf/peer115m-f32.gguf")
+    ap.add_argument("--gguf-bf16", type=pathlib.Path, default=None, help="default MODEL_DIR/gguf/peer115m-bf16.gguf")
     ap.add_argument("--llama-cpp-src", type=pathlib.Path, default=None,
                     help="llama.cpp source tree, to convert missing GGUFs")
     ap.add_argument("--specfit", type=pathlib.Path, default=ROOT / "target/release/specfit")
     ap.add_argument("--prompt-ids", default="1,100,200,300,400,500,600,700")
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated (first from the prefill)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=rounds_arg, default=3, help="rounds, each running every engine row once")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per engine row and round")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per engine row and round")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/peer_decode.json")
-    ap.add_argument("--max-others", type=float, default=GUARD["max_others"],
-                    help="throw away a timed run during which other processes (nice < 19) used more than "
-                         "this share of a core, and wait for a quiet second before each run")
-    ap.add_argument("--quiet-timeout", type=float, default=GUARD["quiet_timeout"],
-                    help="seconds to wait for a quiet machine before a run anyway")
-    ap.add_argument("--max-retries", type=int, default=GUARD["max_retries"],
-                    help="noisy runs thrown away per engine before keeping noisy ones")
+    add_guard_arguments(ap)
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    ap.add_argument("--worker-config", default=None, help=argparse.SUPPRESS)
+    ap.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
     args.prompt_ids = [int(t) for t in args.prompt_ids.split(",")]
     args.model_dir = args.model_dir.resolve()
     args.gguf_f32 = (args.gguf_f32 or args.model_dir / "gguf/peer115m-f32.gguf").resolve()
-    args.gguf_f16 = (args.gguf_f16 or args.model_dir / "gguf/peer115m-f16.gguf").resolve()
+    args.gguf_bf16 = (args.gguf_bf16 or args.model_dir / "gguf/peer115m-bf16.gguf").resolve()
     if args.tokens < 2:
-        ap.error("--tokens must be at least 2")
-    GUARD.update(max_others=args.max_others, quiet_timeout=args.quiet_timeout, max_retries=args.max_retries)
+        raise SystemExit("--tokens must be at least 2")
+    args.guard_flags = set_guard(args)
 
     if args.worker:
         res = llama_worker(args) if args.worker.startswith("llama") else hf_worker(args)
         print(json.dumps(res))
         return
 
-    os.environ["PEER_DECODE_ROOT"] = str(os.getpid())
+    mark_process_tree()
     keys = [k for k in args.engines.split(",") if k]
     for k in keys:
         if k not in ENGINES:
-            ap.error(f"unknown engine {k}")
-    if "llama-f32" in keys:
-        ensure_gguf(args, args.gguf_f32, "f32")
-    if "llama-f16" in keys:
-        ensure_gguf(args, args.gguf_f16, "f16")
+            raise SystemExit(f"unknown engine {k}")
+    # The rows of a round: (row key, engine key, llama.cpp setting). Both GGUFs are tens of MB:
+    # repacking off runs with mlock.
+    rows: list[tuple[str, str, dict | None]] = []
+    probes = {}
+    for key in keys:
+        if not key.startswith("llama"):
+            rows.append((key, key, None))
+            continue
+        ensure_gguf(args, key)
+        print(f"[peer_decode] flash-attention probe, {key} ...", file=sys.stderr, flush=True)
+        probes[key] = probe_flash(args, key)
+        for s in llama_settings(True):
+            rows.append((f"{key} ({setting_name(s)})", key, s | {"flash": probes[key]["chosen"]}))
 
     load_before = os.getloadavg()
-    results: dict[str, dict] = {}
-    for key in keys + [REF_BF16]:
-        print(f"[peer_decode] {key} ...", file=sys.stderr, flush=True)
-        t = time.perf_counter()
-        res = specfit_bench(args, key) if key.startswith("specfit") else run_worker_subprocess(args, key)
-        res["best"] = max(res["tok_s"])
-        res["median"] = statistics.median(res["tok_s"])
-        results[key] = res
-        print(f"[peer_decode] {key}: best {res['best']:.1f} tok/s, median {res['median']:.1f} "
-              f"({time.perf_counter() - t:.0f} s; {res['discarded_noisy_runs']} noisy runs thrown away, "
-              f"{res['waited_for_quiet_s']:.0f} s waited for quiet)", file=sys.stderr, flush=True)
+    runs: dict[str, list[dict]] = {row: [] for row, _, _ in rows}
+    for r in range(args.rounds):
+        for row, key, cfg in rotation(rows, r):
+            print(f"[peer_decode] round {r + 1}/{args.rounds}: {row} ...", file=sys.stderr, flush=True)
+            t = time.perf_counter()
+            res = run_row(args, key, cfg)
+            runs[row].append(res)
+            print(f"[peer_decode] {row}: median {statistics.median(res['tok_s']):.1f} tok/s "
+                  f"({time.perf_counter() - t:.0f} s; {res['discarded_noisy_runs']} noisy runs thrown away, "
+                  f"{res['waited_for_quiet_s']:.0f} s waited for quiet)", file=sys.stderr, flush=True)
+    results = {row: merge_rounds(rs) for row, rs in runs.items()}
+    print(f"[peer_decode] {REF_BF16} (agreement reference, once) ...", file=sys.stderr, flush=True)
+    results[REF_BF16] = merge_rounds([run_worker(args, REF_BF16, reference=True)])
+    engine_of = {row: key for row, key, _ in rows}
+    compare(results, engine_of)
 
-    hf = results.get("hf-f32", {}).get("tokens")
-    ref_bf16 = results[REF_BF16]["tokens"]
-    base = results.get("llama-f32")
-    for key, res in results.items():
-        res["agree_hf_f32"] = common_prefix(res["tokens"], hf) if hf else None
-        res["agree_hf_bf16ckpt_f32"] = common_prefix(res["tokens"], ref_bf16)
-        if base:
-            res["ratio_best"] = res["best"] / base["best"]
-            res["ratio_median"] = res["median"] / base["median"]
-
-    specfit_commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
     report = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-        "model": str(args.model_dir.relative_to(ROOT) if args.model_dir.is_relative_to(ROOT) else args.model_dir),
-        "prompt_ids": args.prompt_ids, "tokens": args.tokens, "threads": args.threads, "reps": args.reps,
-        "warmup": args.warmup, "noise_guard": dict(GUARD),
+        "machine": machine() | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "model": rel(args.model_dir), "prompt_ids": args.prompt_ids, "tokens": args.tokens,
+        "threads": args.threads, "rounds": args.rounds, "reps": args.reps, "warmup": args.warmup,
+        "noise_guard": dict(GUARD),
         "tok_s_definition": "(tokens-1) / time of the one-token forwards after the prefill (+argmax)",
-        "specfit_commit": specfit_commit,
-        "engines": {k: {"engine": ENGINES[k][0] if k in ENGINES else "transformers",
-                        "weights": ENGINES[k][1] if k in ENGINES else "bf16 (widened to f32)",
-                        "compute": ENGINES[k][2] if k in ENGINES else "bf16 checkpoint, f32 compute"} | v
-                    for k, v in results.items()},
+        "statistics": "median: median of the rounds' medians; min / max: the least and the largest of those "
+                      "medians; best: the fastest run of all",
+        "llama_flash_attention_probe": probes, "specfit_commit": specfit_commit(), "invocation": args.invocation,
+        "engines": {row: describe(row, engine_of.get(row)) | v for row, v in results.items()},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    write_report(args.out, report)
     print(markdown(report))
     noisy = [k for k, r in results.items() if any(x > args.max_others for x in r["others_cpu_share"])]
     if noisy:
@@ -446,42 +390,73 @@ def main() -> None:
     print(f"\n(written to {args.out})", file=sys.stderr)
 
 
-def binary_info(path: pathlib.Path) -> dict:
-    """The binary actually timed (the work tree may be ahead of or behind HEAD)."""
-    import hashlib
+def merge_rounds(rounds: list[dict]) -> dict:
+    """One row's result over its rounds: every timed run, the median of the rounds' medians and
+    their min–max, the best run; the first round's description; every round under "rounds"."""
+    per_round = ("tok_s", "prefill_ms", "tokens", "deterministic", "others_cpu_share", "discarded_noisy_runs",
+                 "waited_for_quiet_s", "command")
+    medians = [statistics.median(r["tok_s"]) for r in rounds]
+    out = {k: v for k, v in rounds[0].items() if k not in per_round}
+    return out | {
+        "tok_s": [x for r in rounds for x in r["tok_s"]], "prefill_ms": [x for r in rounds for x in r["prefill_ms"]],
+        "round_medians": medians, "median": statistics.median(medians), "min": min(medians), "max": max(medians),
+        "best": max(x for r in rounds for x in r["tok_s"]), "tokens": rounds[0]["tokens"],
+        "deterministic": all(r["deterministic"] and r["tokens"] == rounds[0]["tokens"] for r in rounds),
+        "others_cpu_share": [x for r in rounds for x in r["others_cpu_share"]],
+        "discarded_noisy_runs": sum(r["discarded_noisy_runs"] for r in rounds),
+        "waited_for_quiet_s": round(sum(r["waited_for_quiet_s"] for r in rounds), 1),
+        "commands": [r["command"] for r in rounds], "rounds": rounds,
+    }
 
-    st = path.stat()
-    return {"path": str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path),
-            "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-            "mtime": datetime.datetime.fromtimestamp(st.st_mtime).isoformat(timespec="seconds")}
+
+def compare(results: dict[str, dict], engine_of: dict[str, str]) -> None:
+    """Adds agreement (common greedy prefixes) and ratios from the medians to every row: against
+    transformers f32, transformers on the bf16 checkpoint widened to f32, and the faster llama.cpp
+    setting of the same weights."""
+    hf = results.get("hf-f32", {}).get("tokens")
+    ref_bf16 = results[REF_BF16]["tokens"]
+    best = {}
+    for weights in ("f32", "bf16"):
+        llama = [row for row, key in engine_of.items() if key == f"llama-{weights}"]
+        best[weights] = max(llama, key=lambda row: results[row]["median"], default=None)
+    for row, res in results.items():
+        res["agree_hf_f32"] = common_prefix(res["tokens"], hf) if hf else None
+        res["agree_hf_bf16ckpt_f32"] = common_prefix(res["tokens"], ref_bf16)
+        b = best.get(ENGINES[engine_of[row]][1]) if row in engine_of else None
+        if b:
+            res["best_llama"] = b
+            res["agree_best_llama"] = common_prefix(res["tokens"], results[b]["tokens"])
+            res["ratio_median"] = res["median"] / results[b]["median"]
+            res["ratio_best"] = res["best"] / results[b]["best"]
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+def describe(row: str, key: str | None) -> dict:
+    if key is None:  # the agreement reference
+        return {"engine": "transformers", "weights": "bf16 (widened to f32)", "compute": "bf16 checkpoint, f32 compute"}
+    engine, weights, compute = ENGINES[key]
+    return {"engine": engine + row[len(key):], "weights": weights, "compute": compute}
 
 
 def markdown(report: dict) -> str:
     n = report["tokens"]
     rows = [
-        "| engine | weights | threads | decode tok/s (best / median) | × llama.cpp f32 (best / median) "
-        f"| greedy prefix = transformers f32 (of {n}) | = transformers bf16→f32 (of {n}) |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        f"Decode tok/s at batch 1, {report['threads']} threads, {report['rounds']} rounds × {report['reps']} runs "
+        f"(median of the rounds' medians, min–max of those medians), {report['machine']['cpu']}", "",
+        "| engine | weights | threads | decode tok/s median (min–max) | best | × best llama.cpp, same weights "
+        f"| greedy prefix = transformers f32 (of {n}) | = transformers bf16→f32 (of {n}) "
+        f"| = best llama.cpp, same weights (of {n}) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, r in report["engines"].items():
         if key == REF_BF16:
             continue
-        ratio = f"{r['ratio_best']:.2f} / {r['ratio_median']:.2f}" if "ratio_best" in r else "–"
+        ratio = f"{r['ratio_median']:.2f}" if "ratio_median" in r else "–"
         agree = "–" if r["agree_hf_f32"] is None else str(r["agree_hf_f32"])
-        rows.append(f"| {r['engine']} | {r['compute']} | {r['threads']} | {r['best']:.1f} / {r['median']:.1f} "
-                    f"| {ratio} | {agree} | {r['agree_hf_bf16ckpt_f32']} |")
+        rows.append(f"| {r['engine']} | {r['compute']} | {r['threads']} | {spread(r, '.1f')} | {r['best']:.1f} "
+                    f"| {ratio} | {agree} | {r['agree_hf_bf16ckpt_f32']} | {r.get('agree_best_llama', '–')} |")
+    probes = report["llama_flash_attention_probe"]
+    if probes:
+        rows += ["", "llama.cpp flash attention (probe, tok/s, repacking off): " + "; ".join(
+            f"{key} off {p['off']:.1f}, on {p['on']:.1f} → {p['chosen']}"
+            + (" (on casts the f32 KV cache to f16)" if "excluded" in p else "") for key, p in probes.items())]
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    main()

@@ -139,9 +139,12 @@ pub fn run(args: &Args) -> Result<()> {
             manifest.routers.iter().map(f).sum::<f64>() / manifest.routers.len() as f64
         };
         eprintln!(
-            "{} pass-through routers fitted to {:?} on the calibration prompts: previous-token overlap {:.3}, LRU hits at half the experts {:.3} (the copied small routers: {:.3}, {:.3})",
+            "{} pass-through routers fitted to {} on the calibration prompts: previous-token overlap {:.3}, LRU hits at half the experts {:.3} (the copied small routers: {:.3}, {:.3})",
             manifest.routers.len(),
-            manifest.router_target,
+            manifest
+                .router_target
+                .as_ref()
+                .map_or("nothing".to_string(), ToString::to_string),
             mean(|r| r.overlap),
             mean(|r| r.lru_half),
             mean(|r| r.base_overlap),

@@ -351,7 +351,11 @@ fn setup(args: &Args) -> Result<Setup> {
         "--max-prompt-tokens must be positive"
     );
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
-    let default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
+    let mut default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
+    if in_place(args) {
+        // Every expert is used where it rests in the mapped file: all of them resident.
+        default_slots = cfg.num_experts;
+    }
     if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
         bail!("--calibration {} does not exist", path.display());
     }
@@ -454,6 +458,11 @@ fn setup(args: &Args) -> Result<Setup> {
     })
 }
 
+/// Whether the experts are used in place (a GGUF file mapped in RAM): no slots, no copies.
+fn in_place(args: &Args) -> bool {
+    args.store == StoreArg::Ram && specfit_engine::gguf::is_gguf(&args.model)
+}
+
 /// `--sweep` as slot points, each checked against the model.
 fn sweep_points(
     args: &Args,
@@ -462,7 +471,7 @@ fn sweep_points(
 ) -> Result<Option<Vec<Slots>>> {
     let Some(points) = &args.sweep else {
         // A GGUF file in RAM is used in place: there are no slots to sweep.
-        if args.store == StoreArg::Ram && specfit_engine::gguf::is_gguf(&args.model) {
+        if in_place(args) {
             return Ok(Some(vec![Slots::Count(default_slots)]));
         }
         return Ok(None);

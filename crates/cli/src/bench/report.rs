@@ -446,6 +446,15 @@ impl Report {
     }
 }
 
+/// A decode rate: two decimals below 10 tok/s (paper-scale rates are about 1 tok/s), else one.
+fn tok_s(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 /// Header + one line per row, default slots first, then the sweep by slots (most first).
 fn table(rows: &[Row]) -> Vec<Vec<String>> {
     let mut t = vec![[
@@ -470,7 +479,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
         t.push(vec![
             r.label.clone(),
             r.slots.to_string(),
-            format!("{:.1}", r.tok_s),
+            tok_s(r.tok_s),
             format!("{:.2}", r.speedup_vs_ar),
             r.gain_vs_eagle3
                 .map_or("–".into(), |g| format!("{:+.1}%", 100.0 * g)),

@@ -34,6 +34,17 @@ pub enum Target {
     LruHits { slots: usize, share: f64 },
 }
 
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Overlap(share) => write!(f, "previous-token overlap {share}"),
+            Target::LruHits { slots, share } => {
+                write!(f, "LRU hits {share} at {slots} slots of the small experts")
+            }
+        }
+    }
+}
+
 /// A fitted router and what it achieves on the fitting inputs.
 #[derive(Debug, Clone)]
 pub struct Fitted {

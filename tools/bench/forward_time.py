@@ -59,7 +59,7 @@ import subprocess
 import sys
 import time
 
-from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, fits_in_memory,
+from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, convert_gguf, fits_in_memory,
                       flash_probe, guarded, llama_settings, machine, mark_process_tree, rel, rotation, rounds_arg,
                       run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env, write_report)
 
@@ -294,15 +294,8 @@ def gguf_path(args: argparse.Namespace, dtype: str) -> pathlib.Path:
 
 
 def ensure_gguf(args: argparse.Namespace, dtype: str) -> None:
-    path = gguf_path(args, dtype)
-    if path.is_file():
-        return
-    if args.llama_cpp_src is None:
-        raise SystemExit(f"{path} is missing: convert it (tools/bench/README.md, \"Forward time\") "
-                         "or pass --llama-cpp-src")
-    subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp",
-                    str(args.llama_cpp_src), "--model", str(args.model), "--tokenizer-pre", "qwen2",
-                    "--outtype", dtype, "--outfile", str(path)], check=True)
+    convert_gguf(gguf_path(args, dtype), args.model, dtype, args.llama_cpp_src,
+                 'tools/bench/README.md, "Forward time"', tokenizer_pre="qwen2")
 
 
 def probe_flash(args: argparse.Namespace, dtype: str) -> dict:

@@ -52,7 +52,7 @@ import subprocess
 import sys
 import time
 
-from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, cpu_snapshot,
+from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, convert_gguf, cpu_snapshot,
                       flash_probe, llama_settings, machine, mark_process_tree, others_seconds, rel, rotation,
                       rounds_arg, run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env,
                       wait_quiet, write_report)
@@ -277,14 +277,8 @@ def gguf_path(args: argparse.Namespace, key: str) -> pathlib.Path:
 
 def ensure_gguf(args: argparse.Namespace, key: str) -> None:
     """Converts the GGUF of a llama.cpp key from the checkpoint of the same dtype, if missing."""
-    path, dtype = gguf_path(args, key), ENGINES[key][1]
-    if path.is_file():
-        return
-    if args.llama_cpp_src is None:
-        raise SystemExit(f"{path} is missing: convert it (tools/bench/README.md) or pass --llama-cpp-src")
-    subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp",
-                    str(args.llama_cpp_src), "--model", str(args.model_dir / dtype), "--outtype", dtype,
-                    "--outfile", str(path)], check=True)
+    dtype = ENGINES[key][1]
+    convert_gguf(gguf_path(args, key), args.model_dir / dtype, dtype, args.llama_cpp_src, "tools/bench/README.md")
 
 
 def probe_flash(args: argparse.Namespace, key: str) -> dict:

@@ -7,21 +7,14 @@ tokens, the cached ones, prefill ms and time to first token ms as the server rep
     cargo build --release && python3 tools/bench/prompt_cache.py
 """
 import json
-import pathlib
-import socket
 import subprocess
 import time
 import urllib.request
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from protocol import ROOT, free_port
+
 QUESTIONS = ["Summarize the article.", "Who is the article about?", "List three facts from it.",
              "What happened first?"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port: int, messages: list) -> dict:

@@ -188,6 +188,28 @@ def setting_name(setting: dict) -> str:
     return f"repack {'on' if setting['repack'] else 'off'}{', mlock' if setting['mlock'] else ''}"
 
 
+def convert_gguf(path: pathlib.Path, model: pathlib.Path, dtype: str, llama_cpp_src: pathlib.Path | None,
+                 how: str, tokenizer_pre: str | None = None) -> None:
+    """Converts the checkpoint `model` to the GGUF `path` (`dtype` weights) with llama.cpp's own
+    converter (convert_peer_gguf.py), unless `path` exists; without a source tree it stops and
+    says how to make the file (`how`)."""
+    if path.is_file():
+        return
+    if llama_cpp_src is None:
+        raise SystemExit(f"{path} is missing: convert it ({how}) or pass --llama-cpp-src")
+    pre = ["--tokenizer-pre", tokenizer_pre] if tokenizer_pre else []
+    subprocess.run([sys.executable, str(ROOT / "tools/bench/convert_peer_gguf.py"), "--llama-cpp", str(llama_cpp_src),
+                    "--model", str(model), *pre, "--outtype", dtype, "--outfile", str(path)], check=True)
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def flash_probe(figures: dict[str, float], unit: str, kv_cache: str) -> dict:
     """The record of a flash-attention probe: both figures ("off", "on") and the setting kept,
     the faster of those that keep the KV cache's dtype. With flash attention on, llama.cpp casts

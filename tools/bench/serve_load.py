@@ -54,12 +54,11 @@ import json
 import os
 import pathlib
 import re
-import socket
 import subprocess
 import sys
 import time
 
-from protocol import (ROOT, cached_bytes, command_line, flash_probe, llama_settings, machine, prepare_cache,
+from protocol import (ROOT, cached_bytes, command_line, flash_probe, free_port, llama_settings, machine, prepare_cache,
                       rotation, rounds_arg, setting_name, specfit_commit, spread, summary, thread_env, write_report)
 
 SPECFIT = ROOT / "target/release/specfit"
@@ -67,12 +66,6 @@ LLAMA_SERVER = ROOT / "bench-models/llama-server-build/bin/llama-server"
 GGUF = ROOT / "bench-models/target-gguf/target-bf16.gguf"
 PORT = "{port}"
 REFERENCE = "llama-server (repack on)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def servers(args: argparse.Namespace, flash: str, mlock: list[str]) -> dict[str, list[str]]:

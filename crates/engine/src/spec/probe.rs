@@ -80,10 +80,7 @@ pub fn probe(
         // still cover every size.
         let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
         let chosen = random_subtree(&pool, want, &mut rng);
-        let cache = match emptied.as_deref_mut() {
-            Some(empty) if cycle % 2 == 1 => empty,
-            _ => &mut *experts,
-        };
+        let cache = every_other(experts, emptied.as_deref_mut(), cycle);
         let tree = Tree {
             root,
             pool: &pool,
@@ -110,10 +107,7 @@ pub fn probe(
     }
     let mut plain = Vec::with_capacity(plan.plain);
     for step in 0..plan.plain {
-        let cache = match emptied.as_deref_mut() {
-            Some(empty) if step % 2 == 1 => empty,
-            _ => &mut *experts,
-        };
+        let cache = every_other(experts, emptied.as_deref_mut(), step);
         let (row, next) = plain_step(target, cache, &mut kv, root)?;
         plain.push(row);
         root = next;
@@ -122,6 +116,19 @@ pub fn probe(
         verify: rows,
         plain,
     })
+}
+
+/// The cache forward `i` of a probe runs on: `emptied` for every odd `i` when there is one, the
+/// decoding cache otherwise.
+fn every_other<'a>(
+    experts: &'a mut ExpertCache,
+    emptied: Option<&'a mut ExpertCache>,
+    i: usize,
+) -> &'a mut ExpertCache {
+    match emptied {
+        Some(empty) if i % 2 == 1 => empty,
+        _ => experts,
+    }
 }
 
 /// A uniformly grown random ancestor-closed subtree of (at most) `size` nodes.

@@ -10,8 +10,9 @@ every run). This module owns that comparison; the protocol's steps are protocol.
   the disk; they are reported);
 - the same tokens: the prompt is tokenized once (llama.cpp's tokenizer, the file's own), or given
   as ids (`--prompt-ids`; the random full-size files have no tokenizer), and both engines decode
-  greedily from those ids for the same number of tokens (end of text ignored); the report says
-  whether the token sequences agree;
+  greedily from those ids for the same number of tokens (end of text ignored), or are both fed
+  the same ids (`--feed-seed`, teacher forcing); the report says whether the token sequences
+  agree;
 - llama.cpp at its best on this machine: weight repacking (`use_extra_bufts`) on and off, both
   reported (on is skipped for a file larger than memory: repacking copies the weights into
   anonymous memory); `mlock` (load mode mmap+mlock) when the file fits in memory and runs warm,
@@ -35,12 +36,13 @@ Decode tok/s is specfit's definition for both: the first token comes from the pr
 `tokens − 1` one-token forwards are timed.
 
 `full-size` is `decode` with that benchmark's defaults: cold, prompt ids 1..16, 24 tokens,
-specfit at `ram,8,16,32,64` (without `ram` for a file larger than memory), its own report
-(bench-results/full_size.json). Its decoding is greedy like `decode`'s (the retired full_size.py
-sampled at temperature 1, so the two engines decoded different tokens). A random model's greedy
-output tends to repeat one token, which routes every step to about the same experts: the disk
-tier then hits more often than it would on sampled or real text, so the slot rows are optimistic
-and not comparable with the earlier sampled figures; llama.cpp's mmap rows are affected alike.
+specfit at `ram,8,16,32,64` (without `ram` for a file larger than memory), teacher forcing with
+`--feed-seed 0`, its own report (bench-results/full_size.json). A random model's greedy output
+repeats tokens, which route every step to about the same experts (the disk tier would hit more
+often than on real text); teacher forcing (as llama-bench feeds its tokens) instead feeds both
+engines the same seeded pseudo-random ids, one per forward after the prefill, so both decode the
+same sequence with each token routed about independently, and the report gives the share of
+positions where the tokens each engine chose agree (`--feed-seed -1`: greedy, as `decode`).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ import argparse
 import json
 import os
 import pathlib
+import random
 import re
 import sys
 import time
@@ -63,6 +66,7 @@ PROMPT = ("<|im_start|>user\nQuestion: Janet's ducks lay 16 eggs per day. She ea
           "the farmers' market?<|im_end|>\n<|im_start|>assistant\n")
 FULL_SIZE_PROMPT_IDS = ",".join(str(i) for i in range(1, 17))
 PROBE_TOKENS = 16
+FEED_VOCAB = 4096
 
 LLAMA = r'''
 import ctypes, json, sys, time
@@ -97,10 +101,11 @@ def run(toks, pos0):
     assert L.llama_decode(ctx, b) == 0
     z = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
     return int(np.argmax(z))
+feed = cfg.get("feed") or []
 nxt = run(prompt, 0); ttft = time.time() - t0
 toks = [nxt]; t = time.time()
 for s in range(n - 1):
-    nxt = run([nxt], len(prompt) + s); toks.append(nxt)
+    nxt = run([feed[s] if feed else nxt], len(prompt) + s); toks.append(nxt)
 print("RESULT", ttft, (n - 1) / (time.time() - t), ",".join(map(str, toks)), flush=True)
 '''
 
@@ -128,10 +133,13 @@ def tokenize(gguf: pathlib.Path, prompt: str, threads: int) -> list[int]:
     return [int(x) for x in next(l for l in out.splitlines() if l.startswith("IDS")).split()[1].split(",")]
 
 
-def run_specfit(gguf: pathlib.Path, config: str, ids: list[int], tokens: int, threads: int) -> dict:
+def run_specfit(gguf: pathlib.Path, config: str, ids: list[int], tokens: int, threads: int,
+                feed: list[int]) -> dict:
     store = ["--store", "ram"] if config == "ram" else ["--store", "disk", "--slots", config]
     cmd = [str(SPECFIT), "generate", "--model", str(gguf), *store,
            "--prompt-ids", ",".join(map(str, ids)), "--max-tokens", str(tokens), "--ignore-eos"]
+    if feed:
+        cmd += ["--feed-ids", ",".join(map(str, feed))]
     env = {"SPECFIT_THREADS": str(threads)}
     out, st, wall = execute(cmd, os.environ | env)
     m = re.search(r"(\d+) tokens, ([\d.]+) tok/s decode; prefill (\d+) tokens in ([\d.]+) ms", out)
@@ -157,6 +165,11 @@ def add_arguments(ap: argparse.ArgumentParser, full_size: bool = False) -> None:
     ap.add_argument("--prompt", default=PROMPT, help="text, tokenized by the file's own tokenizer")
     ap.add_argument("--prompt-ids", default=FULL_SIZE_PROMPT_IDS if full_size else None,
                     help="comma-separated prompt ids instead of --prompt (for a file without a tokenizer)")
+    ap.add_argument("--feed-seed", type=int, default=0 if full_size else None,
+                    help="teacher forcing: both engines are fed the same pseudo-random ids (seeded, "
+                         f"in [1, {FEED_VOCAB})) one per forward instead of the tokens they choose"
+                         + ("; default 0 (a random model's greedy output repeats tokens); -1: greedy"
+                            if full_size else "; default: greedy"))
     ap.add_argument("--out", type=pathlib.Path,
                     default=ROOT / "bench-results" / ("full_size.json" if full_size else "peer_protocol.json"))
     ap.set_defaults(run=run_full_size if full_size else run)
@@ -193,7 +206,8 @@ def run(args: argparse.Namespace) -> None:
     fits = fits_in_memory(size)
     ids = ([int(x) for x in args.prompt_ids.split(",")] if args.prompt_ids
            else tokenize(args.gguf, args.prompt, args.threads))
-    base = {"gguf": str(args.gguf), "threads": args.threads, "tokens": args.tokens, "ids": ids}
+    feed = fed_ids(args.feed_seed, args.tokens)
+    base = {"gguf": str(args.gguf), "threads": args.threads, "tokens": args.tokens, "ids": ids, "feed": feed}
 
     # Flash attention: one probe run of each setting (repacking off, no mlock), the faster kept.
     figures = {}
@@ -210,7 +224,8 @@ def run(args: argparse.Namespace) -> None:
             dropped = prepare_cache([args.gguf], args.cold)
             before = cached_bytes(args.gguf)
             try:
-                res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads) if "specfit" in cfg
+                res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads, feed)
+                       if "specfit" in cfg
                        else run_llama(cfg))
             except RuntimeError as e:
                 print(f"round {r} {name}: failed: {str(e)[:200]}", flush=True)
@@ -233,6 +248,8 @@ def run(args: argparse.Namespace) -> None:
               "mode": "cold" if args.cold else "warm", "threads": args.threads,
               "specfit_io_threads": m["specfit_io_threads"], "tokens": args.tokens, "rounds": args.rounds,
               "prompt": None if args.prompt_ids else args.prompt, "prompt_ids": ids,
+              "decoding": "teacher-forced" if feed else "greedy", "feed_seed": args.feed_seed if feed else None,
+              "feed_ids": feed,
               "flash_attention_probe_tok_s": {"off": figures["off"], "on": figures["on"]},
               "flash_attention_probe": probe, "flash_attention": flash, "cpu": m["cpu"], "machine": m,
               "invocation": args.invocation, "llama_script": LLAMA,
@@ -254,15 +271,36 @@ def row(name: str, rs: list[dict], reference: str | None) -> dict:
            "page_cache_gb": summary([max(x["file_cached_after"], 0) / 1e9 for x in ok]),
            "read_gb": summary([x["stats"].get("read_bytes", 0) / 1e9 for x in ok]),
            "same_tokens_as_llama": all(x["tokens"] == reference for x in ok),
+           "agreement_with_llama": None if reference is None
+           else min(agreement(x["tokens"], reference) for x in ok),
            "caches_dropped": all(x["caches_dropped"] for x in ok)}
     out["memory_gb_median"] = out["peak_rss_gb"]["median"] + out["page_cache_gb"]["median"]
     return out
 
 
+def fed_ids(seed: int | None, tokens: int) -> list[int]:
+    """The ids both engines are fed under teacher forcing (none: greedy decoding): one per
+    forward after the prefill, drawn from the first FEED_VOCAB ids (within every file's
+    vocabulary, the paper-scale files' 4,096 included)."""
+    if seed is None or seed < 0:
+        return []
+    rng = random.Random(seed)
+    return [rng.randrange(1, FEED_VOCAB) for _ in range(tokens - 1)]
+
+
+def agreement(tokens: str, reference: str | None) -> float | None:
+    """The share of positions where two comma-separated token lists agree."""
+    if reference is None:
+        return None
+    a, b = tokens.split(","), reference.split(",")
+    return sum(x == y for x, y in zip(a, b)) / max(len(a), len(b), 1)
+
+
 def markdown(report: dict) -> str:
     p = report["flash_attention_probe"]
     lines = [f"{pathlib.Path(report['gguf']).name}, {report['mode']}, {report['threads']} threads "
-             f"(+ {report['specfit_io_threads']} specfit I/O threads), {report['tokens']} greedy tokens, "
+             f"(+ {report['specfit_io_threads']} specfit I/O threads), {report['tokens']} "
+             f"{'teacher-forced (fed ids seeded ' + str(report['feed_seed']) + ')' if report['feed_ids'] else 'greedy'} tokens, "
              f"{report['rounds']} rounds, flash attention {p['chosen']} (probe: off {p['off']:.2f}, "
              f"on {p['on']:.2f} tok/s)", "",
              "| engine | tok/s median (min–max) | × best llama.cpp | TTFT s | peak RSS GB | + page cache GB "
@@ -277,9 +315,17 @@ def markdown(report: dict) -> str:
         ratio = f"{r['vs_best_llama']:.2f}" if r["vs_best_llama"] else "–"
         lines.append(f"| {r['engine']} | {spread(r['tok_s'])} | {ratio} | {r['ttft_s']['median']:.1f} "
                      f"| {r['peak_rss_gb']['median']:.1f} | {r['page_cache_gb']['median']:.1f} "
-                     f"| {r['read_gb']['median']:.1f} | {'yes' if r['same_tokens_as_llama'] else 'no'} "
+                     f"| {r['read_gb']['median']:.1f} | {same(r)} "
                      f"| {dropped(report['mode'], r['caches_dropped'])} |")
     return "\n".join(lines)
+
+
+def same(r: dict) -> str:
+    """The "same tokens" cell: yes, or the lowest share of positions agreeing with llama.cpp."""
+    if r["same_tokens_as_llama"]:
+        return "yes"
+    a = r.get("agreement_with_llama")
+    return "no" if a is None else f"{100 * a:.0f}% of positions"
 
 
 def dropped(mode: str, caches_dropped: bool) -> str:

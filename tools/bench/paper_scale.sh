@@ -4,20 +4,23 @@
 # larger than RAM, on the disk tier at 16 / 32 / 48 slots: calibrate, then `specfit bench` for
 # plain decoding, EAGLE-3 (K = 7), SpecFit and SpecFit with read-ahead on predicted routes,
 # every output checked against plain decoding. Summarization prompts are cut to their first 512
-# tokens. About 41 minutes on 2 cores (8 for (a), 32 for (b)); the reports go to bench-results/paper-{ram,disk}/.
+# tokens. At most 40 minutes on 2 cores (BENCHMARKS.md gives the measured times); the reports go
+# to bench-results/paper-{ram,disk}/.
 #
 #   cargo build --release
 #   target/release/specfit inflate --out bench-models/paper --type q4_k_m,q8_0
 #   tools/bench/paper_scale.sh [DIR]          # DIR: the inflated files (default bench-models/paper)
 #
-# Environment: SPECFIT_THREADS (default 2), RAM_PROMPTS (prompts per set for (a), default 6),
-# DISK_PROMPTS (for (b), default 2), PART (a, b or both: the default).
+# Environment: SPECFIT_THREADS (default 2), RAM_PROMPTS (prompts per set for (a), default 4),
+# DISK_PROMPTS (for (b), default 2), TOKENS (new tokens per prompt, default 24 for (a), 16 for
+# (b)), CYCLES (probe cycles per calibration prompt: default 4 for (a), 2 for (b)), PART (a, b or
+# both: the default).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 P=${1:-bench-models/paper}
 BIN=target/release/specfit
 export SPECFIT_THREADS=${SPECFIT_THREADS:-2}
-RAM_PROMPTS=${RAM_PROMPTS:-6}
+RAM_PROMPTS=${RAM_PROMPTS:-4}
 DISK_PROMPTS=${DISK_PROMPTS:-2}
 PART=${PART:-both}
 CAL_PROMPTS=data/calibration/paper_scale.jsonl
@@ -36,23 +39,23 @@ step() { echo "== $* (at $(( $(date +%s) - start )) s)" >&2; }
 if [ "$PART" != b ]; then
     step "(a) calibrate the Q4_K_M file in RAM"
     "$BIN" calibrate --model "$P/target-q4_k_m.gguf" --drafter "$P/drafter" --store ram \
-        --prompts "$CAL_PROMPTS" --cycles 8
+        --prompts "$CAL_PROMPTS" --cycles "${CYCLES:-4}"
     step "(a) bench, $RAM_PROMPTS prompts per set"
     "$BIN" bench --model "$P/target-q4_k_m.gguf" --drafter "$P/drafter" \
         --predictor "$P/route-predictor.safetensors" --store ram \
         --calibration "$P/target-q4_k_m.specfit-calibration.ram.json" --max-prompt-tokens 512 \
-        --limit "$RAM_PROMPTS" --only 'ar,eagle3,specfit,specfit[predictor]' --validate 0 \
+        --limit "$RAM_PROMPTS" --max-tokens "${TOKENS:-24}" --only 'ar,eagle3,specfit,specfit[predictor]' --validate 0 \
         --out bench-results/paper-ram
 fi
 if [ "$PART" != a ]; then
     step "(b) calibrate the Q8_0 file on the disk tier at 32 slots"
     "$BIN" calibrate --model "$P/target-q8_0.gguf" --drafter "$P/drafter" --store disk --slots 32 \
-        --prompts "$CAL_PROMPTS" --cycles 4
+        --prompts "$CAL_PROMPTS" --cycles "${CYCLES:-2}"
     step "(b) bench at 16 / 32 / 48 slots, $DISK_PROMPTS prompts per set"
     "$BIN" bench --model "$P/target-q8_0.gguf" --drafter "$P/drafter" \
         --predictor "$P/route-predictor.safetensors" --store disk --slots 32 --sweep 16,32,48 \
         --calibration "$P/target-q8_0.specfit-calibration.disk.json" --max-prompt-tokens 512 \
-        --limit "$DISK_PROMPTS" --max-tokens 24 \
+        --limit "$DISK_PROMPTS" --max-tokens "${TOKENS:-16}" \
         --only 'ar,eagle3,specfit[predictor],specfit+ahead[predictor]' --validate 0 \
         --out bench-results/paper-disk
 fi

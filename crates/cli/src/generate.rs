@@ -62,6 +62,43 @@ pub struct Args {
     /// policies; outputs are unchanged).
     #[arg(long)]
     read_ahead: bool,
+    /// Teacher forcing, for benchmarks: feed these comma-separated ids, one per forward after
+    /// the prefill, instead of the tokens chosen (as llama-bench feeds its tokens), so every run
+    /// decodes the same sequence whatever the model chooses; the tokens printed are the ones
+    /// chosen at each position. Needs at least --max-tokens − 1 ids; plain decoding only.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "IDS",
+        conflicts_with = "drafter"
+    )]
+    feed_ids: Option<Vec<u32>>,
+}
+
+/// The ids of --feed-ids, checked against the vocabulary and --max-tokens.
+fn feed_ids(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<Vec<u32>> {
+    let Some(ids) = &args.feed_ids else {
+        return Ok(Vec::new());
+    };
+    if let Some((i, id)) = ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= cfg.vocab_size)
+    {
+        anyhow::bail!(
+            "--feed-ids: id {id} (number {}) is outside the vocabulary (vocab_size = {})",
+            i + 1,
+            cfg.vocab_size
+        );
+    }
+    let needed = args.max_tokens.saturating_sub(1);
+    ensure!(
+        ids.len() >= needed,
+        "--feed-ids gives {} ids; --max-tokens {} needs {needed} (one per forward after the prefill)",
+        ids.len(),
+        args.max_tokens
+    );
+    Ok(ids.clone())
 }
 
 /// Refuses a decode that would run past the model's positions (`max_position_embeddings`): the
@@ -130,6 +167,7 @@ pub fn run(args: &Args) -> Result<()> {
     let options = GenerateOptions {
         max_tokens: args.max_tokens,
         stop,
+        feed: feed_ids(args, model.config())?,
         ..Default::default()
     };
     let mut printer = Printer::new(tokenizer);

@@ -337,3 +337,41 @@ fn slots_zero_means_no_cache_like_clear_cache() {
     assert_eq!(stats(&zero), stats(&cleared));
     assert!(stats(&zero).contains(" 0.0 hits"), "{}", stats(&zero));
 }
+
+#[test]
+fn feed_ids_decode_a_fixed_sequence_and_bad_feeds_get_one_clear_line() {
+    let base = [
+        "generate",
+        "--model",
+        "fixtures/qwen3moe/eagle_target",
+        "--prompt-ids",
+        "1,243,56",
+        "--max-tokens",
+        "6",
+        "--ignore-eos",
+    ];
+    let greedy = ok(&base);
+    let ids = String::from_utf8_lossy(&greedy.stdout).trim().to_string();
+    // Fed back, the greedy tokens decode exactly the greedy tokens.
+    let fed_back = ok(&[&base[..], &["--feed-ids", &ids]].concat());
+    assert_eq!(String::from_utf8_lossy(&fed_back.stdout).trim(), ids);
+    // Another sequence fed: the chosen tokens follow it, not the greedy continuation.
+    let other = ok(&[&base[..], &["--feed-ids", "7,7,7,7,7"]].concat());
+    assert_ne!(String::from_utf8_lossy(&other.stdout).trim(), ids);
+    fails_with(
+        &[&base[..], &["--feed-ids", "7,7"]].concat(),
+        None,
+        "--feed-ids gives 2 ids; --max-tokens 6 needs 5",
+    );
+    fails_with(
+        &[&base[..], &["--feed-ids", "7,7,99999,7,7"]].concat(),
+        None,
+        "id 99999 (number 3) is outside the vocabulary",
+    );
+    let with_drafter = specfit(
+        &[&base[..], &["--feed-ids", "7,7,7,7,7", "--drafter"]].concat(),
+        None,
+    );
+    assert_eq!(with_drafter.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&with_drafter.stderr).contains("cannot be used with"));
+}

@@ -77,6 +77,10 @@ pub enum EngineError {
         index: usize,
         vocab: usize,
     },
+    #[error(
+        "teacher forcing: {feed} ids fed, {needed} needed (one per forward after the prefill)"
+    )]
+    FeedTooShort { feed: usize, needed: usize },
     #[error("batch has {tokens} tokens but {positions} position ids")]
     PositionCount { tokens: usize, positions: usize },
     #[error("mask: {reason}")]

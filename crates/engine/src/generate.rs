@@ -19,6 +19,11 @@ pub struct GenerateOptions {
     pub max_tokens: usize,
     /// Stop after emitting any of these (the stop token is included in the output).
     pub stop: Vec<u32>,
+    /// Teacher forcing: when not empty, the forward after the i-th emitted token is fed `feed[i]`
+    /// instead of that token, so a benchmark decodes one fixed sequence whatever the model
+    /// chooses (as llama-bench feeds its tokens). The tokens reported are still the ones chosen
+    /// at each position. Needs at least `max_tokens - 1` ids.
+    pub feed: Vec<u32>,
     /// Raised by someone else: stop after the token just emitted.
     pub cancel: Cancel,
 }
@@ -66,6 +71,7 @@ pub fn generate(
     if prompt.is_empty() {
         return Err(EngineError::EmptyPrompt);
     }
+    check_feed(options)?;
     decode(
         model,
         experts,
@@ -94,6 +100,7 @@ pub fn generate_from(
             ..GenerateReport::default()
         });
     }
+    check_feed(options)?;
     let kv = prefix.target_kv.clone();
     let mut report = decode(
         model,
@@ -106,6 +113,19 @@ pub fn generate_from(
     )?;
     report.prompt_tokens = prefix.prompt_len;
     Ok(report)
+}
+
+/// Refuses a teacher-forced decode with fewer fed ids than forwards after the prefill.
+fn check_feed(options: &GenerateOptions) -> Result<(), EngineError> {
+    let needed = options.max_tokens.saturating_sub(1);
+    if options.feed.is_empty() || options.feed.len() >= needed {
+        Ok(())
+    } else {
+        Err(EngineError::FeedTooShort {
+            feed: options.feed.len(),
+            needed,
+        })
+    }
 }
 
 /// Runs `fresh` (the prompt tokens not yet in `kv`) as the prefill forward, then one forward
@@ -144,7 +164,12 @@ fn decode(
         if done || options.cancel.is_cancelled() {
             break;
         }
-        let out = model.forward(&Batch::causal(&[next]), &mut kv, experts)?;
+        let input = options
+            .feed
+            .get(report.tokens.len() - 1)
+            .copied()
+            .unwrap_or(next);
+        let out = model.forward(&Batch::causal(&[input]), &mut kv, experts)?;
         next = sampler.sample(out.row(0));
     }
     report.decode_seconds = start.elapsed().as_secs_f64();

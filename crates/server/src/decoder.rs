@@ -195,6 +195,7 @@ impl EngineDecoder {
                 max_tokens: request.max_tokens,
                 stop: request.stop.clone(),
                 cancel: cancel.clone(),
+                ..Default::default()
             };
             let mut sampler = Sampler::new(request.sampling, request.seed);
             let r = generate_from(

@@ -1,0 +1,75 @@
+//! Teacher-forced plain decoding (`GenerateOptions.feed`): each forward after the prefill is fed
+//! the next given id instead of the token chosen, and the token chosen at each position is what
+//! one causal forward over prompt + fed ids chooses there — the fixed-sequence decode the peer
+//! benchmarks run on random-weight models.
+
+mod common;
+use common::*;
+
+use specfit_engine::{generate, Batch, EngineError, GenerateOptions, Qwen3Moe, Sampler, Sampling};
+
+const PROMPT: &[u32] = &[1, 243, 56, 119, 188, 74, 255, 15];
+const FEED: &[u32] = &[9, 9, 31, 4, 77, 12, 200, 3, 3, 150, 64];
+
+fn fed(target: &Qwen3Moe, slots: usize, feed: &[u32], max_tokens: usize) -> Vec<u32> {
+    let (_, mut cache) = fixture_target(slots);
+    let options = GenerateOptions {
+        max_tokens,
+        feed: feed.to_vec(),
+        ..Default::default()
+    };
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    generate(target, &mut cache, PROMPT, &mut sampler, &options, |_| {})
+        .unwrap()
+        .tokens
+}
+
+#[test]
+fn each_token_chosen_under_teacher_forcing_is_the_argmax_of_one_forward_over_the_fed_sequence() {
+    let (target, mut all) = fixture_target(usize::MAX);
+    let sequence: Vec<u32> = PROMPT.iter().chain(FEED).copied().collect();
+    let mut kv = target.new_kv_cache();
+    let out = target
+        .forward(&Batch::causal(&sequence), &mut kv, &mut all)
+        .unwrap();
+    let mut greedy = Sampler::new(Sampling::Greedy, 0);
+    let want: Vec<u32> = (PROMPT.len() - 1..sequence.len())
+        .map(|r| greedy.sample(out.row(r)))
+        .collect();
+    for slots in [2, usize::MAX] {
+        assert_eq!(
+            fed(&target, slots, FEED, FEED.len() + 1),
+            want,
+            "slots {slots}"
+        );
+    }
+}
+
+#[test]
+fn feeding_back_the_greedy_tokens_decodes_exactly_the_greedy_tokens() {
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let greedy = plain_tokens(
+        &target,
+        &mut cache,
+        PROMPT,
+        Sampler::new(Sampling::Greedy, 0),
+        16,
+    );
+    assert_eq!(fed(&target, 4, &greedy, 16), greedy);
+}
+
+#[test]
+fn a_feed_shorter_than_the_forwards_after_the_prefill_is_refused() {
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let options = GenerateOptions {
+        max_tokens: 5,
+        feed: vec![1, 2, 3],
+        ..Default::default()
+    };
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let err = generate(&target, &mut cache, PROMPT, &mut sampler, &options, |_| {}).unwrap_err();
+    assert!(
+        matches!(err, EngineError::FeedTooShort { feed: 3, needed: 4 }),
+        "{err}"
+    );
+}

@@ -167,9 +167,12 @@ def add_arguments(ap: argparse.ArgumentParser, full_size: bool = False) -> None:
                     help="comma-separated prompt ids instead of --prompt (for a file without a tokenizer)")
     ap.add_argument("--feed-seed", type=int, default=0 if full_size else None,
                     help="teacher forcing: both engines are fed the same pseudo-random ids (seeded, "
-                         f"in [1, {FEED_VOCAB})) one per forward instead of the tokens they choose"
+                         "in [1, --feed-vocab)) one per forward instead of the tokens they choose"
                          + ("; default 0 (a random model's greedy output repeats tokens); -1: greedy"
                             if full_size else "; default: greedy"))
+    ap.add_argument("--feed-vocab", type=int, default=FEED_VOCAB,
+                    help=f"fed ids are below this (default {FEED_VOCAB}: inside every file's vocabulary, the "
+                         "paper-scale files' 4,096 included)")
     ap.add_argument("--out", type=pathlib.Path,
                     default=ROOT / "bench-results" / ("full_size.json" if full_size else "peer_protocol.json"))
     ap.set_defaults(run=run_full_size if full_size else run)
@@ -206,7 +209,7 @@ def run(args: argparse.Namespace) -> None:
     fits = fits_in_memory(size)
     ids = ([int(x) for x in args.prompt_ids.split(",")] if args.prompt_ids
            else tokenize(args.gguf, args.prompt, args.threads))
-    feed = fed_ids(args.feed_seed, args.tokens)
+    feed = fed_ids(args.feed_seed, args.tokens, args.feed_vocab)
     base = {"gguf": str(args.gguf), "threads": args.threads, "tokens": args.tokens, "ids": ids, "feed": feed}
 
     # Flash attention: one probe run of each setting (repacking off, no mlock), the faster kept.
@@ -249,6 +252,7 @@ def run(args: argparse.Namespace) -> None:
               "specfit_io_threads": m["specfit_io_threads"], "tokens": args.tokens, "rounds": args.rounds,
               "prompt": None if args.prompt_ids else args.prompt, "prompt_ids": ids,
               "decoding": "teacher-forced" if feed else "greedy", "feed_seed": args.feed_seed if feed else None,
+              "feed_vocab": args.feed_vocab if feed else None,
               "feed_ids": feed,
               "flash_attention_probe_tok_s": {"off": figures["off"], "on": figures["on"]},
               "flash_attention_probe": probe, "flash_attention": flash, "cpu": m["cpu"], "machine": m,
@@ -278,14 +282,15 @@ def row(name: str, rs: list[dict], reference: str | None) -> dict:
     return out
 
 
-def fed_ids(seed: int | None, tokens: int) -> list[int]:
+def fed_ids(seed: int | None, tokens: int, vocab: int) -> list[int]:
     """The ids both engines are fed under teacher forcing (none: greedy decoding): one per
-    forward after the prefill, drawn from the first FEED_VOCAB ids (within every file's
-    vocabulary, the paper-scale files' 4,096 included)."""
+    forward after the prefill, drawn uniformly from 1..vocab-1 by a generator seeded `seed`."""
     if seed is None or seed < 0:
         return []
+    if vocab < 2:
+        raise SystemExit(f"--feed-vocab {vocab}: must be at least 2")
     rng = random.Random(seed)
-    return [rng.randrange(1, FEED_VOCAB) for _ in range(tokens - 1)]
+    return [rng.randrange(1, vocab) for _ in range(tokens - 1)]
 
 
 def agreement(tokens: str, reference: str | None) -> float | None:

@@ -4,8 +4,8 @@
 # larger than RAM, on the disk tier at 16 / 32 / 48 slots: calibrate, then `specfit bench` for
 # plain decoding, EAGLE-3 (K = 7), SpecFit and SpecFit with read-ahead on predicted routes,
 # every output checked against plain decoding. Summarization prompts are cut to their first 512
-# tokens. At most 40 minutes on 2 cores (BENCHMARKS.md gives the measured times); the reports go
-# to bench-results/paper-{ram,disk}/.
+# tokens. 65 minutes on a 2-vCPU AMD EPYC Zen 3 (14 for (a), 15 for (b)'s calibration, 35 for its
+# bench; BENCHMARKS.md gives the measured times); the reports go to bench-results/paper-{ram,disk}/.
 #
 #   cargo build --release
 #   target/release/specfit inflate --out bench-models/paper --type q4_k_m,q8_0

@@ -310,18 +310,21 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
     ]);
 }
 
+/// Plain decoding of 6 tokens of a 3-token prompt on the tiny EAGLE-3 target.
+const SIX_TOKENS: [&str; 8] = [
+    "generate",
+    "--model",
+    "fixtures/qwen3moe/eagle_target",
+    "--prompt-ids",
+    "1,243,56",
+    "--max-tokens",
+    "6",
+    "--ignore-eos",
+];
+
 #[test]
 fn slots_zero_means_no_cache_like_clear_cache() {
-    let base = [
-        "generate",
-        "--model",
-        "fixtures/qwen3moe/eagle_target",
-        "--prompt-ids",
-        "1,243,56",
-        "--max-tokens",
-        "6",
-        "--ignore-eos",
-    ];
+    let base = SIX_TOKENS;
     let zero = ok(&[&base[..], &["--slots", "0"]].concat());
     let cleared = ok(&[&base[..], &["--clear-cache"]].concat());
     assert_eq!(zero.stdout, cleared.stdout);
@@ -340,16 +343,7 @@ fn slots_zero_means_no_cache_like_clear_cache() {
 
 #[test]
 fn feed_ids_decode_a_fixed_sequence_and_bad_feeds_get_one_clear_line() {
-    let base = [
-        "generate",
-        "--model",
-        "fixtures/qwen3moe/eagle_target",
-        "--prompt-ids",
-        "1,243,56",
-        "--max-tokens",
-        "6",
-        "--ignore-eos",
-    ];
+    let base = SIX_TOKENS;
     let greedy = ok(&base);
     let ids = String::from_utf8_lossy(&greedy.stdout).trim().to_string();
     // Fed back, the greedy tokens decode exactly the greedy tokens.

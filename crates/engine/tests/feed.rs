@@ -6,13 +6,23 @@
 mod common;
 use common::*;
 
-use specfit_engine::{generate, Batch, EngineError, GenerateOptions, Qwen3Moe, Sampler, Sampling};
+use specfit_engine::{
+    generate, Batch, CacheMode, EngineError, ExpertCache, GenerateOptions, Qwen3Moe, Sampler,
+    Sampling,
+};
 
 const PROMPT: &[u32] = &[1, 243, 56, 119, 188, 74, 255, 15];
 const FEED: &[u32] = &[9, 9, 31, 4, 77, 12, 200, 3, 3, 150, 64];
 
-fn fed(target: &Qwen3Moe, slots: usize, feed: &[u32], max_tokens: usize) -> Vec<u32> {
-    let (_, mut cache) = fixture_target(slots);
+/// Greedy decoding of PROMPT fed `feed`, through a fresh sibling of `all` with `slots` slots.
+fn fed(
+    target: &Qwen3Moe,
+    all: &ExpertCache,
+    slots: usize,
+    feed: &[u32],
+    max_tokens: usize,
+) -> Vec<u32> {
+    let mut cache = all.sibling(slots, CacheMode::Lru).unwrap();
     let options = GenerateOptions {
         max_tokens,
         feed: feed.to_vec(),
@@ -38,7 +48,7 @@ fn each_token_chosen_under_teacher_forcing_is_the_argmax_of_one_forward_over_the
         .collect();
     for slots in [2, usize::MAX] {
         assert_eq!(
-            fed(&target, slots, FEED, FEED.len() + 1),
+            fed(&target, &all, slots, FEED, FEED.len() + 1),
             want,
             "slots {slots}"
         );
@@ -55,7 +65,7 @@ fn feeding_back_the_greedy_tokens_decodes_exactly_the_greedy_tokens() {
         Sampler::new(Sampling::Greedy, 0),
         16,
     );
-    assert_eq!(fed(&target, 4, &greedy, 16), greedy);
+    assert_eq!(fed(&target, &cache, 4, &greedy, 16), greedy);
 }
 
 #[test]

@@ -4,26 +4,27 @@
 # larger than RAM, on the disk tier at 16 / 32 / 48 slots: calibrate, then `specfit bench` for
 # plain decoding, EAGLE-3 (K = 7), SpecFit and SpecFit with read-ahead on predicted routes,
 # every output checked against plain decoding. Summarization prompts are cut to their first 512
-# tokens. 65 minutes on a 2-vCPU AMD EPYC Zen 3 (14 for (a), 15 for (b)'s calibration, 35 for its
-# bench; BENCHMARKS.md gives the measured times); the reports go to bench-results/paper-{ram,disk}/.
+# tokens. BENCHMARKS.md gives the measured time of each part on the machine it ran on; the
+# reports go to bench-results/paper-{ram,disk}/.
 #
 #   cargo build --release
 #   target/release/specfit inflate --out bench-models/paper --type q4_k_m,q8_0
 #   tools/bench/paper_scale.sh [DIR]          # DIR: the inflated files (default bench-models/paper)
 #
 # Environment: SPECFIT_THREADS (default 2), RAM_PROMPTS (prompts per set for (a), default 4),
-# DISK_PROMPTS (for (b), default 2), TOKENS (new tokens per prompt, default 24 for (a), 16 for
-# (b)), CYCLES (probe cycles per calibration prompt: default 4 for (a), 2 for (b)), PART (a, b or
-# both: the default).
+# DISK_PROMPTS (for (b), default 1), TOKENS (new tokens per prompt, default 24 for (a), 16 for
+# (b)), CAL_PROMPTS (calibration prompts: default all 8 for (a), the first 4 for (b), where each
+# one's prefill reads most of the file), CYCLES (probe cycles per calibration prompt, default 4),
+# PART (a, b or both: the default).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 P=${1:-bench-models/paper}
 BIN=target/release/specfit
 export SPECFIT_THREADS=${SPECFIT_THREADS:-2}
 RAM_PROMPTS=${RAM_PROMPTS:-4}
-DISK_PROMPTS=${DISK_PROMPTS:-2}
+DISK_PROMPTS=${DISK_PROMPTS:-1}
 PART=${PART:-both}
-CAL_PROMPTS=data/calibration/paper_scale.jsonl
+CAL_FILE=data/calibration/paper_scale.jsonl
 
 [ -x "$BIN" ] || { echo "paper_scale.sh: build first: cargo build --release" >&2; exit 2; }
 for f in target-q4_k_m.gguf target-q8_0.gguf drafter/config.json route-predictor.safetensors; do
@@ -39,7 +40,7 @@ step() { echo "== $* (at $(( $(date +%s) - start )) s)" >&2; }
 if [ "$PART" != b ]; then
     step "(a) calibrate the Q4_K_M file in RAM"
     "$BIN" calibrate --model "$P/target-q4_k_m.gguf" --drafter "$P/drafter" --store ram \
-        --prompts "$CAL_PROMPTS" --cycles "${CYCLES:-4}"
+        --prompts "$CAL_FILE" --limit "${CAL_PROMPTS:-8}" --cycles "${CYCLES:-4}"
     step "(a) bench, $RAM_PROMPTS prompts per set"
     "$BIN" bench --model "$P/target-q4_k_m.gguf" --drafter "$P/drafter" \
         --predictor "$P/route-predictor.safetensors" --store ram \
@@ -50,7 +51,7 @@ fi
 if [ "$PART" != a ]; then
     step "(b) calibrate the Q8_0 file on the disk tier at 32 slots"
     "$BIN" calibrate --model "$P/target-q8_0.gguf" --drafter "$P/drafter" --store disk --slots 32 \
-        --prompts "$CAL_PROMPTS" --cycles "${CYCLES:-2}"
+        --prompts "$CAL_FILE" --limit "${CAL_PROMPTS:-4}" --cycles "${CYCLES:-4}"
     step "(b) bench at 16 / 32 / 48 slots, $DISK_PROMPTS prompts per set"
     "$BIN" bench --model "$P/target-q8_0.gguf" --drafter "$P/drafter" \
         --predictor "$P/route-predictor.safetensors" --store disk --slots 32 --sweep 16,32,48 \

@@ -49,6 +49,11 @@ pub struct Args {
     /// questions and CNN/DM training articles, disjoint from the bench prompts).
     #[arg(long)]
     prompts: Option<PathBuf>,
+    /// Use only the first N calibration prompts (default: all). Each prompt costs a prefill:
+    /// at paper scale on the disk tier one reads most of the file, so fewer prompts with more
+    /// --cycles give as many probes in less time.
+    #[arg(long, conflicts_with = "probes")]
+    limit: Option<usize>,
     /// Probe forwards per prompt.
     #[arg(long, default_value_t = 32)]
     cycles: usize,
@@ -156,6 +161,7 @@ fn from_rows(probes: &Path, model: Option<&Path>) -> Result<CalibrationJson> {
 
 /// Loads what `args` names and measures; returns the calibration and its default path.
 fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
+    ensure!(args.limit != Some(0), "--limit must be positive");
     let model_dir = args.model.clone().unwrap_or_else(crate::paths::target);
     let cfg = specfit_engine::Qwen3MoeConfig::load(&model_dir)?;
     let target = crate::target::TargetArgs {
@@ -170,10 +176,11 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);
     let drafter = Eagle3::load(&drafter_dir, model.config())?;
     let tokenizer = Tokenizer::load(&model_dir)?;
-    let prompts = match &args.prompts {
+    let mut prompts = match &args.prompts {
         Some(path) => read_prompts(path, &tokenizer)?,
         None => default_prompts(&tokenizer)?,
     };
+    prompts.truncate(args.limit.unwrap_or(usize::MAX));
     let plan = Plan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,

@@ -14,6 +14,8 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             "ram",
             "--cycles",
             "4",
+            "--limit",
+            "12",
             "--out",
             cal.to_str().unwrap(),
         ],
@@ -21,6 +23,8 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    // 12 of the 30 shipped prompts, 4 probe forwards each.
+    assert!(stderr.contains("48 probe rows, K = "), "{stderr}");
     assert!(stderr.contains("paper form R²"), "{stderr}");
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();

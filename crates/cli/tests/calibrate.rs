@@ -312,3 +312,22 @@ fn calibrate_stores_drafting_costs_measured_elsewhere_and_refuses_bad_ones() {
     let out = specfit(&["calibrate", "--drafting", "x.json"], None);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn calibrate_refuses_a_zero_prompt_limit_before_loading_anything_and_a_limit_on_fitted_rows() {
+    for args in [
+        &["calibrate", "--limit", "0", "--model", "/nonexistent"][..],
+        &[
+            "calibrate",
+            "--probes",
+            "docs/gpu/h200-probes.jsonl",
+            "--limit",
+            "2",
+        ][..],
+    ] {
+        let out = specfit(args, None);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let why = String::from_utf8_lossy(&out.stderr);
+        assert!(why.contains("--limit"), "{args:?}: {why}");
+    }
+}

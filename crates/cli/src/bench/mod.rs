@@ -111,8 +111,12 @@ struct Setup {
     drafter: Eagle3,
     /// The cache every configuration's cache is a sibling of (shares its store).
     base: ExpertCache,
-    atlas: Atlas,
-    corrupt: Atlas,
+    /// Exact routes for the rows that take them (`corrupt`: the corrupted-routes row), each
+    /// made on first use: its routing cache maps the model a second time, which at paper scale
+    /// on the disk tier takes half a minute, for rows that may not run.
+    atlas: Option<Atlas>,
+    corrupt: Option<Atlas>,
+    model_path: PathBuf,
     predictor: Option<specfit_engine::predictor::RoutePredictor>,
     calibration: CalibrationJson,
     calibration_path: PathBuf,
@@ -277,7 +281,8 @@ pub fn run(args: &Args) -> Result<()> {
                 .map(|(p, &n)| (&p.tokens[..], n))
                 .collect();
             let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
-            let traces = validate::traces(&s.model, &s.drafter, cache, &mut s.atlas, &prompts)?;
+            let atlas = atlas(&mut s.atlas, &s.model_path, &s.base, &RouteChoice::Atlas)?;
+            let traces = validate::traces(&s.model, &s.drafter, cache, atlas, &prompts)?;
             let cfg = s.model.config();
             let machine = validate::Machine {
                 header: specfit_trace::TraceHeader::new(
@@ -430,18 +435,13 @@ fn setup(args: &Args) -> Result<Setup> {
     };
     // Measured last: every argument is checked before the 25 s of probe forwards.
     let (calibration, calibration_path) = calibration(args, &model, &drafter, &base, &tokenizer)?;
-    let atlas = Atlas::new(routing_cache(&args.model, &base)?);
-    let corrupt = policy::atlas_for(
-        Atlas::new(routing_cache(&args.model, &base)?),
-        &RouteChoice::Corrupt(0.4),
-        0,
-    );
     Ok(Setup {
         model,
         drafter,
         base,
-        atlas,
-        corrupt,
+        atlas: None,
+        corrupt: None,
+        model_path: args.model.clone(),
         predictor,
         calibration,
         calibration_path,
@@ -528,6 +528,24 @@ fn prefill<'a>(
     })
 }
 
+/// The atlas in `slot`, made on first use over a routing cache of `model` (with `route`'s
+/// corruption, seed 0, when it names one).
+fn atlas<'a>(
+    slot: &'a mut Option<Atlas>,
+    model: &std::path::Path,
+    base: &ExpertCache,
+    route: &RouteChoice,
+) -> Result<&'a mut Atlas> {
+    Ok(match slot {
+        Some(a) => a,
+        empty => empty.insert(policy::atlas_for(
+            Atlas::new(routing_cache(model, base)?),
+            route,
+            0,
+        )),
+    })
+}
+
 /// A cache holding every expert, for routing draft pools outside the clock: a sibling of the
 /// base cache when its slots fit in memory, else (a GGUF file larger than that) the file mapped
 /// in place, as `--store ram` maps it.
@@ -608,8 +626,12 @@ fn decode_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Res
     }
     let routes = match (&c.routes, c.policy.needs_routes()) {
         (_, false) => Routes::None,
-        (RouteChoice::Atlas, true) => Routes::Atlas(&mut s.atlas),
-        (RouteChoice::Corrupt(_), true) => Routes::Atlas(&mut s.corrupt),
+        (RouteChoice::Atlas, true) => {
+            Routes::Atlas(atlas(&mut s.atlas, &s.model_path, &s.base, &c.routes)?)
+        }
+        (RouteChoice::Corrupt(_), true) => {
+            Routes::Atlas(atlas(&mut s.corrupt, &s.model_path, &s.base, &c.routes)?)
+        }
         (RouteChoice::Predictor(_), true) => match &s.predictor {
             Some(p) => Routes::Predictor(p),
             None => bail!("no route predictor loaded"),

@@ -76,9 +76,7 @@ pub fn probe(
         })?;
         let draft_ms = t0.elapsed().as_secs_f64() * 1e3;
         let levels = pool_depth(&pool);
-        // Sizes cycle through 0..=K, offset by the seed so that short probes of many prompts
-        // still cover every size.
-        let want = (cycle / 2 + plan.seed as usize) % (max_nodes + 1);
+        let want = probe_size(cycle, plan.seed, cycles, max_nodes);
         let chosen = random_subtree(&pool, want, &mut rng);
         let cache = every_other(experts, emptied.as_deref_mut(), cycle);
         let tree = Tree {
@@ -116,6 +114,18 @@ pub fn probe(
         verify: rows,
         plain,
     })
+}
+
+/// The subtree size probe cycle `cycle` (of `cycles`) of the prompt with seed `seed` asks for:
+/// sizes step through 0..=K every second cycle (so each size is probed on both caches, see
+/// [`every_other`]), and each seed starts where the previous one's run of sizes ended, so
+/// that a few prompts with a few cycles each (4 × 4 at paper scale, where every prompt's
+/// prefill is costly) still cover every size from 0 to K.
+fn probe_size(cycle: usize, seed: u64, cycles: usize, max_nodes: usize) -> usize {
+    let sizes = max_nodes + 1;
+    // Taken modulo the number of sizes first: no product or sum can overflow.
+    let start = (seed % sizes as u64) as usize * (cycles.div_ceil(2) % sizes);
+    (cycle / 2 % sizes + start % sizes) % sizes
 }
 
 /// The cache forward `i` of a probe runs on: `emptied` for every odd `i` when there is one, the
@@ -171,4 +181,41 @@ fn plain_step(
         ms,
     };
     Ok((row, out.argmax(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::probe_size;
+
+    /// The sizes `prompts` prompts (seeds 0..prompts) of `cycles` cycles each probe.
+    fn sizes(prompts: u64, cycles: usize, k: usize) -> Vec<usize> {
+        (0..prompts)
+            .flat_map(|seed| (0..cycles).map(move |c| probe_size(c, seed, cycles, k)))
+            .collect()
+    }
+
+    #[test]
+    fn four_prompts_of_four_cycles_probe_every_size_up_to_k_on_both_caches() {
+        let s = sizes(4, 4, 7);
+        for n in 0..=7 {
+            // Cycles alternate between the decoding and the emptied cache: each size on both.
+            let cycles: Vec<usize> = (0..s.len()).filter(|&i| s[i] == n).collect();
+            assert_eq!(cycles.len(), 2, "size {n}: {s:?}");
+            assert_ne!(cycles[0] % 2, cycles[1] % 2, "size {n}: {s:?}");
+        }
+    }
+
+    #[test]
+    fn every_plan_of_one_or_more_cycles_per_size_covers_every_size() {
+        for (prompts, cycles) in [(8, 2), (8, 4), (30, 32), (2, 8), (1, 16), (16, 1)] {
+            let s = sizes(prompts, cycles, 7);
+            assert!(
+                (0..=7).all(|n| s.contains(&n)),
+                "{prompts} x {cycles}: {s:?}"
+            );
+        }
+        // Huge counts wrap instead of overflowing.
+        assert!(probe_size(usize::MAX, u64::MAX, usize::MAX, 7) <= 7);
+        assert_eq!(probe_size(5, 3, 9, 0), 0);
+    }
 }

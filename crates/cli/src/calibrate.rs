@@ -15,6 +15,7 @@ use specfit_selector::{calibrate, Calibration, Probe};
 use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
 
 use crate::files::{read_text, write_atomic};
+use crate::prompt::read_prompts;
 use crate::target::StoreArg;
 
 #[derive(Debug, clap::Args)]
@@ -176,11 +177,12 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);
     let drafter = Eagle3::load(&drafter_dir, model.config())?;
     let tokenizer = Tokenizer::load(&model_dir)?;
+    let limit = args.limit.unwrap_or(usize::MAX);
     let mut prompts = match &args.prompts {
-        Some(path) => read_prompts(path, &tokenizer)?,
+        Some(path) => read_prompts(path, &tokenizer, limit)?,
         None => default_prompts(&tokenizer)?,
     };
-    prompts.truncate(args.limit.unwrap_or(usize::MAX));
+    prompts.truncate(limit);
     let plan = Plan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,
@@ -200,17 +202,9 @@ pub fn default_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
     let mut prompts = Vec::new();
     for file in ["gsm8k_train.jsonl", "cnn_dm_train.jsonl"] {
         let path = crate::paths::shipped(&format!("data/calibration/{file}"));
-        prompts.extend(read_prompts(&path, tokenizer)?);
+        prompts.extend(read_prompts(&path, tokenizer, usize::MAX)?);
     }
     Ok(prompts)
-}
-
-/// Calibration prompts: a JSON Lines file with a "question" per line, rendered as chat.
-pub fn read_prompts(path: &Path, tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
-    use crate::prompt::{chat_tokens, read_jsonl, user_turn};
-    read_jsonl(path, usize::MAX, |v, at| {
-        chat_tokens(tokenizer, user_turn(v, at)?, at)
-    })
 }
 
 /// How much to probe.

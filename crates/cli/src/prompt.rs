@@ -1,5 +1,6 @@
 //! The prompt options shared by `generate` and `record`: text through the checkpoint's tokenizer
-//! (optionally in its chat format), or raw token ids.
+//! (optionally in its chat format), or raw token ids; and the JSON Lines prompt files that
+//! `calibrate` and `train-predictor` read.
 
 use std::path::Path;
 
@@ -89,6 +90,12 @@ pub fn user_turn<'a>(v: &'a serde_json::Value, at: &str) -> Result<&'a str> {
     user.ok_or_else(|| {
         anyhow::anyhow!("{at}: no string \"question\", \"turns\"[0] or user message")
     })
+}
+
+/// The first `limit` prompts of a JSON Lines file (a "question", Spec-Bench "turns" or chat
+/// "messages" per line, see [`user_turn`]), each rendered with the chat template.
+pub fn read_prompts(path: &Path, tok: &Tokenizer, limit: usize) -> Result<Vec<Vec<u32>>> {
+    read_jsonl(path, limit, |v, at| chat_tokens(tok, user_turn(v, at)?, at))
 }
 
 /// `user` rendered with the chat template and tokenized; no tokens is an error naming `at`.

@@ -3,13 +3,14 @@
 //! pools along greedy outputs of training prompts, reports its per-layer top-k accuracy on
 //! held-out prompts and saves it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 use specfit_engine::predictor::{RoutePredictor, RouteSample};
 use specfit_engine::spec::{collect_route_samples, TreeShape};
 use specfit_engine::{Eagle3, Tokenizer};
 
+use crate::prompt::read_prompts;
 use crate::target::TargetArgs;
 
 #[derive(Debug, clap::Args)]
@@ -39,12 +40,6 @@ pub struct Args {
     /// Output safetensors file (written atomically).
     #[arg(long)]
     out: PathBuf,
-}
-
-/// Reads prompts (see `--prompts`) rendered with the chat template.
-fn read_prompts(path: &Path, tok: &Tokenizer, limit: usize) -> Result<Vec<Vec<u32>>> {
-    use crate::prompt::{chat_tokens, read_jsonl, user_turn};
-    read_jsonl(path, limit, |v, at| chat_tokens(tok, user_turn(v, at)?, at))
 }
 
 pub fn run(args: &Args) -> Result<()> {

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::spec::{probe, PlainStep, ProbePlan, ProbeRow, TreeShape};
+use specfit_engine::measure::{probe, PlainStep, ProbePlan, ProbeRow};
+use specfit_engine::policy::target_stamp;
+use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
 use specfit_selector::json::{
     read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
@@ -61,19 +63,6 @@ pub struct Args {
     /// Largest verified subtree (K).
     #[arg(long, default_value_t = 7)]
     max_nodes: usize,
-}
-
-/// The shape a calibration is valid for.
-pub fn target_stamp(
-    cfg: &specfit_engine::Qwen3MoeConfig,
-) -> serde_json::Map<String, serde_json::Value> {
-    let mut m = serde_json::Map::new();
-    m.insert("moe_layers".into(), cfg.moe_layers().len().into());
-    m.insert("experts".into(), cfg.num_experts.into());
-    m.insert("num_experts_per_tok".into(), cfg.num_experts_per_tok.into());
-    m.insert("hidden_size".into(), cfg.hidden_size.into());
-    m.insert("vocab_size".into(), cfg.vocab_size.into());
-    m
 }
 
 /// The default slot count of a model: a quarter of its experts per layer (at least one) — on

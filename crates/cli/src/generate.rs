@@ -1,13 +1,17 @@
-//! `specfit generate`: plain decoding on the offloaded engine, streaming text, then tok/s,
-//! prefill time and the expert copies per token.
+//! `specfit generate`: plain or speculative decoding on the offloaded engine, streaming text,
+//! then tok/s, prefill time, the cycles of a speculative decode and the expert copies per token.
 
 use std::io::Write;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Result};
-use specfit_engine::spec::TokenSink;
-use specfit_engine::{generate, GenerateOptions, Sampler, Sampling, TextDecoder, Tokenizer};
+use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
+use specfit_engine::spec::{Routes, Speculation, Start, TokenSink};
+use specfit_engine::{
+    generate, DecodeOptions, DecodeStats, ExpertCache, Qwen3Moe, Sampling, TextDecoder, Tokenizer,
+};
 
-use crate::policy::{self, Policy, RouteChoice};
+use crate::policy::{self, RouteChoice};
 use crate::prompt::PromptArgs;
 use crate::target::TargetArgs;
 
@@ -40,8 +44,8 @@ pub struct Args {
     #[arg(long, num_args = 0..=1, value_name = "DIR")]
     drafter: Option<Option<std::path::PathBuf>>,
     /// With --drafter: which draft nodes to verify each cycle.
-    #[arg(long, value_enum, default_value = "eagle3")]
-    policy: Policy,
+    #[arg(long, value_parser = policy::parse_policy(), default_value = "eagle3")]
+    policy: PolicyName,
     #[command(flatten)]
     tree: crate::tree::TreeArgs,
     /// Cost calibration for the specfit policies (default: the one `specfit calibrate` saved
@@ -105,7 +109,7 @@ fn feed_ids(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<Vec<u32
 /// prompt, the generated tokens and, with a drafter, the draft tree below the last one.
 fn check_context(cfg: &specfit_engine::Qwen3MoeConfig, prompt: usize, args: &Args) -> Result<()> {
     let context = cfg.max_position_embeddings;
-    let tree = if args.drafter.is_some() && args.policy != Policy::Ar {
+    let tree = if args.drafter.is_some() && args.policy != PolicyName::Ar {
         args.tree.levels
     } else {
         0
@@ -151,92 +155,49 @@ pub fn run(args: &Args) -> Result<()> {
     if args.ignore_eos {
         stop.clear();
     }
-    let rule = Sampling::from_temperature(args.temperature, args.top_p);
-    if let (Some(dir), true) = (&args.drafter, args.policy != Policy::Ar) {
-        let dir = dir.clone().unwrap_or_else(crate::paths::drafter);
-        return run_spec(
-            args,
-            &dir,
-            (&model, &mut cache),
-            &prompt,
-            (stop, rule),
-            tokenizer.as_ref(),
-        );
-    }
-    let mut sampler = Sampler::new(rule, args.seed);
-    let options = GenerateOptions {
+    let printer = Arc::new(Mutex::new(Printer::new(tokenizer)));
+    let sink = {
+        let printer = printer.clone();
+        move |tok| printer.lock().unwrap_or_else(|e| e.into_inner()).token(tok)
+    };
+    let options = DecodeOptions {
         max_tokens: args.max_tokens,
         stop,
+        sampling: Sampling::from_temperature(args.temperature, args.top_p),
+        seed: args.seed,
+        on_token: Some(TokenSink(Arc::new(sink))),
         feed: feed_ids(args, model.config())?,
-        ..Default::default()
+        shape: args.tree.shape()?,
+        read_ahead: args.read_ahead,
+        ..DecodeOptions::default()
     };
-    let mut printer = Printer::new(tokenizer);
-    let report = generate(&model, &mut cache, &prompt, &mut sampler, &options, |tok| {
-        printer.token(tok)
-    })?;
-    printer.finish()?;
-    let d = &report.decode_copies;
-    let decoded = report.tokens.len().saturating_sub(1).max(1) as f64;
-    eprintln!(
-        "{} tokens, {:.2} tok/s decode; prefill {} tokens in {:.1} ms",
-        report.tokens.len(),
-        report.tokens_per_second(),
-        report.prompt_tokens,
-        report.prefill_seconds * 1e3
-    );
-    eprintln!(
-        "experts ({}, {} slots/layer{}): per decoded token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies took {:.0}% of decode time",
-        cache.tier(),
-        cache.slots_per_layer(),
-        if args.target.no_cache() { ", cleared every forward" } else { "" },
-        d.hits as f64 / decoded,
-        d.misses as f64 / decoded,
-        d.bytes_copied as f64 / decoded / (1 << 20) as f64,
-        if report.decode_seconds > 0.0 { 100.0 * d.wait_seconds / report.decode_seconds } else { 0.0 }
-    );
-    if d.copy_seconds > 0.0 {
-        eprintln!(
-            "expert reads: {:.0} MiB/s per read, {:.1} ms of reads and {:.1} ms of waiting per decoded token",
-            d.bytes_copied as f64 / d.copy_seconds / (1 << 20) as f64,
-            1e3 * d.copy_seconds / decoded,
-            1e3 * d.wait_seconds / decoded
-        );
-    }
+    let stats = match &args.drafter {
+        Some(dir) if args.policy != PolicyName::Ar => {
+            let dir = dir.clone().unwrap_or_else(crate::paths::drafter);
+            speculate(args, &dir, (&model, &mut cache), &prompt, &options)?
+        }
+        _ => generate(&model, &mut cache, None, Start::Prompt(&prompt), &options)?,
+    };
+    printer.lock().unwrap_or_else(|e| e.into_inner()).finish()?;
+    summary(&stats, &cache, args.target.no_cache());
     Ok(())
 }
 
-/// Greedy EAGLE-3 tree decoding, then its cycle statistics.
-fn run_spec(
+/// EAGLE-3 tree decoding under `--policy`, on `--routes`.
+fn speculate(
     args: &Args,
     dir: &std::path::Path,
-    (model, cache): (&specfit_engine::Qwen3Moe, &mut specfit_engine::ExpertCache),
+    (model, cache): (&Qwen3Moe, &mut ExpertCache),
     prompt: &[u32],
-    (stop, sampling): (Vec<u32>, Sampling),
-    tokenizer: Option<&Tokenizer>,
-) -> Result<()> {
-    use specfit_engine::spec::{generate_spec, Routes, SpecOptions};
-    let shape = args.tree.shape()?;
+    options: &DecodeOptions,
+) -> Result<DecodeStats> {
     let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
-    let printer = std::sync::Arc::new(std::sync::Mutex::new(Printer::new(tokenizer.cloned())));
-    let options = SpecOptions {
-        shape,
-        max_tokens: args.max_tokens,
-        stop,
-        sampling,
-        seed: args.seed,
-        on_token: Some(TokenSink(std::sync::Arc::new({
-            let printer = printer.clone();
-            move |tok| printer.lock().unwrap_or_else(|e| e.into_inner()).token(tok)
-        }))),
-        read_ahead: args.read_ahead,
-        ..Default::default()
-    };
     // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
     let saved = crate::paths::calibration(&args.target.model, crate::target::tier_key(cache));
     let calibration = match &args.calibration {
-        Some(path) => Some(policy::load_calibration(path, model)?),
+        Some(path) => Some(load_calibration(path, model.config())?),
         None if args.policy.needs_routes() && saved.exists() => {
-            Some(policy::load_calibration(&saved, model)?)
+            Some(load_calibration(&saved, model.config())?)
         }
         None if args.policy.needs_routes() => anyhow::bail!(
             "--policy {} needs --calibration FILE, or a calibration saved at {} (run `specfit calibrate`)",
@@ -245,13 +206,14 @@ fn run_spec(
         ),
         None => None,
     };
-    let mut rule = policy::command_rule(
-        args.policy,
-        args.tree.budget,
-        args.lambda,
-        calibration.as_ref(),
-        model,
-    )?;
+    let spec = PolicySpec {
+        name: args.policy,
+        max_nodes: args.tree.budget,
+        lambda: args.lambda,
+        beta_scale: 1.0,
+        calibration: calibration.as_ref(),
+    };
+    let mut policy = verify_policy(&spec, model.config())?;
     let route = RouteChoice::parse(&args.routes)?;
     let predictor = match &route {
         RouteChoice::Predictor(path) if args.policy.needs_routes() => {
@@ -271,42 +233,49 @@ fn run_spec(
         (None, Some(p)) => Routes::Predictor(p),
         (None, None) => Routes::None,
     };
-    let r = generate_spec(
-        model,
-        &drafter,
-        cache,
+    let speculation = Speculation {
+        drafter: &drafter,
+        policy: &mut policy,
         routes,
-        prompt,
-        rule.as_mut(),
-        &options,
-    )?;
-    printer.lock().unwrap_or_else(|e| e.into_inner()).finish()?;
-    let cycles = r.cycles.max(1) as f64;
-    let committed = r.committed.max(1) as f64;
-    let decoded = r.tokens.len().saturating_sub(1) as f64;
+    };
+    Ok(generate(
+        model,
+        cache,
+        Some(speculation),
+        Start::Prompt(prompt),
+        options,
+    )?)
+}
+
+/// Prints tok/s and prefill time, the cycles of a speculative decode, and the expert copies per
+/// decoded token.
+fn summary(s: &DecodeStats, cache: &ExpertCache, cleared: bool) {
     eprintln!(
         "{} tokens, {:.2} tok/s decode; prefill {} tokens in {:.1} ms",
-        r.tokens.len(),
-        if r.decode_seconds > 0.0 {
-            decoded / r.decode_seconds
-        } else {
-            0.0
-        },
-        prompt.len(),
-        r.prefill_seconds * 1e3
+        s.tokens.len(),
+        s.tokens_per_second(),
+        s.prompt_tokens,
+        s.prefill_seconds * 1e3
     );
-    eprintln!(
-        "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} ({:.2} levels) + select {:.3} + verify {:.2}",
-        r.cycles,
-        r.verified_nodes as f64 / cycles,
-        r.committed as f64 / cycles,
-        1e3 * r.decode_seconds / cycles,
-        1e3 * r.draft_seconds / cycles,
-        r.drafted_levels as f64 / cycles,
-        1e3 * r.select_seconds / cycles,
-        1e3 * r.verify_seconds / cycles
-    );
-    let mut us = rule.select_us().to_vec();
+    let cycles = s.cycles.max(1) as f64;
+    if s.plain_steps < s.cycles {
+        eprintln!(
+            "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} ({:.2} levels) + select {:.3} + verify {:.2}",
+            s.cycles,
+            s.verified_nodes as f64 / cycles,
+            s.tokens_per_cycle(),
+            1e3 * s.decode_seconds / cycles,
+            1e3 * s.draft_seconds / cycles,
+            s.drafted_levels as f64 / cycles,
+            1e3 * s.select_seconds / cycles,
+            1e3 * s.verify_seconds / cycles
+        );
+        eprintln!(
+            "draft tokens accepted per cycle (0, 1, 2, …): {:?}",
+            s.accept_counts
+        );
+    }
+    let mut us = s.select_us.clone();
     if !us.is_empty() {
         us.sort_by(f64::total_cmp);
         eprintln!(
@@ -316,30 +285,39 @@ fn run_spec(
             us[us.len() - 1]
         );
     }
-    if r.atlas_seconds > 0.0 {
+    if s.atlas_seconds > 0.0 {
         eprintln!(
             "atlas routing of the draft pools (outside the timer): {:.1} ms per cycle",
-            1e3 * r.atlas_seconds / cycles
+            1e3 * s.atlas_seconds / cycles
         );
     }
-    let c = &r.copies;
+    let c = &s.copies;
+    let decoded = s.tokens.len().saturating_sub(1).max(1) as f64;
     eprintln!(
-        "experts ({}, {} slots/layer): per committed token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies {:.2} ms",
+        "experts ({}, {} slots/layer{}): per decoded token {:.1} hits, {:.1} misses, {:.2} MiB copied; waiting for copies took {:.0}% of decode time",
         cache.tier(),
         cache.slots_per_layer(),
-        c.hits as f64 / committed,
-        c.misses as f64 / committed,
-        c.bytes_copied as f64 / committed / (1 << 20) as f64,
-        1e3 * c.wait_seconds / committed
+        if cleared { ", cleared every forward" } else { "" },
+        c.hits as f64 / decoded,
+        c.misses as f64 / decoded,
+        c.bytes_copied as f64 / decoded / (1 << 20) as f64,
+        if s.decode_seconds > 0.0 { 100.0 * c.wait_seconds / s.decode_seconds } else { 0.0 }
     );
+    if c.copy_seconds > 0.0 {
+        eprintln!(
+            "expert reads: {:.0} MiB/s per read, {:.1} ms of reads and {:.1} ms of waiting per decoded token",
+            c.bytes_copied as f64 / c.copy_seconds / (1 << 20) as f64,
+            1e3 * c.copy_seconds / decoded,
+            1e3 * c.wait_seconds / decoded
+        );
+    }
     if c.read_ahead > 0 {
         eprintln!(
-            "read-ahead: {:.1} of the misses per committed token were read ahead, {:.0}% of them used",
-            c.read_ahead as f64 / committed,
+            "read-ahead: {:.1} of the misses per decoded token were read ahead, {:.0}% of them used",
+            c.read_ahead as f64 / decoded,
             100.0 * c.ahead_used as f64 / c.read_ahead as f64
         );
     }
-    Ok(())
 }
 
 /// Prints committed tokens as they arrive: decoded text when there is a tokenizer (whole

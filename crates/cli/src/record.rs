@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use specfit_engine::spec::record;
+use specfit_engine::measure::record;
 use specfit_trace::TraceHeader;
 
 use crate::files::write_atomic;

@@ -1,17 +1,18 @@
-//! `specfit serve`: loads the target (and, for speculative policies, the drafter, its verify rule
-//! and route source) once, then hands them to the OpenAI-compatible server in `specfit-server`
+//! `specfit serve`: loads the target (and, for speculative policies, the drafter, its verify
+//! policy and route source) once, then hands them to the OpenAI-compatible server in `specfit-server`
 //! until SIGTERM or Ctrl-C.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
+use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
 use specfit_engine::{Eagle3, Tokenizer};
 use specfit_server::{
     Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
 };
 
-use crate::policy::{self, Policy, RouteChoice};
+use crate::policy::{self, RouteChoice};
 use crate::target::{StoreArg, TargetArgs, WeightsArg};
 
 #[derive(Debug, clap::Args)]
@@ -37,8 +38,8 @@ pub struct Args {
     #[arg(long, default_value_os_t = crate::paths::drafter())]
     drafter: PathBuf,
     /// Which draft nodes to verify each cycle (`ar`: plain decoding, no drafter).
-    #[arg(long, value_enum, default_value = "specfit")]
-    policy: Policy,
+    #[arg(long, value_parser = policy::parse_policy(), default_value = "specfit")]
+    policy: PolicyName,
     #[command(flatten)]
     tree: crate::tree::TreeArgs,
     /// Cost calibration of the specfit policies (default: the one saved next to the model for
@@ -130,7 +131,7 @@ pub fn run(args: &Args) -> Result<()> {
         tokenizer.eos_token(),
     )?;
     let context = context(args, model.config())?;
-    let speculation = if args.policy == Policy::Ar {
+    let speculation = if args.policy == PolicyName::Ar {
         None
     } else {
         let drafter = Eagle3::load(&args.drafter, model.config())
@@ -154,16 +155,16 @@ pub fn run(args: &Args) -> Result<()> {
         } else {
             None
         };
-        let rule = policy::command_rule(
-            args.policy,
-            args.tree.budget,
-            args.lambda,
-            calibration.as_ref(),
-            &model,
-        )?;
+        let spec = PolicySpec {
+            name: args.policy,
+            max_nodes: args.tree.budget,
+            lambda: args.lambda,
+            beta_scale: 1.0,
+            calibration: calibration.as_ref(),
+        };
         Some(Speculation {
+            policy: verify_policy(&spec, model.config())?,
             drafter,
-            rule,
             routes,
             shape,
             read_ahead: args.read_ahead,
@@ -257,11 +258,11 @@ fn calibration(
     tokenizer: &Tokenizer,
 ) -> Result<specfit_selector::json::CalibrationJson> {
     if let Some(path) = &args.calibration {
-        return policy::load_calibration(path, model);
+        return Ok(load_calibration(path, model.config())?);
     }
     let path = crate::paths::calibration(&args.model, crate::target::tier_key(cache));
     if path.exists() {
-        return policy::load_calibration(&path, model);
+        return Ok(load_calibration(&path, model.config())?);
     }
     eprintln!(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",

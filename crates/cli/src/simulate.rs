@@ -7,15 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::Objective;
+use specfit_selector::{Objective, Selector, VerifyPolicy};
 use specfit_sim::synth::{self, SynthParams};
-use specfit_sim::{
-    calibrate_on, fit_confidence, preset, simulate, topk_acceptance, SimConfig, SimPolicy,
-};
+use specfit_sim::{calibrate_on, fit_confidence, preset, simulate, topk_acceptance, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
-use crate::policy::{sim_policy, Policy};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -132,27 +129,14 @@ pub fn run(args: &Args) -> Result<()> {
         } else {
             believed.clone()
         };
-        let policies: Vec<(&str, SimPolicy)> = vec![
-            (
-                "ar",
-                sim_policy(Policy::Ar, (k, k), believed.clone(), Objective::Ratio),
-            ),
-            (
-                "eagle3",
-                sim_policy(Policy::Eagle3, (k, k), believed.clone(), Objective::Ratio),
-            ),
-            (
-                "specfit",
-                sim_policy(Policy::Specfit, (k, k), believed, Objective::Ratio),
-            ),
+        let specfit = |cost| Selector::new(cost, k, Objective::Ratio).map(VerifyPolicy::specfit);
+        let policies: Vec<(&str, VerifyPolicy)> = vec![
+            ("ar", VerifyPolicy::plain()),
+            ("eagle3", VerifyPolicy::top_k(k)),
+            ("specfit", specfit(believed)?),
             (
                 "specfit-resident",
-                sim_policy(
-                    Policy::SpecfitResident,
-                    (k, k),
-                    machine.true_cost.clone(),
-                    Objective::Ratio,
-                ),
+                specfit(machine.true_cost.clone())?.residency(true),
             ),
         ];
         let results: Vec<(&str, specfit_sim::SimReport)> = policies

@@ -6,8 +6,9 @@
 use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
+use specfit_engine::measure::collect_route_samples;
 use specfit_engine::predictor::{RoutePredictor, RouteSample};
-use specfit_engine::spec::{collect_route_samples, TreeShape};
+use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, Tokenizer};
 
 use crate::prompt::read_prompts;

@@ -15,9 +15,8 @@
 use std::path::Path;
 
 use specfit_engine::experts::CacheMode;
-use specfit_engine::generate::{generate_from, GenerateOptions};
 use specfit_engine::prefix::Prefix;
-use specfit_engine::sampling::{Sampler, Sampling};
+use specfit_engine::spec::{generate, DecodeOptions, Start};
 use specfit_engine::tokenizer::Tokenizer;
 use specfit_engine::{load_target, Tier};
 
@@ -51,7 +50,7 @@ fn main() {
         let chat = tokenizer.chat_prompt(question).expect("chat");
         let ids = tokenizer.encode(&chat).expect("encode");
         let prefix = Prefix::new(&model, None, &mut first, &ids).expect("prefix");
-        let options = GenerateOptions {
+        let options = DecodeOptions {
             max_tokens: 200,
             stop: stop.clone(),
             ..Default::default()
@@ -59,21 +58,13 @@ fn main() {
         let mut reference: Option<Vec<u32>> = None;
         for k in 0..caches {
             let c = (k + p) % caches;
-            let mut sampler = Sampler::new(Sampling::Greedy, 0);
-            let g = generate_from(
-                &model,
-                &mut twins[c],
-                &prefix,
-                &mut sampler,
-                &options,
-                |_| {},
-            )
-            .expect("decode");
+            let start = Start::Prefix(&prefix);
+            let g = generate(&model, &mut twins[c], None, start, &options).expect("decode");
             assert_eq!(reference.get_or_insert(g.tokens.clone()), &g.tokens);
             seconds[c] += g.decode_seconds;
-            waits[c] += g.decode_copies.wait_seconds;
-            reads[c] += g.decode_copies.copy_seconds;
-            misses[c] += g.decode_copies.misses;
+            waits[c] += g.copies.wait_seconds;
+            reads[c] += g.copies.copy_seconds;
+            misses[c] += g.copies.misses;
             tokens[c] += g.tokens.len().saturating_sub(1);
         }
     }

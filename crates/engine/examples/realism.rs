@@ -23,11 +23,12 @@ use std::time::Instant;
 
 use serde_json::json;
 use specfit_engine::inflate::routers::{lru_hits, previous_overlap};
+use specfit_engine::measure::collect_route_samples;
 use specfit_engine::predictor::RoutePredictor;
-use specfit_engine::spec::{collect_route_samples, Atlas, TreeShape};
+use specfit_engine::spec::{Atlas, Start, TreeShape};
 use specfit_engine::{
-    generate, load_target, Batch, CacheMode, Eagle3, GenerateOptions, Logits, Qwen3Moe, Sampler,
-    Sampling, Tier, Tokenizer,
+    generate, load_target, Batch, CacheMode, DecodeOptions, Eagle3, Logits, Qwen3Moe, Tier,
+    Tokenizer,
 };
 
 struct Args {
@@ -229,13 +230,11 @@ fn main() {
         let ps = prompts(&tok, set, a.prompts, a.max_prompt_tokens);
         let (mut same, mut total, mut errs) = (0usize, 0usize, Vec::new());
         for p in &ps {
-            let options = GenerateOptions {
+            let options = DecodeOptions {
                 max_tokens: a.tokens,
-                stop: vec![],
                 ..Default::default()
             };
-            let mut sampler = Sampler::new(Sampling::Greedy, 0);
-            let cont = generate(&small, &mut small_cache, p, &mut sampler, &options, |_| {})
+            let cont = generate(&small, &mut small_cache, None, Start::Prompt(p), &options)
                 .unwrap()
                 .tokens;
             let ids: Vec<u32> = p.iter().chain(&cont).copied().collect();

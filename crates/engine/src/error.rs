@@ -81,6 +81,8 @@ pub enum EngineError {
         "teacher forcing: {feed} ids fed, {needed} needed (one per forward after the prefill)"
     )]
     FeedTooShort { feed: usize, needed: usize },
+    #[error("teacher forcing decodes plainly: it cannot be combined with a drafter")]
+    FeedWhileSpeculating,
     #[error("batch has {tokens} tokens but {positions} position ids")]
     PositionCount { tokens: usize, positions: usize },
     #[error("mask: {reason}")]
@@ -117,6 +119,22 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("this prefix was prefilled without a drafter; speculative decoding needs Prefix::new with the drafter")]
     PrefixWithoutDrafter,
+    #[error("unknown policy {name:?}: expected ar, eagle3, specfit, specfit-lambda, specfit-resident or specfit-adaptive")]
+    UnknownPolicy { name: String },
+    #[error("--policy {policy} needs a calibration (from `specfit calibrate`)")]
+    NoCalibration { policy: crate::policy::PolicyName },
+    #[error("calibration {}: {reason}", path.display())]
+    BadCalibration { path: PathBuf, reason: String },
+    #[error(
+        "the calibration predicts {ms} ms for a plain decoding step; re-run `specfit calibrate`"
+    )]
+    BadPlainStepCost { ms: f64 },
+}
+
+impl From<specfit_selector::Error> for EngineError {
+    fn from(e: specfit_selector::Error) -> EngineError {
+        EngineError::Selector(e)
+    }
 }
 
 impl EngineError {

@@ -15,11 +15,11 @@ pub mod cancel;
 pub mod config;
 mod error;
 pub mod experts;
-pub mod generate;
 pub mod gguf;
 pub mod inflate;
 pub mod kernels;
 pub mod kv;
+pub mod measure;
 pub mod model;
 pub mod policy;
 pub mod predictor;
@@ -37,12 +37,13 @@ pub use cancel::Cancel;
 pub use config::{GenerationConfig, Qwen3MoeConfig};
 pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
-pub use generate::{generate, generate_from, GenerateOptions, GenerateReport};
 pub use kernels::WeightDtype;
 pub use kv::KvCache;
 pub use model::{DraftHidden, DraftOutput, Eagle3, Qwen3Moe};
 pub use prefix::Prefix;
 pub use sampling::{Sampler, Sampling};
+pub use spec::{generate, DecodeOptions, DecodeStats, Decoder, Speculation, Start, TokenSink};
+pub use specfit_selector::VerifyPolicy;
 pub use tokenizer::{TextDecoder, Tokenizer};
 
 /// Where routed experts rest.

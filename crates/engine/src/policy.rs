@@ -1,207 +1,217 @@
-//! SpecFit's verify rule on the engine: build the selector's pool from the drafted tree and the
-//! atlas routes, pick the subtree with the selector (exact search; `ratio`, `lambda`, or the
-//! residency-aware cost on the live slot contents), and apply the draft-stop rule after each
-//! level. Drafting and verification are `spec`'s; the search is `specfit_selector`'s.
+//! Verify policies by name, as users pick them (`--policy`, the bench's rows, `serve`): the
+//! names, a calibration checked against the target it was measured on, λ's default, and the
+//! [`VerifyPolicy`] a name and a calibration make. The decisions themselves are
+//! `specfit_selector`'s; parsing flags is the binary's.
 
-use std::time::Instant;
+use std::path::Path;
 
-use specfit_selector::{stop, Pool, PoolBuilder, ResidentSet, Selector};
+use specfit_selector::json::CalibrationJson;
+use specfit_selector::{CostModel, ExpertCost, Objective, Selector, VerifyPolicy};
 
+use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
-use crate::spec::{DraftNode, PoolRoutes, RouteSource, SpecRule};
 
-/// The SpecFit rule.
-pub struct SpecFitRule {
-    selector: Selector,
-    experts: usize,
-    /// Apply the draft-stop rule after each level.
-    pub stop_rule: bool,
-    /// Charge resident experts `beta_hit` (needs a residency-aware cost).
-    pub use_resident: bool,
-    /// Microseconds of each selection (search only), for reports.
-    pub select_us: Vec<f64>,
-    /// Plain bursts: after a cycle whose subtree is empty, decode the next tokens without
-    /// drafting (1, 2, 4, … up to [`MAX_BURST`] while the subtree stays empty).
-    pub adaptive: bool,
-    empty_streak: u32,
-    burst: usize,
-    /// When the stop rule ended drafting: the pool's size and the subtree it chose, which is
-    /// what `choose` would compute again on the same pool.
-    stopped: Option<(usize, Vec<usize>)>,
+/// A verify policy's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// No drafting: plain decoding.
+    Ar,
+    /// Verify the K most probable pool nodes (vanilla EAGLE-3 with `--slots 0`).
+    Eagle3,
+    /// SpecFit: the selector's ratio rule on the draft nodes' routes, plus the draft-stop rule.
+    Specfit,
+    /// SpecFit with the throughput rule (1 + ΣP) − λ·time.
+    SpecfitLambda,
+    /// SpecFit with the residency-aware cost on the live slot contents.
+    SpecfitResident,
+    /// SpecFit that decodes plainly (no drafting) for 1, 2, 4, … 16 tokens after each cycle
+    /// whose best subtree is empty (an extension beyond the paper; still lossless).
+    SpecfitAdaptive,
 }
 
-/// The longest plain burst of an adaptive rule.
-pub const MAX_BURST: usize = 16;
+impl PolicyName {
+    /// Every policy, in the order help texts list them.
+    pub const ALL: [PolicyName; 6] = [
+        PolicyName::Ar,
+        PolicyName::Eagle3,
+        PolicyName::Specfit,
+        PolicyName::SpecfitLambda,
+        PolicyName::SpecfitResident,
+        PolicyName::SpecfitAdaptive,
+    ];
 
-impl std::fmt::Debug for SpecFitRule {
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyName::Ar => "ar",
+            PolicyName::Eagle3 => "eagle3",
+            PolicyName::Specfit => "specfit",
+            PolicyName::SpecfitLambda => "specfit-lambda",
+            PolicyName::SpecfitResident => "specfit-resident",
+            PolicyName::SpecfitAdaptive => "specfit-adaptive",
+        }
+    }
+
+    /// Whether the policy runs SpecFit's selector, which needs draft-node routes and a
+    /// calibration.
+    pub fn needs_routes(self) -> bool {
+        !matches!(self, PolicyName::Ar | PolicyName::Eagle3)
+    }
+}
+
+impl std::fmt::Display for PolicyName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpecFitRule")
-            .field("selector", &self.selector)
-            .finish()
+        f.write_str(self.name())
     }
 }
 
-fn selector_error(e: specfit_selector::Error) -> EngineError {
-    EngineError::Selector(e)
-}
+impl std::str::FromStr for PolicyName {
+    type Err = EngineError;
 
-impl SpecFitRule {
-    /// A rule over a target with `experts` experts per MoE layer.
-    pub fn new(selector: Selector, experts: usize) -> SpecFitRule {
-        SpecFitRule {
-            selector,
-            experts,
-            stop_rule: true,
-            use_resident: false,
-            select_us: Vec::new(),
-            adaptive: false,
-            empty_streak: 0,
-            burst: 0,
-            stopped: None,
-        }
-    }
-
-    /// The selector pool of `pool` with `routes`.
-    fn pool(&self, pool: &[DraftNode], routes: &PoolRoutes) -> Result<Pool, EngineError> {
-        let mut b = PoolBuilder::new(routes.root.len(), self.experts).map_err(selector_error)?;
-        b.root_routes(&routes.root).map_err(selector_error)?;
-        for (node, r) in pool.iter().zip(&routes.nodes) {
-            b.push(node.parent, node.prob.clamp(0.0, 1.0), r)
-                .map_err(selector_error)?;
-        }
-        Ok(b.build())
-    }
-
-    /// Runs the selector on `pool`, timing the search alone.
-    fn select(
-        &mut self,
-        pool: &[DraftNode],
-        source: &mut dyn RouteSource,
-    ) -> Result<(Pool, specfit_selector::Selection), EngineError> {
-        let routes = source.routes(pool)?;
-        let p = self.pool(pool, &routes)?;
-        let resident = if self.use_resident {
-            let r = source.resident();
-            Some(ResidentSet::new(routes.root.len(), self.experts, &r).map_err(selector_error)?)
-        } else {
-            None
-        };
-        let start = Instant::now();
-        let selection = self
-            .selector
-            .select(&p, resident.as_ref())
-            .map_err(selector_error)?;
-        self.select_us.push(start.elapsed().as_secs_f64() * 1e6);
-        Ok((p, selection))
+    fn from_str(s: &str) -> Result<PolicyName, EngineError> {
+        PolicyName::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| EngineError::UnknownPolicy { name: s.into() })
     }
 }
 
-impl SpecRule for SpecFitRule {
-    fn keep_drafting(
-        &mut self,
-        pool: &[DraftNode],
-        routes: &mut dyn RouteSource,
-    ) -> Result<bool, EngineError> {
-        if !self.stop_rule {
-            return Ok(true);
-        }
-        let (p, selection) = self.select(pool, routes)?;
-        let decision = stop::decide(&p, selection);
-        let keep = decision.keep_drafting();
-        self.stopped = (!keep).then_some((pool.len(), decision.selection.nodes));
-        Ok(keep)
-    }
+/// What a verify policy is built from.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicySpec<'a> {
+    pub name: PolicyName,
+    /// K: most draft nodes verified per cycle.
+    pub max_nodes: usize,
+    /// λ of specfit-lambda, in tokens per ms; `None`: the calibrated plain-decoding rate
+    /// ([`default_lambda`]).
+    pub lambda: Option<f64>,
+    /// Multiplies the calibrated per-expert cost (the paper's β×2 ablation uses 2).
+    pub beta_scale: f64,
+    pub calibration: Option<&'a CalibrationJson>,
+}
 
-    fn choose(
-        &mut self,
-        pool: &[DraftNode],
-        routes: &mut dyn RouteSource,
-    ) -> Result<Vec<usize>, EngineError> {
-        // Drafting stopped on this very pool: its winner is the choice (no second search).
-        let nodes = match self.stopped.take() {
-            Some((len, nodes)) if len == pool.len() => nodes,
-            _ => self.select(pool, routes)?.1.nodes,
-        };
-        if self.adaptive {
-            if nodes.is_empty() {
-                self.empty_streak += 1;
-                self.burst = (1usize << (self.empty_streak - 1).min(4)).min(MAX_BURST);
-            } else {
-                self.empty_streak = 0;
-                self.burst = 0;
-            }
-        }
-        Ok(nodes)
-    }
+/// The verify policy `spec` names on a target of shape `cfg`: plain decoding for `ar`, top-K for
+/// `eagle3`, SpecFit's selector on the calibrated costs otherwise (K capped at the largest
+/// subtree the calibration measured).
+pub fn verify_policy(
+    spec: &PolicySpec<'_>,
+    cfg: &Qwen3MoeConfig,
+) -> Result<VerifyPolicy, EngineError> {
+    let name = spec.name;
+    let objective = match name {
+        PolicyName::Ar => return Ok(VerifyPolicy::plain()),
+        PolicyName::Eagle3 => return Ok(VerifyPolicy::top_k(spec.max_nodes)),
+        PolicyName::SpecfitLambda => Objective::Lambda { lambda: 0.0 },
+        _ => Objective::Ratio,
+    };
+    let cal = spec
+        .calibration
+        .ok_or(EngineError::NoCalibration { policy: name })?;
+    let objective = match (objective, spec.lambda) {
+        (Objective::Lambda { .. }, Some(lambda)) => Objective::lambda(lambda)?,
+        (Objective::Lambda { .. }, None) => Objective::lambda(default_lambda(cal, cfg)?)?,
+        (o, _) => o,
+    };
+    let residency = name == PolicyName::SpecfitResident;
+    let cost = scale_beta(&cal.cost_model(residency)?, spec.beta_scale)?;
+    let selector = Selector::new(cost, spec.max_nodes.min(cal.max_nodes), objective)?;
+    Ok(VerifyPolicy::specfit(selector)
+        .residency(residency)
+        .plain_bursts(name == PolicyName::SpecfitAdaptive))
+}
 
-    fn plain_steps(&mut self) -> usize {
-        std::mem::take(&mut self.burst)
-    }
+/// The cost model with its per-expert charge multiplied by `scale`.
+pub fn scale_beta(cost: &CostModel, scale: f64) -> Result<CostModel, EngineError> {
+    let expert = match cost.expert() {
+        ExpertCost::Uniform { beta } => ExpertCost::Uniform { beta: beta * scale },
+        ExpertCost::Residency {
+            beta_hit,
+            beta_miss,
+        } => ExpertCost::Residency {
+            beta_hit: beta_hit * scale,
+            beta_miss: beta_miss * scale,
+        },
+    };
+    Ok(CostModel::new(cost.intercepts().to_vec(), expert)?)
+}
 
-    fn select_us(&self) -> &[f64] {
-        &self.select_us
+/// λ for specfit-lambda when none is given: the token rate of plain decoding the calibration
+/// predicts (1 token per root-only verify of the full top-k demand), so a node is verified when
+/// its expected tokens beat what that time would yield autoregressively.
+pub fn default_lambda(cal: &CalibrationJson, cfg: &Qwen3MoeConfig) -> Result<f64, EngineError> {
+    let demand = (cfg.moe_layers().len() * cfg.num_experts_per_tok) as u32;
+    let ms = cal.cost_model(false)?.time_ms(0, demand, 0);
+    if !(ms.is_finite() && ms > 0.0) {
+        return Err(EngineError::BadPlainStepCost { ms });
     }
+    Ok(1.0 / ms)
+}
+
+/// The shape a calibration is stamped with, to check it against the target it is used on.
+pub fn target_stamp(cfg: &Qwen3MoeConfig) -> serde_json::Map<String, serde_json::Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("moe_layers".into(), cfg.moe_layers().len().into());
+    m.insert("experts".into(), cfg.num_experts.into());
+    m.insert("num_experts_per_tok".into(), cfg.num_experts_per_tok.into());
+    m.insert("hidden_size".into(), cfg.hidden_size.into());
+    m.insert("vocab_size".into(), cfg.vocab_size.into());
+    m
+}
+
+/// Reads a calibration and checks it was measured on a target of shape `cfg`; one that does not
+/// name its target is refused (its costs could be another model's).
+pub fn load_calibration(path: &Path, cfg: &Qwen3MoeConfig) -> Result<CalibrationJson, EngineError> {
+    let text = std::fs::read_to_string(path).map_err(EngineError::io(path))?;
+    let bad = |reason: String| EngineError::BadCalibration {
+        path: path.into(),
+        reason,
+    };
+    let cal = CalibrationJson::parse(&text).map_err(|e| bad(e.to_string()))?;
+    let here = serde_json::Value::Object(target_stamp(cfg));
+    let Some(stamp) = &cal.target else {
+        return Err(bad(format!(
+            "it does not name the target it was fitted on (no \"target\" stamp), so it cannot be checked against this model ({here}); measure one with `specfit calibrate`, or fit probe rows with `specfit calibrate --probes FILE --model DIR`"
+        )));
+    };
+    let differs = target_stamp(cfg)
+        .iter()
+        .any(|(k, v)| stamp.get(k).is_some_and(|s| s != v));
+    if differs {
+        let there = serde_json::Value::Object(stamp.clone());
+        return Err(bad(format!(
+            "it was measured on a target of shape {there} but this model is {here}; re-run `specfit calibrate`"
+        )));
+    }
+    Ok(cal)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use specfit_selector::{CostModel, Objective};
 
-    /// Fixed routes: the root and node `i` route to experts `{i, i+1}` of one layer.
-    struct Fixed;
-
-    impl RouteSource for Fixed {
-        fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
-            Ok(PoolRoutes {
-                root: vec![vec![0, 1]],
-                nodes: (0..pool.len() as u32)
-                    .map(|i| vec![vec![i % 8, (i + 1) % 8]])
-                    .collect(),
-            })
+    #[test]
+    fn every_policy_name_parses_back_to_itself_and_others_are_refused() {
+        for p in PolicyName::ALL {
+            assert_eq!(p.name().parse::<PolicyName>().unwrap(), p);
         }
-        fn resident(&self) -> Vec<Vec<u32>> {
-            vec![Vec::new()]
-        }
-    }
-
-    fn node(parent: Option<usize>, prob: f64, depth: usize) -> DraftNode {
-        DraftNode {
-            parent,
-            token: 0,
-            prob,
-            depth,
-            hidden: Vec::new(),
-        }
-    }
-
-    fn rule() -> SpecFitRule {
-        let cost = CostModel::paper(vec![1.0; 8], 0.3).unwrap();
-        SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), 8)
+        let err = "specfit-fast".parse::<PolicyName>().unwrap_err();
+        assert!(err.to_string().contains("specfit-fast"), "{err}");
+        assert!(err.to_string().contains("specfit-resident"), "{err}");
     }
 
     #[test]
-    fn the_choice_after_the_stop_rule_ends_drafting_is_a_fresh_searchs_choice() {
-        // A newest level too improbable to take: the stop rule ends drafting here.
-        let pool = vec![
-            node(None, 0.9, 1),
-            node(None, 0.05, 1),
-            node(Some(0), 0.8, 2),
-            node(Some(2), 0.01, 3),
-        ];
-        let mut stopping = rule();
-        assert!(!stopping.keep_drafting(&pool, &mut Fixed).unwrap());
-        let searches = stopping.select_us().len();
-        let reused = stopping.choose(&pool, &mut Fixed).unwrap();
-        assert_eq!(stopping.select_us().len(), searches, "no second search");
-        let fresh = rule().choose(&pool, &mut Fixed).unwrap();
-        assert_eq!(reused, fresh);
-        // A grown pool is searched again.
-        let mut grown = pool.clone();
-        grown.push(node(Some(3), 0.01, 4));
+    fn scaling_beta_doubles_every_per_expert_charge_and_keeps_intercepts() {
+        let paper = CostModel::paper(vec![1.0, 2.0], 0.5).unwrap();
+        let twice = scale_beta(&paper, 2.0).unwrap();
+        assert_eq!(twice.intercepts(), &[1.0, 2.0]);
+        assert_eq!(twice.expert(), ExpertCost::Uniform { beta: 1.0 });
+        let res = CostModel::residency(vec![1.0], 0.1, 0.4).unwrap();
         assert_eq!(
-            stopping.choose(&grown, &mut Fixed).unwrap(),
-            rule().choose(&grown, &mut Fixed).unwrap()
+            scale_beta(&res, 2.0).unwrap().expert(),
+            ExpertCost::Residency {
+                beta_hit: 0.2,
+                beta_miss: 0.8
+            }
         );
     }
 }

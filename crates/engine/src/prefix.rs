@@ -1,8 +1,7 @@
 //! A prompt prefilled once so that many decodes can start from it: the target's KV cache over
 //! every prompt token but the last and, for speculative decoding, the drafter's KV cache over
-//! the same positions. It owns only that prefill state; each decode (plain in
-//! [`crate::generate`], speculative in [`crate::spec`]) runs the last prompt token itself,
-//! through its own expert cache. Because the forward is batch-invariant, prefix + last token
+//! the same positions. It owns only that prefill state; each decode (plain or speculative, in
+//! [`crate::spec::Decoder`]) runs the last prompt token itself, through its own expert cache. Because the forward is batch-invariant, prefix + last token
 //! gives bit for bit what one prefill forward over the whole prompt gives.
 
 use crate::batch::{Batch, Logits};

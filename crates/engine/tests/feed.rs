@@ -1,4 +1,4 @@
-//! Teacher-forced plain decoding (`GenerateOptions.feed`): each forward after the prefill is fed
+//! Teacher-forced plain decoding (`DecodeOptions.feed`): each forward after the prefill is fed
 //! the next given id instead of the token chosen, and the token chosen at each position is what
 //! one causal forward over prompt + fed ids chooses there — the fixed-sequence decode the peer
 //! benchmarks run on random-weight models.
@@ -6,8 +6,9 @@
 mod common;
 use common::*;
 
+use specfit_engine::spec::Start;
 use specfit_engine::{
-    generate, Batch, CacheMode, EngineError, ExpertCache, GenerateOptions, Qwen3Moe, Sampler,
+    generate, Batch, CacheMode, DecodeOptions, EngineError, ExpertCache, Qwen3Moe, Sampler,
     Sampling,
 };
 
@@ -23,13 +24,12 @@ fn fed(
     max_tokens: usize,
 ) -> Vec<u32> {
     let mut cache = all.sibling(slots, CacheMode::Lru).unwrap();
-    let options = GenerateOptions {
+    let options = DecodeOptions {
         max_tokens,
         feed: feed.to_vec(),
         ..Default::default()
     };
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    generate(target, &mut cache, PROMPT, &mut sampler, &options, |_| {})
+    generate(target, &mut cache, None, Start::Prompt(PROMPT), &options)
         .unwrap()
         .tokens
 }
@@ -58,26 +58,19 @@ fn each_token_chosen_under_teacher_forcing_is_the_argmax_of_one_forward_over_the
 #[test]
 fn feeding_back_the_greedy_tokens_decodes_exactly_the_greedy_tokens() {
     let (target, mut cache) = fixture_target(usize::MAX);
-    let greedy = plain_tokens(
-        &target,
-        &mut cache,
-        PROMPT,
-        Sampler::new(Sampling::Greedy, 0),
-        16,
-    );
+    let greedy = plain_tokens(&target, &mut cache, PROMPT, (Sampling::Greedy, 0), 16);
     assert_eq!(fed(&target, &cache, 4, &greedy, 16), greedy);
 }
 
 #[test]
 fn a_feed_shorter_than_the_forwards_after_the_prefill_is_refused() {
     let (target, mut cache) = fixture_target(usize::MAX);
-    let options = GenerateOptions {
+    let options = DecodeOptions {
         max_tokens: 5,
         feed: vec![1, 2, 3],
         ..Default::default()
     };
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let err = generate(&target, &mut cache, PROMPT, &mut sampler, &options, |_| {}).unwrap_err();
+    let err = generate(&target, &mut cache, None, Start::Prompt(PROMPT), &options).unwrap_err();
     assert!(
         matches!(err, EngineError::FeedTooShort { feed: 3, needed: 4 }),
         "{err}"

@@ -11,8 +11,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 use specfit_engine::{
-    load_target, Batch, CacheMode, ExpertCache, Qwen3Moe, Qwen3MoeConfig, Sampler, Sampling, Tier,
-    Tokenizer,
+    load_target, Batch, CacheMode, ExpertCache, Qwen3Moe, Qwen3MoeConfig, Sampling, Tier, Tokenizer,
 };
 
 const QUANTS: [&str; 3] = ["q8_0", "q4_0", "q4_k_m"];
@@ -136,13 +135,7 @@ fn greedy(
     prompt: &[u32],
     max_tokens: usize,
 ) -> Vec<u32> {
-    plain_tokens(
-        model,
-        cache,
-        prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        max_tokens,
-    )
+    plain_tokens(model, cache, prompt, (Sampling::Greedy, 0), max_tokens)
 }
 
 /// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
@@ -248,13 +241,7 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
         let prompt = [1u32, 45, 300, 17, 999, 5];
         let run = |tier: &Tier, slots: usize| {
             let (model, mut cache) = load_target(&path, tier, slots, CacheMode::Lru, None).unwrap();
-            let tokens = plain_tokens(
-                &model,
-                &mut cache,
-                &prompt,
-                Sampler::new(Sampling::Greedy, 0),
-                12,
-            );
+            let tokens = plain_tokens(&model, &mut cache, &prompt, (Sampling::Greedy, 0), 12);
             let stats = cache.stats().total;
             cache.verify_slots().unwrap();
             (tokens, stats.misses, cache.tier())
@@ -304,7 +291,7 @@ fn random_drafter() -> PathBuf {
 
 #[test]
 fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
-    use specfit_engine::spec::SpecOptions;
+    use specfit_engine::DecodeOptions;
     use specfit_engine::Eagle3;
     let drafter_dir = random_drafter();
     for name in QUANTS {
@@ -322,13 +309,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
             let drafter = Eagle3::load(&drafter_dir, model.config()).unwrap();
             let prompt = [1u32, 45, 300, 17, 999, 5];
-            let want = plain_tokens(
-                &model,
-                &mut cache,
-                &prompt,
-                Sampler::new(sampling, seed),
-                24,
-            );
+            let want = plain_tokens(&model, &mut cache, &prompt, (sampling, seed), 24);
             let (_, mut disk) = load_target(
                 &gguf(name),
                 &Tier::Disk(PathBuf::from("unused")),
@@ -337,11 +318,11 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 None,
             )
             .unwrap();
-            let options = SpecOptions {
+            let options = DecodeOptions {
                 max_tokens: 24,
                 sampling,
                 seed,
-                ..SpecOptions::default()
+                ..DecodeOptions::default()
             };
             let got = top_k_spec(&model, &drafter, &mut disk, &prompt, 7, &options);
             assert_eq!(got.tokens, want, "{name} {sampling:?}");

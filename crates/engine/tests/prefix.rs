@@ -5,10 +5,10 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{generate_spec_from, Routes, SpecOptions, SpecReport, TopK};
+use specfit_engine::spec::{Routes, Start};
 use specfit_engine::{
-    generate, generate_from, CacheMode, Eagle3, EngineError, ExpertCache, GenerateOptions, Prefix,
-    Qwen3Moe, Sampler, Sampling,
+    generate, CacheMode, DecodeOptions, DecodeStats, Eagle3, EngineError, ExpertCache, Prefix,
+    Qwen3Moe, Sampling, VerifyPolicy,
 };
 
 const PROMPTS: [&[u32]; 3] = [
@@ -20,11 +20,6 @@ const PROMPTS: [&[u32]; 3] = [
 #[test]
 fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let (target, mut all) = fixture_target(usize::MAX);
-    let options = GenerateOptions {
-        max_tokens: 24,
-        stop: vec![],
-        ..Default::default()
-    };
     for prompt in PROMPTS {
         for rule in [
             Sampling::Greedy,
@@ -33,30 +28,22 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 top_p: 0.95,
             },
         ] {
+            let options = DecodeOptions {
+                max_tokens: 24,
+                sampling: rule,
+                seed: 3,
+                ..Default::default()
+            };
             let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
-            let want = generate(
-                &target,
-                &mut fresh,
-                prompt,
-                &mut Sampler::new(rule, 3),
-                &options,
-                |_| {},
-            )
-            .unwrap();
+            let want =
+                generate(&target, &mut fresh, None, Start::Prompt(prompt), &options).unwrap();
             let prefix = Prefix::new(&target, None, &mut all, prompt).unwrap();
             assert_eq!(prefix.prompt_len(), prompt.len());
             assert!(!prefix.has_drafter());
             for slots in [1, 2, usize::MAX] {
                 let mut cache = all.sibling(slots, CacheMode::Lru).unwrap();
-                let got = generate_from(
-                    &target,
-                    &mut cache,
-                    &prefix,
-                    &mut Sampler::new(rule, 3),
-                    &options,
-                    |_| {},
-                )
-                .unwrap();
+                let start = Start::Prefix(&prefix);
+                let got = generate(&target, &mut cache, None, start, &options).unwrap();
                 assert_eq!(
                     got.tokens, want.tokens,
                     "prompt {prompt:?} {rule:?} slots {slots}"
@@ -80,11 +67,11 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 top_p: 0.9,
             },
         ] {
-            let options = SpecOptions {
+            let options = DecodeOptions {
                 max_tokens: 24,
                 sampling,
                 seed: 11,
-                ..SpecOptions::default()
+                ..DecodeOptions::default()
             };
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
             let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
@@ -116,19 +103,14 @@ fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
     let (target, mut all) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
-    let err = generate_spec_from(
-        &target,
-        &drafter,
-        &mut all,
-        Routes::None,
-        &prefix,
-        &mut TopK(5),
-        &SpecOptions {
-            max_tokens: 4,
-            ..SpecOptions::default()
-        },
-    )
-    .unwrap_err();
+    let options = DecodeOptions {
+        max_tokens: 4,
+        ..DecodeOptions::default()
+    };
+    let parts = (&target, &drafter, &mut all);
+    let mut policy = VerifyPolicy::top_k(5);
+    let start = Start::Prefix(&prefix);
+    let err = speculate(parts, &mut policy, Routes::None, start, &options).unwrap_err();
     assert!(matches!(err, EngineError::PrefixWithoutDrafter), "{err}");
 }
 
@@ -137,19 +119,11 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
     let (target, mut all) = fixture_target(usize::MAX);
     let err = Prefix::new(&target, None, &mut all, &[]).unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
-    let err = generate(
-        &target,
-        &mut all,
-        &[],
-        &mut Sampler::new(Sampling::Greedy, 0),
-        &GenerateOptions {
-            max_tokens: 3,
-            stop: vec![],
-            ..Default::default()
-        },
-        |_| {},
-    )
-    .unwrap_err();
+    let options = DecodeOptions {
+        max_tokens: 3,
+        ..Default::default()
+    };
+    let err = generate(&target, &mut all, None, Start::Prompt(&[]), &options).unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
 }
 
@@ -171,16 +145,18 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
     ];
     for (earlier, prompt) in pairs {
         // Plain decoding.
-        let options = GenerateOptions {
-            max_tokens: 12,
-            ..Default::default()
-        };
         let rule = Sampling::TopP {
             temperature: 0.9,
             top_p: 0.95,
         };
+        let options = DecodeOptions {
+            max_tokens: 12,
+            sampling: rule,
+            seed: 5,
+            ..Default::default()
+        };
         let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
-        let want = plain_tokens(&target, &mut fresh, prompt, Sampler::new(rule, 5), 12);
+        let want = plain_tokens(&target, &mut fresh, prompt, (rule, 5), 12);
         let old = Prefix::new(&target, None, &mut all, earlier).unwrap();
         let common = earlier
             .iter()
@@ -196,22 +172,15 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             "plain: {earlier:?} then {prompt:?}"
         );
         let mut cache = all.sibling(2, CacheMode::Lru).unwrap();
-        let got = generate_from(
-            &target,
-            &mut cache,
-            &prefix,
-            &mut Sampler::new(rule, 5),
-            &options,
-            |_| {},
-        )
-        .unwrap();
+        let start = Start::Prefix(&prefix);
+        let got = generate(&target, &mut cache, None, start, &options).unwrap();
         assert_eq!(got.tokens, want, "plain: {earlier:?} then {prompt:?}");
         // Speculative decoding: the drafter's cache is extended too.
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 12,
             sampling: rule,
             seed: 5,
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
         let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
         let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
@@ -249,15 +218,15 @@ fn top_k_spec_from(
     cache: &mut ExpertCache,
     prefix: &Prefix,
     k: usize,
-    options: &SpecOptions,
-) -> SpecReport {
-    generate_spec_from(
-        target,
-        drafter,
-        cache,
+    options: &DecodeOptions,
+) -> DecodeStats {
+    let mut policy = VerifyPolicy::top_k(k);
+    let start = Start::Prefix(prefix);
+    speculate(
+        (target, drafter, cache),
+        &mut policy,
         Routes::None,
-        prefix,
-        &mut TopK(k),
+        start,
         options,
     )
     .unwrap()

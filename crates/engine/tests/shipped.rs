@@ -9,9 +9,7 @@ use common::*;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use specfit_engine::{
-    generate, load_target, Batch, CacheMode, GenerateOptions, Logits, Sampler, Sampling, Tier,
-};
+use specfit_engine::{load_target, Batch, CacheMode, Logits, Sampling, Tier};
 
 #[test]
 fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
@@ -80,24 +78,8 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
                     loaded
                 }
             };
-            let got = generate(
-                &model,
-                &mut c,
-                &ids,
-                &mut Sampler::new(Sampling::Greedy, 0),
-                &GenerateOptions {
-                    max_tokens: want.len(),
-                    stop: vec![],
-                    ..Default::default()
-                },
-                |_| {},
-            )
-            .unwrap();
-            assert_eq!(
-                got.tokens, want,
-                "{} greedy, slots {tier_slots:?}",
-                case["set"]
-            );
+            let got = plain_tokens(&model, &mut c, &ids, (Sampling::Greedy, 0), want.len());
+            assert_eq!(got, want, "{} greedy, slots {tier_slots:?}", case["set"]);
         }
     }
 }

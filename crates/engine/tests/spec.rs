@@ -4,12 +4,9 @@
 mod common;
 use common::*;
 
-use specfit_engine::spec::{
-    generate_spec, probe, DraftNode, ProbePlan, RouteSource, Routes, SpecOptions, SpecRule, TopK,
-    TreeShape,
-};
-use specfit_engine::EngineError;
-use specfit_engine::{generate, CacheMode, GenerateOptions, Sampler, Sampling};
+use specfit_engine::measure::{probe, ProbePlan};
+use specfit_engine::spec::{Routes, Start, TreeShape};
+use specfit_engine::{CacheMode, DecodeOptions, Sampler, Sampling, VerifyPolicy};
 
 #[test]
 fn tree_decoding_commits_exactly_the_greedy_tokens() {
@@ -21,13 +18,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     for prompt in prompts {
         let (target, mut cache) = fixture_target(usize::MAX);
         let drafter = tiny_drafter(&target);
-        let want = plain_tokens(
-            &target,
-            &mut cache,
-            prompt,
-            Sampler::new(Sampling::Greedy, 0),
-            30,
-        );
+        let want = plain_tokens(&target, &mut cache, prompt, (Sampling::Greedy, 0), 30);
         for (budget, slots, shape) in [
             (7, usize::MAX, TreeShape::default()),
             (7, 1, TreeShape::default()),
@@ -50,11 +41,11 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
             ),
         ] {
             let (_, mut cache) = fixture_target(slots);
-            let options = SpecOptions {
+            let options = DecodeOptions {
                 shape,
                 max_tokens: 30,
                 stop: vec![],
-                ..SpecOptions::default()
+                ..DecodeOptions::default()
             };
             let got = top_k_spec(&target, &drafter, &mut cache, prompt, budget, &options);
             assert_eq!(
@@ -72,42 +63,23 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     }
 }
 
-/// Top-K that drafts every level (vanilla EAGLE-3 without the settled-top-K stop).
-struct EveryLevel(TopK);
-
-impl SpecRule for EveryLevel {
-    fn choose(
-        &mut self,
-        pool: &[DraftNode],
-        routes: &mut dyn RouteSource,
-    ) -> Result<Vec<usize>, EngineError> {
-        self.0.choose(pool, routes)
-    }
-}
-
 #[test]
 fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
-    let options = SpecOptions {
+    let options = DecodeOptions {
         max_tokens: 40,
-        ..SpecOptions::default()
+        ..DecodeOptions::default()
     };
     let mut fewer_levels = 0;
     for k in [0, 1, 2, 3, 5, 7, 12] {
         let early = top_k_spec(&target, &drafter, &mut cache, &prompt, k, &options);
-        let mut every = EveryLevel(TopK(k));
-        let full = generate_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Routes::None,
-            &prompt,
-            &mut every,
-            &options,
-        )
-        .unwrap();
+        // Top-K drafting every level (vanilla EAGLE-3 without the settled-top-K stop).
+        let mut every = VerifyPolicy::top_k(k).stop_rule(false);
+        let parts = (&target, &drafter, &mut cache);
+        let start = Start::Prompt(&prompt);
+        let full = speculate(parts, &mut every, Routes::None, start, &options).unwrap();
         assert_eq!(early.tokens, full.tokens, "k = {k}");
         assert_eq!(
             (early.cycles, early.verified_nodes, early.committed),
@@ -191,13 +163,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     let (target, mut cache) = fixture_target(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        8,
-    );
+    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 8);
     let wrong = |t: u32| (t + 1) % 256;
     // Level 1: a wrong sibling first, then the right token; below it a chain of 3 right tokens
     // with a wrong sibling at depth 2, and a wrong token at depth 5.
@@ -275,21 +241,13 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
 
 #[test]
 fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
-    use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
     let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
-    let want = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        24,
-    );
-    let experts = target.config().num_experts;
+    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 24);
     let costs = [
         CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
         CostModel::paper(vec![1.0; 8], 10.0).unwrap(), // experts dear: verify little
@@ -298,28 +256,26 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let mut verified = Vec::new();
     for (i, cost) in costs.into_iter().enumerate() {
         let residency = cost.is_residency();
-        let mut rule = SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
-        rule.use_resident = residency;
+        let selector = Selector::new(cost, 7, Objective::Ratio).unwrap();
+        let mut policy = VerifyPolicy::specfit(selector).residency(residency);
         let (_, mut cache) = load(2);
         let mut atlas = Atlas::new(load(usize::MAX).1);
-        let options = SpecOptions {
+        let options = DecodeOptions {
             shape: TreeShape::default(),
             max_tokens: 24,
             stop: vec![],
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Routes::Atlas(&mut atlas),
-            &prompt,
-            &mut rule,
-            &options,
-        )
-        .unwrap();
+        let parts = (&target, &drafter, &mut cache);
+        let routes = Routes::Atlas(&mut atlas);
+        let start = Start::Prompt(&prompt);
+        let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
         assert_eq!(got.tokens, want, "cost {i}");
-        assert!(!rule.select_us.is_empty());
+        // Every cycle searched at least once (the stop rule may search after each level).
+        assert!(
+            got.cycles > 0 && got.select_us.len() >= got.cycles,
+            "{got:?}"
+        );
         assert!(got.atlas_seconds > 0.0);
         eprintln!(
             "cost {i}: {} cycles, {} verified",
@@ -329,33 +285,23 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     }
     // Dear experts make SpecFit verify fewer nodes than free ones.
     assert!(verified[1] < verified[0], "{verified:?}");
-    // A rule that needs routes refuses to run without a route source.
-    let mut rule = SpecFitRule::new(
-        Selector::new(
-            CostModel::paper(vec![1.0; 8], 0.1).unwrap(),
-            7,
-            Objective::Ratio,
-        )
-        .unwrap(),
-        experts,
-    );
+    // A policy that needs routes refuses to run without a route source.
+    let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
+    let mut policy = VerifyPolicy::specfit(Selector::new(cost, 7, Objective::Ratio).unwrap());
     let (_, mut cache) = load(2);
-    let options = SpecOptions {
+    let options = DecodeOptions {
         shape: TreeShape::default(),
         max_tokens: 4,
         stop: vec![],
-        ..SpecOptions::default()
+        ..DecodeOptions::default()
     };
-    assert!(generate_spec(
-        &target,
-        &drafter,
-        &mut cache,
-        Routes::None,
-        &prompt,
-        &mut rule,
-        &options
-    )
-    .is_err());
+    let parts = (&target, &drafter, &mut cache);
+    let start = Start::Prompt(&prompt);
+    let err = speculate(parts, &mut policy, Routes::None, start, &options).unwrap_err();
+    assert!(
+        matches!(err, specfit_engine::EngineError::NoRoutes { .. }),
+        "{err}"
+    );
 }
 
 #[test]
@@ -372,13 +318,13 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
         (4, 0.3, 1.0, 0),
     ] {
         let rule = Sampling::TopP { temperature, top_p };
-        let want = plain_tokens(&target, &mut cache, &prompt, Sampler::new(rule, seed), 20);
+        let want = plain_tokens(&target, &mut cache, &prompt, (rule, seed), 20);
         let (_, mut c) = load(2);
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 20,
             sampling: rule,
             seed,
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
         let got = top_k_spec(&target, &drafter, &mut c, &prompt, budget, &options);
         assert_eq!(
@@ -425,11 +371,11 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let n = 1200;
     let mut counts = vec![0usize; vocab];
     for seed in 0..n {
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 2,
             sampling: rule,
             seed,
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
         let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
         counts[got.tokens[1] as usize] += 1;
@@ -462,18 +408,13 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
 
 #[test]
 fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
-    use specfit_engine::spec::{record, Atlas};
+    use specfit_engine::measure::record;
+    use specfit_engine::spec::Atlas;
     let load = fixture_target;
     let (target, mut cache) = load(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119];
-    let want = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        13,
-    );
+    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 13);
     let mut atlas = Atlas::new(load(usize::MAX).1);
     let steps = record(
         &target,
@@ -520,13 +461,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        20,
-    );
+    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 20);
     for mode in [CacheMode::Lru, CacheMode::ClearEveryForward] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,
@@ -536,9 +471,9 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
             None,
         )
         .unwrap();
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 20,
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
         let got = top_k_spec(&target, &drafter, &mut disk, &prompt, 7, &options);
         assert_eq!(got.tokens, want, "{mode:?}");
@@ -550,7 +485,6 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
 
 #[test]
 fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens() {
-    use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
     let tdir = target_dir();
@@ -558,14 +492,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        20,
-    );
-    let experts = target.config().num_experts;
+    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 20);
     for slots in [2, 4] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,
@@ -576,23 +503,17 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
         )
         .unwrap();
         let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
-        let mut rule = SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
+        let mut policy = VerifyPolicy::specfit(Selector::new(cost, 7, Objective::Ratio).unwrap());
         let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 20,
             read_ahead: true,
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
-        let got = generate_spec(
-            &target,
-            &drafter,
-            &mut disk,
-            Routes::Atlas(&mut atlas),
-            &prompt,
-            &mut rule,
-            &options,
-        )
-        .unwrap();
+        let parts = (&target, &drafter, &mut disk);
+        let routes = Routes::Atlas(&mut atlas);
+        let start = Start::Prompt(&prompt);
+        let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
         assert_eq!(got.tokens, want, "{slots} slots");
         let c = got.copies;
         assert!(c.read_ahead > 0 && c.ahead_used > 0, "{slots} slots: {c:?}");
@@ -604,13 +525,11 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
 
 #[test]
 fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
-    use specfit_engine::policy::SpecFitRule;
     use specfit_engine::spec::Atlas;
     use specfit_selector::{CostModel, Objective, Selector};
     let load = fixture_target;
     let (target, _) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
-    let experts = target.config().num_experts;
     for (prompt, sampling) in [
         (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),
         (
@@ -621,44 +540,24 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
             },
         ),
     ] {
-        let want = generate(
-            &target,
-            &mut load(2).1,
-            prompt,
-            &mut Sampler::new(sampling, 7),
-            &GenerateOptions {
-                max_tokens: 40,
-                stop: vec![],
-                ..Default::default()
-            },
-            |_| {},
-        )
-        .unwrap()
-        .tokens;
+        let want = plain_tokens(&target, &mut load(2).1, prompt, (sampling, 7), 40);
         // Cheap experts (verifies nodes, few bursts) and dear ones (mostly empty subtrees: bursts).
         let mut bursts = Vec::new();
         for beta in [0.0, 50.0] {
             let cost = CostModel::paper(vec![1.0; 8], beta).unwrap();
-            let mut rule =
-                SpecFitRule::new(Selector::new(cost, 7, Objective::Ratio).unwrap(), experts);
-            rule.adaptive = true;
+            let selector = Selector::new(cost, 7, Objective::Ratio).unwrap();
+            let mut policy = VerifyPolicy::specfit(selector).plain_bursts(true);
             let mut atlas = Atlas::new(load(usize::MAX).1);
-            let options = SpecOptions {
+            let options = DecodeOptions {
                 max_tokens: 40,
                 sampling,
                 seed: 7,
-                ..SpecOptions::default()
+                ..DecodeOptions::default()
             };
-            let got = generate_spec(
-                &target,
-                &drafter,
-                &mut load(2).1,
-                Routes::Atlas(&mut atlas),
-                prompt,
-                &mut rule,
-                &options,
-            )
-            .unwrap();
+            let parts = (&target, &drafter, &mut load(2).1);
+            let routes = Routes::Atlas(&mut atlas);
+            let start = Start::Prompt(prompt);
+            let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
             assert_eq!(got.tokens, want, "β {beta} {sampling:?}");
             assert!(got.plain_steps < got.cycles);
             bursts.push(got.plain_steps);
@@ -702,36 +601,35 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
-    let full = plain_tokens(
-        &target,
-        &mut cache,
-        &prompt,
-        Sampler::new(Sampling::Greedy, 0),
-        30,
-    );
+    let full = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 30);
     // Plain decoding stops right after the token during which the flag went up.
     let cancel = specfit_engine::Cancel::default();
-    let options = GenerateOptions {
+    let options = DecodeOptions {
         max_tokens: 30,
         cancel: cancel.clone(),
         ..Default::default()
     };
-    let mut seen = 0;
-    let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let got = generate(&target, &mut cache, &prompt, &mut sampler, &options, |_| {
-        seen += 1;
-        if seen == 3 {
-            cancel.cancel();
-        }
-    })
-    .unwrap();
+    let raised = cancel.clone();
+    let seen = std::sync::atomic::AtomicUsize::new(0);
+    let options = DecodeOptions {
+        on_token: Some(specfit_engine::spec::TokenSink(std::sync::Arc::new(
+            move |_| {
+                if seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == 3 {
+                    raised.cancel();
+                }
+            },
+        ))),
+        ..options
+    };
+    let start = Start::Prompt(&prompt);
+    let got = specfit_engine::generate(&target, &mut cache, None, start, &options).unwrap();
     assert_eq!(got.tokens, full[..3]);
     // Tree decoding finishes the cycle it is in, then stops.
     for at in [1, 5] {
         let cancel = specfit_engine::Cancel::default();
         let raised = cancel.clone();
         let count = std::sync::atomic::AtomicUsize::new(0);
-        let options = SpecOptions {
+        let options = DecodeOptions {
             max_tokens: 30,
             cancel: cancel.clone(),
             on_token: Some(specfit_engine::spec::TokenSink(std::sync::Arc::new(
@@ -741,7 +639,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
                     }
                 },
             ))),
-            ..SpecOptions::default()
+            ..DecodeOptions::default()
         };
         let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
         assert!(

@@ -13,7 +13,7 @@ use specfit_engine::Cancel;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::api::{Endpoint, Params};
-use crate::decoder::DecodeStats;
+use crate::decoder::RequestStats;
 use crate::error::ApiError;
 use crate::http::{App, Served};
 use crate::metrics::Outcome;
@@ -33,7 +33,7 @@ pub(crate) struct Queued {
 }
 
 /// Why the output ended.
-fn finish(served: &Served, text: &TextStream, stats: &DecodeStats, q: &Queued) -> Finish {
+fn finish(served: &Served, text: &TextStream, stats: &RequestStats, q: &Queued) -> Finish {
     let last = text.tokens().last();
     let stop_tokens = match q.head.endpoint {
         Endpoint::Chat => &served.chat_stop_tokens,
@@ -72,7 +72,7 @@ impl Tally {
     }
 
     /// Marks the request completed, with its figures for the log.
-    fn done(&mut self, stats: &DecodeStats, completion: usize, ttft: f64, finish: Finish) {
+    fn done(&mut self, stats: &RequestStats, completion: usize, ttft: f64, finish: Finish) {
         self.outcome = Some(Outcome::Ok);
         self.detail = format!(
             "prompt {} (cached {}), completion {completion}, first token {:.0} ms, {:.1} tok/s, {:.2} tokens/cycle, finish {}",
@@ -240,7 +240,7 @@ impl Streaming {
         }
     }
 
-    fn end(&mut self, stats: &DecodeStats) -> Vec<SseEvent> {
+    fn end(&mut self, stats: &RequestStats) -> Vec<SseEvent> {
         self.done = true;
         let served = &self.app.served;
         let rest = match self.text.finish(&served.tokenizer) {

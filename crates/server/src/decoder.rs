@@ -5,12 +5,10 @@
 //! token ids out; it knows nothing of HTTP, text or queues.
 
 use specfit_engine::predictor::RoutePredictor;
-use specfit_engine::spec::{
-    generate_spec_from, Atlas, Routes, SpecOptions, SpecRule, TokenSink, TreeShape,
-};
+use specfit_engine::spec::{Atlas, Routes, Start, TokenSink, TreeShape};
 use specfit_engine::{
-    generate_from, Cancel, Eagle3, EngineError, ExpertCache, GenerateOptions, Prefix, Qwen3Moe,
-    Qwen3MoeConfig, Sampler, Sampling,
+    generate, Cancel, DecodeOptions, Eagle3, EngineError, ExpertCache, Prefix, Qwen3Moe,
+    Qwen3MoeConfig, Sampling, VerifyPolicy,
 };
 
 /// One decode: the prompt's ids and how to continue it.
@@ -24,9 +22,9 @@ pub struct DecodeRequest {
     pub stop: Vec<u32>,
 }
 
-/// What one decode did and cost (the `specfit` extension object of a response).
+/// What one request's decode did and cost (the `specfit` extension object of a response).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct DecodeStats {
+pub struct RequestStats {
     pub prompt_tokens: usize,
     /// Prompt positions taken from the previous request's prefill (the prompt cache).
     pub cached_prompt_tokens: usize,
@@ -44,7 +42,7 @@ pub struct DecodeStats {
     pub decode_seconds: f64,
 }
 
-impl DecodeStats {
+impl RequestStats {
     /// Tokens decoded per second after the first (which the prompt's forward produces).
     pub fn decode_tokens_per_second(&self) -> f64 {
         if self.decode_seconds > 0.0 {
@@ -77,7 +75,7 @@ pub enum DraftRoutes {
 /// The drafter side of a speculative policy.
 pub struct Speculation {
     pub drafter: Eagle3,
-    pub rule: Box<dyn SpecRule + Send>,
+    pub policy: VerifyPolicy,
     pub routes: DraftRoutes,
     pub shape: TreeShape,
     pub read_ahead: bool,
@@ -141,7 +139,7 @@ impl EngineDecoder {
         request: &DecodeRequest,
         cancel: &Cancel,
         sink: TokenSink,
-    ) -> Result<DecodeStats, EngineError> {
+    ) -> Result<RequestStats, EngineError> {
         let started = std::time::Instant::now();
         let before = self.cache.stats().clone();
         let (prefix, cached) = self.prefill(&request.prompt)?;
@@ -189,60 +187,32 @@ impl EngineDecoder {
         request: &DecodeRequest,
         cancel: &Cancel,
         sink: TokenSink,
-    ) -> Result<DecodeStats, EngineError> {
-        let Some(spec) = self.speculation.as_mut() else {
-            let options = GenerateOptions {
-                max_tokens: request.max_tokens,
-                stop: request.stop.clone(),
-                cancel: cancel.clone(),
-                ..Default::default()
-            };
-            let mut sampler = Sampler::new(request.sampling, request.seed);
-            let r = generate_from(
-                &self.model,
-                &mut self.cache,
-                prefix,
-                &mut sampler,
-                &options,
-                |t| (sink.0)(t),
-            )?;
-            let decoded = r.tokens.len().saturating_sub(1);
-            return Ok(DecodeStats {
-                completion_tokens: r.tokens.len(),
-                cycles: decoded,
-                committed: decoded,
-                expert_copies: r.prefill_copies.misses + r.decode_copies.misses,
-                expert_bytes: r.prefill_copies.bytes_copied + r.decode_copies.bytes_copied,
-                prefill_seconds: r.prefill_seconds,
-                decode_seconds: r.decode_seconds,
-                ..DecodeStats::default()
-            });
-        };
-        let options = SpecOptions {
-            shape: spec.shape,
+    ) -> Result<RequestStats, EngineError> {
+        let mut options = DecodeOptions {
             max_tokens: request.max_tokens,
             stop: request.stop.clone(),
             sampling: request.sampling,
             seed: request.seed,
             on_token: Some(sink),
-            read_ahead: spec.read_ahead,
             cancel: cancel.clone(),
+            ..DecodeOptions::default()
         };
-        let routes = match &mut spec.routes {
-            DraftRoutes::None => Routes::None,
-            DraftRoutes::Atlas(a) => Routes::Atlas(a),
-            DraftRoutes::Predictor(p) => Routes::Predictor(p),
-        };
-        let r = generate_spec_from(
-            &self.model,
-            &spec.drafter,
-            &mut self.cache,
-            routes,
-            prefix,
-            spec.rule.as_mut(),
-            &options,
-        )?;
-        Ok(DecodeStats {
+        let speculation = self.speculation.as_mut().map(|spec| {
+            options.shape = spec.shape;
+            options.read_ahead = spec.read_ahead;
+            specfit_engine::Speculation {
+                drafter: &spec.drafter,
+                policy: &mut spec.policy,
+                routes: match &mut spec.routes {
+                    DraftRoutes::None => Routes::None,
+                    DraftRoutes::Atlas(a) => Routes::Atlas(a),
+                    DraftRoutes::Predictor(p) => Routes::Predictor(p),
+                },
+            }
+        });
+        let start = Start::Prefix(prefix);
+        let r = generate(&self.model, &mut self.cache, speculation, start, &options)?;
+        Ok(RequestStats {
             completion_tokens: r.tokens.len(),
             cycles: r.cycles,
             verified_nodes: r.verified_nodes,
@@ -251,7 +221,7 @@ impl EngineDecoder {
             expert_bytes: r.prefill_copies.bytes_copied + r.copies.bytes_copied,
             prefill_seconds: r.prefill_seconds,
             decode_seconds: r.decode_seconds,
-            ..DecodeStats::default()
+            ..RequestStats::default()
         })
     }
 }

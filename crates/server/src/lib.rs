@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use decoder::{DecodeRequest, DecodeStats, DraftRoutes, EngineDecoder, Speculation};
+pub use decoder::{DecodeRequest, DraftRoutes, EngineDecoder, RequestStats, Speculation};
 pub use error::{ApiError, ServerError};
 pub use http::{Access, Limits, Served};
 

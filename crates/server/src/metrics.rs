@@ -6,7 +6,7 @@
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use crate::decoder::DecodeStats;
+use crate::decoder::RequestStats;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl Metrics {
     }
 
     /// Adds what a decode did (completed or cancelled).
-    pub fn decoded(&self, s: &DecodeStats) {
+    pub fn decoded(&self, s: &RequestStats) {
         let mut t = self.lock();
         t.prompt_tokens += s.prompt_tokens as u64;
         t.cached_prompt_tokens += s.cached_prompt_tokens as u64;
@@ -275,7 +275,7 @@ mod tests {
         m.request("chat", Outcome::Ok);
         m.request("chat", Outcome::Ok);
         m.request("completions", Outcome::Refused);
-        let stats = DecodeStats {
+        let stats = RequestStats {
             prompt_tokens: 10,
             cached_prompt_tokens: 4,
             completion_tokens: 9,

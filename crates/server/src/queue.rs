@@ -12,7 +12,7 @@ use specfit_engine::spec::TokenSink;
 use specfit_engine::Cancel;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::decoder::{DecodeRequest, DecodeStats, EngineDecoder};
+use crate::decoder::{DecodeRequest, EngineDecoder, RequestStats};
 use crate::metrics::Metrics;
 
 /// What a job sends back.
@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 pub enum Event {
     Token(u32),
     /// The decode ended: its statistics, or why it failed.
-    Done(Result<DecodeStats, String>),
+    Done(Result<RequestStats, String>),
 }
 
 /// One request for the engine.
@@ -161,7 +161,7 @@ fn run(
     job: Job,
     abort: &Cancel,
     metrics: &Metrics,
-) -> Option<Result<DecodeStats, String>> {
+) -> Option<Result<RequestStats, String>> {
     if abort.is_cancelled() {
         return Some(Err("the server is shutting down".into()));
     }

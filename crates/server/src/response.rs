@@ -5,7 +5,7 @@
 use serde_json::{json, Value};
 
 use crate::api::Endpoint;
-use crate::decoder::DecodeStats;
+use crate::decoder::RequestStats;
 
 /// What every response of one request shares.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ impl Finish {
 
 /// `usage`: prompt, completion and total tokens, and the prompt tokens taken from the prompt
 /// cache (`prompt_tokens_details.cached_tokens`, as OpenAI reports it).
-pub fn usage(stats: &DecodeStats, completion_tokens: usize) -> Value {
+pub fn usage(stats: &RequestStats, completion_tokens: usize) -> Value {
     json!({
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -59,7 +59,7 @@ pub fn usage(stats: &DecodeStats, completion_tokens: usize) -> Value {
 }
 
 /// The `specfit` extension: how the output was decoded and what it cost.
-pub fn extension(policy: &str, stats: &DecodeStats, time_to_first_token: f64) -> Value {
+pub fn extension(policy: &str, stats: &RequestStats, time_to_first_token: f64) -> Value {
     let per = |a: f64, b: usize| if b > 0 { a / b as f64 } else { 0.0 };
     json!({
         "policy": policy,
@@ -191,15 +191,15 @@ mod tests {
         }
     }
 
-    fn stats() -> DecodeStats {
-        DecodeStats {
+    fn stats() -> RequestStats {
+        RequestStats {
             prompt_tokens: 5,
             cached_prompt_tokens: 2,
             completion_tokens: 3,
             cycles: 2,
             committed: 2,
             decode_seconds: 0.5,
-            ..DecodeStats::default()
+            ..RequestStats::default()
         }
     }
 

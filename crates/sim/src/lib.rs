@@ -14,27 +14,8 @@ pub mod lru;
 pub mod machine;
 pub mod synth;
 
-use specfit_selector::{stop, CostModel, Objective, Pool, PoolBuilder, ResidentSet, Selector};
+use specfit_selector::{CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
-
-/// A verify policy.
-#[derive(Debug, Clone)]
-pub enum SimPolicy {
-    /// No drafting.
-    Ar,
-    /// The `k` most probable nodes.
-    TopK(usize),
-    /// SpecFit: the exact selector with its own cost model and objective.
-    SpecFit {
-        cost: CostModel,
-        objective: Objective,
-        max_nodes: usize,
-        /// Apply the draft-stop rule after each level.
-        stop_rule: bool,
-        /// Tell the selector which experts are resident (residency-aware cost).
-        residency: bool,
-    },
-}
 
 /// The simulated machine.
 #[derive(Debug, Clone)]
@@ -87,7 +68,7 @@ pub struct PlainCost {
 /// The drafter's time per speculative cycle: `ms_per_level + level_context_ms · c` for each
 /// drafted level past the first, and `feed_ms + (feed_ms_per_token + feed_context_ms · c) ·
 /// committed` to feed the committed tokens back (`c` tokens cached). Plain decoding
-/// (`SimPolicy::Ar`) drafts nothing.
+/// (`VerifyPolicy::plain()`) drafts nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Drafting {
     pub ms_per_level: f64,
@@ -173,7 +154,7 @@ impl Lru {
 pub fn simulate(
     header: &TraceHeader,
     steps: &[TraceStep],
-    policy: &SimPolicy,
+    policy: &VerifyPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
     replay_all(header, [steps], policy, config)
@@ -184,40 +165,24 @@ pub fn simulate(
 pub fn simulate_many(
     header: &TraceHeader,
     traces: &[Vec<TraceStep>],
-    policy: &SimPolicy,
+    policy: &VerifyPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
     replay_all(header, traces.iter().map(Vec::as_slice), policy, config)
 }
 
-/// [`simulate_many`] over borrowed traces (one caches' state and selector for all of them).
+/// [`simulate_many`] over borrowed traces (one caches' state and policy for all of them).
 fn replay_all<'a>(
     header: &TraceHeader,
     traces: impl IntoIterator<Item = &'a [TraceStep]>,
-    policy: &SimPolicy,
+    policy: &VerifyPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
     let mut lru = Lru::new(header.moe_layers, config.slots);
-    let mut selector = match policy {
-        SimPolicy::SpecFit {
-            cost,
-            objective,
-            max_nodes,
-            ..
-        } => Some(Selector::new(cost.clone(), *max_nodes, *objective)?),
-        _ => None,
-    };
+    let mut policy = policy.clone();
     let mut report = SimReport::default();
     for steps in traces {
-        replay(
-            header,
-            steps,
-            policy,
-            config,
-            selector.as_mut(),
-            &mut lru,
-            &mut report,
-        )?;
+        replay(header, steps, &mut policy, config, &mut lru, &mut report)?;
     }
     Ok(report)
 }
@@ -226,9 +191,8 @@ fn replay_all<'a>(
 fn replay(
     header: &TraceHeader,
     steps: &[TraceStep],
-    policy: &SimPolicy,
+    policy: &mut VerifyPolicy,
     config: &SimConfig,
-    mut selector: Option<&mut Selector>,
     lru: &mut Lru,
     report: &mut SimReport,
 ) -> Result<(), SimError> {
@@ -245,13 +209,13 @@ fn replay(
     let mut i = 0;
     while i < steps.len() {
         let step = &steps[i];
-        let (chosen, levels) = choose(header, step, policy, selector.as_deref_mut(), lru)?;
+        let (chosen, levels) = choose(header, step, policy, lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
         let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
         let context = step.position as f64;
-        report.time_ms += match (policy, &config.plain) {
-            (SimPolicy::Ar, Some(p)) => {
+        report.time_ms += match (policy.drafts(), &config.plain) {
+            (false, Some(p)) => {
                 p.intercept
                     + p.beta_hit * hits as f64
                     + p.beta_miss * misses as f64
@@ -278,7 +242,7 @@ fn replay(
             here = c as i64;
             accepted += 1;
         }
-        if !matches!(policy, SimPolicy::Ar) {
+        if policy.drafts() {
             let d = &config.drafting;
             report.time_ms += (d.ms_per_level + d.level_context_ms * context)
                 * levels.saturating_sub(1) as f64
@@ -308,76 +272,38 @@ fn verify_union(header: &TraceHeader, step: &TraceStep, chosen: &[usize]) -> Vec
         .collect()
 }
 
-/// The policy's subtree for one step, and how many levels it drafted.
+/// The policy's subtree for one step, and how many levels it drafted: the policy decides after
+/// each recorded level, as the engine's decoder asks it while drafting.
 fn choose(
     header: &TraceHeader,
     step: &TraceStep,
-    policy: &SimPolicy,
-    selector: Option<&mut Selector>,
+    policy: &mut VerifyPolicy,
     lru: &Lru,
 ) -> Result<(Vec<usize>, usize), SimError> {
+    if !policy.drafts() {
+        return Ok((Vec::new(), 0));
+    }
+    let resident = match policy.uses_residency() && lru.slots.slots() > 0 {
+        true => Some(ResidentSet::new(
+            header.moe_layers,
+            header.experts,
+            &lru.resident(header.moe_layers),
+        )?),
+        false => None,
+    };
     let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
-    match policy {
-        SimPolicy::Ar => Ok((Vec::new(), 0)),
-        SimPolicy::TopK(k) => {
-            // Drafting stops at the first level after which the top-k is settled, as the
-            // engine's rule does; the verified nodes are those of the whole pool either way.
-            let levels = (1..max_depth)
-                .find(|&d| top_k_settled_at(step, *k, d))
-                .unwrap_or(max_depth);
-            Ok((
-                specfit_selector::top_k(&pool_upto(header, step, usize::MAX)?, *k),
-                levels,
-            ))
-        }
-        SimPolicy::SpecFit {
-            stop_rule,
-            residency,
-            ..
-        } => {
-            let selector = selector.expect("built for SpecFit");
-            let resident = if *residency && lru.slots.slots() > 0 {
-                Some(ResidentSet::new(
-                    header.moe_layers,
-                    header.experts,
-                    &lru.resident(header.moe_layers),
-                )?)
-            } else {
-                None
-            };
-            let mut depth = max_depth;
-            if *stop_rule {
-                for d in 1..max_depth {
-                    let pool = pool_upto(header, step, d)?;
-                    let decision = stop::stop_rule(selector, &pool, resident.as_ref())?;
-                    if !decision.keep_drafting() {
-                        depth = d;
-                        break;
-                    }
-                }
-            }
-            let pool = pool_upto(header, step, depth)?;
-            let picked = selector.select(&pool, resident.as_ref())?.nodes;
+    for depth in 1..=max_depth {
+        let pool = pool_upto(header, step, depth)?;
+        let more = depth < max_depth;
+        if let Decision::Verify(picked) = policy.decide(&pool, resident.as_ref(), more)? {
             // Pool indices up to `depth` are a prefix-order subset; map back to step indices.
             let index: Vec<usize> = (0..step.nodes.len())
                 .filter(|&i| step.nodes[i].depth <= depth)
                 .collect();
-            Ok((picked.into_iter().map(|p| index[p]).collect(), depth))
+            return Ok((picked.into_iter().map(|p| index[p]).collect(), depth));
         }
     }
-}
-
-/// Whether the top-`k` of `step`'s pool drafted up to `depth` can no longer change.
-fn top_k_settled_at(step: &TraceStep, k: usize, depth: usize) -> bool {
-    let (mut parents, mut probs, mut newest) = (Vec::new(), Vec::new(), Vec::new());
-    for (row, (n, parent)) in nodes_upto(step, depth).enumerate() {
-        parents.push(parent);
-        probs.push(n.prob);
-        if n.depth == depth {
-            newest.push(row);
-        }
-    }
-    specfit_selector::subtree::top_k_settled(&parents, &probs, k, &newest)
+    Ok((Vec::new(), 0))
 }
 
 /// The selector pool of the nodes of `step` with depth ≤ `depth`.
@@ -450,7 +376,7 @@ pub fn preset(name: &str, max_nodes: usize) -> Option<Preset> {
 /// Mean accepted draft tokens per cycle of the `k` most probable nodes on `steps`.
 pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f64 {
     let config = SimConfig::verify_only(0, CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"));
-    match simulate(header, steps, &SimPolicy::TopK(k), &config) {
+    match simulate(header, steps, &VerifyPolicy::top_k(k), &config) {
         Ok(r) => (r.committed - r.cycles) as f64 / r.cycles.max(1) as f64,
         Err(_) => 0.0,
     }
@@ -560,15 +486,23 @@ mod tests {
         assert_eq!(upto(3), vec![None, None, Some(1), Some(0), Some(3)]);
     }
 
+    /// The levels top-`k` drafts on `step` before its choice is settled.
+    fn top_k_levels(step: &TraceStep, k: usize) -> usize {
+        let header = TraceHeader::new(1, 4, 1, 16);
+        let lru = Lru::new(1, 0);
+        choose(&header, step, &mut VerifyPolicy::top_k(k), &lru)
+            .unwrap()
+            .1
+    }
+
     #[test]
     fn the_top_k_settles_at_the_level_after_which_no_deeper_node_can_enter() {
         let s = three_levels();
         // K = 1: node 0 (0.6) beats every deeper node already at level 1.
-        assert!(top_k_settled_at(&s, 1, 1));
+        assert_eq!(top_k_levels(&s, 1), 1);
         // K = 2: level 1 holds 0.6 and 0.3, but node 3 (0.5) at level 2 may still enter.
-        assert!(!top_k_settled_at(&s, 2, 1));
-        assert!(top_k_settled_at(&s, 2, 2));
+        assert_eq!(top_k_levels(&s, 2), 2);
         // K = 3: {0.6, 0.5, 0.3} after level 2, and node 4 (0.4) at level 3 still enters.
-        assert!(!top_k_settled_at(&s, 3, 2));
+        assert_eq!(top_k_levels(&s, 3), 3);
     }
 }

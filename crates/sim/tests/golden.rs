@@ -1,7 +1,7 @@
 //! Hand-checked replays of a tiny trace: one MoE layer of 4 experts, unit costs.
 
-use specfit_selector::{CostModel, Objective};
-use specfit_sim::{simulate, SimConfig, SimPolicy};
+use specfit_selector::{CostModel, Objective, Selector, VerifyPolicy};
+use specfit_sim::{simulate, SimConfig};
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
 fn node(
@@ -43,14 +43,9 @@ fn trace() -> (TraceHeader, Vec<TraceStep>) {
 }
 
 /// SpecFit believing `a = 10 ms`, `β = 5 ms` per expert of the union, with the stop rule.
-fn paper_specfit() -> SimPolicy {
-    SimPolicy::SpecFit {
-        cost: CostModel::paper(vec![10.0; 8], 5.0).unwrap(),
-        objective: Objective::Ratio,
-        max_nodes: 7,
-        stop_rule: true,
-        residency: false,
-    }
+fn paper_specfit() -> VerifyPolicy {
+    let cost = CostModel::paper(vec![10.0; 8], 5.0).unwrap();
+    VerifyPolicy::specfit(Selector::new(cost, 7, Objective::Ratio).unwrap())
 }
 
 fn config(slots: usize) -> SimConfig {
@@ -64,7 +59,7 @@ fn config(slots: usize) -> SimConfig {
 #[test]
 fn autoregressive_replay_commits_one_token_per_position() {
     let (h, s) = trace();
-    let r = simulate(&h, &s, &SimPolicy::Ar, &config(4)).unwrap();
+    let r = simulate(&h, &s, &VerifyPolicy::plain(), &config(4)).unwrap();
     // 4 cycles; expert 0 is copied once, then hits: time = 4·10 + 1.
     assert_eq!(
         (r.cycles, r.committed, r.verified_nodes, r.hits, r.misses),
@@ -76,14 +71,14 @@ fn autoregressive_replay_commits_one_token_per_position() {
 #[test]
 fn top_k_replay_follows_the_agreement_flags() {
     let (h, s) = trace();
-    let r = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    let r = simulate(&h, &s, &VerifyPolicy::top_k(2), &config(4)).unwrap();
     // Position 0: both nodes agree → 3 tokens, next position 3 (first node disagrees) → 1 token.
     assert_eq!((r.cycles, r.committed, r.verified_nodes), (2, 4, 4));
     // Cycle 1 copies experts 0, 1, 2; cycle 2 hits all three.
     assert_eq!((r.hits, r.misses), (3, 3));
     assert_eq!(r.time_ms, 10.0 + 3.0 + 10.0);
     // With the cache cleared every forward, both cycles copy everything.
-    let cleared = simulate(&h, &s, &SimPolicy::TopK(2), &config(0)).unwrap();
+    let cleared = simulate(&h, &s, &VerifyPolicy::top_k(2), &config(0)).unwrap();
     assert_eq!((cleared.hits, cleared.misses), (0, 6));
 }
 
@@ -103,7 +98,7 @@ fn specfit_replay_skips_nodes_its_costs_make_unprofitable() {
 fn traces_with_gaps_are_refused() {
     let (h, mut s) = trace();
     s[2].position = 99;
-    assert!(simulate(&h, &s, &SimPolicy::Ar, &config(4)).is_err());
+    assert!(simulate(&h, &s, &VerifyPolicy::plain(), &config(4)).is_err());
 }
 
 #[test]
@@ -117,10 +112,15 @@ fn drafting_costs_are_charged_per_drafted_level_and_fed_token_but_not_to_plain_d
         ..Default::default()
     };
     // Plain decoding drafts nothing: the same 41 ms as without drafting costs.
-    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 41.0);
+    assert_eq!(
+        simulate(&h, &s, &VerifyPolicy::plain(), &c)
+            .unwrap()
+            .time_ms,
+        41.0
+    );
     // Top-2 drafts both levels every cycle (one drafter forward past level 1) and feeds 3, then
     // 1, committed tokens: 23 + (1 + 2 + 1.5) + (1 + 2 + 0.5).
-    let r = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    let r = simulate(&h, &s, &VerifyPolicy::top_k(2), &c).unwrap();
     assert_eq!(r.time_ms, 23.0 + 4.5 + 3.5);
     // SpecFit's winner on the level-1 pool takes the level-1 node, so the stop rule drafts level
     // 2 as well: each of its 2 cycles pays one level, the fixed feed and 2 fed tokens.
@@ -138,7 +138,12 @@ fn each_read_round_pays_one_read_latency_and_plain_steps_use_their_own_cost() {
     let mut c = config(4);
     c.read_round_ms = 2.0;
     // Plain decoding copies expert 0 once, in its one layer: 41 + 2.
-    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 43.0);
+    assert_eq!(
+        simulate(&h, &s, &VerifyPolicy::plain(), &c)
+            .unwrap()
+            .time_ms,
+        43.0
+    );
     c.plain = Some(specfit_sim::PlainCost {
         intercept: 3.0,
         beta_hit: 0.25,
@@ -148,20 +153,20 @@ fn each_read_round_pays_one_read_latency_and_plain_steps_use_their_own_cost() {
     });
     // 4 steps of 3 ms, 3 hits, 1 miss in 1 layer, positions 10..=13 cached: 12 + 0.75 + 0.5 + 1
     // + 0.125 · 46.
-    let r = simulate(&h, &s, &SimPolicy::Ar, &c).unwrap();
+    let r = simulate(&h, &s, &VerifyPolicy::plain(), &c).unwrap();
     assert_eq!(r.time_ms, 12.0 + 0.75 + 0.5 + 1.0 + 0.125 * 46.0);
     // Speculative cycles still pay the verify cost (with its per-layer latency), not the plain one.
-    let topk = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
-    let without = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    let topk = simulate(&h, &s, &VerifyPolicy::top_k(2), &c).unwrap();
+    let without = simulate(&h, &s, &VerifyPolicy::top_k(2), &config(4)).unwrap();
     // The first cycle copies experts 0, 1 and 2 in the one layer, one read at a time: 3 rounds;
     // the second hits all three.
     assert_eq!(topk.time_ms, without.time_ms + 3.0 * 2.0);
     // With 2 reads in flight the three copies take 2 rounds, with 8 one.
     c.read_width = 2;
-    let two = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    let two = simulate(&h, &s, &VerifyPolicy::top_k(2), &c).unwrap();
     assert_eq!(two.time_ms, without.time_ms + 2.0 * 2.0);
     c.read_width = 8;
-    let eight = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    let eight = simulate(&h, &s, &VerifyPolicy::top_k(2), &c).unwrap();
     assert_eq!(eight.time_ms, without.time_ms + 2.0);
 }
 
@@ -172,7 +177,9 @@ fn reads_in_flight_are_capped_by_the_slots_they_land_in() {
         let mut c = config(slots);
         c.read_round_ms = 2.0;
         c.read_width = width;
-        simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap().time_ms
+        simulate(&h, &s, &VerifyPolicy::top_k(2), &c)
+            .unwrap()
+            .time_ms
     };
     // Two slots hold two reads at once, however many I/O threads there are: the first cycle's three
     // copies take two rounds (as with two threads), not one; with one thread, three.
@@ -186,7 +193,7 @@ fn reads_in_flight_are_capped_by_the_slots_they_land_in() {
 #[test]
 fn drafting_costs_grow_with_the_tokens_already_cached() {
     let (h, s) = trace();
-    let base = simulate(&h, &s, &SimPolicy::TopK(2), &config(4)).unwrap();
+    let base = simulate(&h, &s, &VerifyPolicy::top_k(2), &config(4)).unwrap();
     let mut c = config(4);
     c.drafting = specfit_sim::Drafting {
         level_context_ms: 0.5,
@@ -194,10 +201,15 @@ fn drafting_costs_grow_with_the_tokens_already_cached() {
         ..Default::default()
     };
     // Cycles at positions 10 and 13, one level past the first each, feeding 3 then 1 tokens.
-    let r = simulate(&h, &s, &SimPolicy::TopK(2), &c).unwrap();
+    let r = simulate(&h, &s, &VerifyPolicy::top_k(2), &c).unwrap();
     assert_eq!(
         r.time_ms,
         base.time_ms + 0.5 * 10.0 + 0.5 * 13.0 + 0.25 * 30.0 + 0.25 * 13.0
     );
-    assert_eq!(simulate(&h, &s, &SimPolicy::Ar, &c).unwrap().time_ms, 41.0);
+    assert_eq!(
+        simulate(&h, &s, &VerifyPolicy::plain(), &c)
+            .unwrap()
+            .time_ms,
+        41.0
+    );
 }

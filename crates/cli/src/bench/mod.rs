@@ -14,14 +14,15 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use specfit_engine::spec::{generate_spec_from, Atlas, Routes, SpecOptions, SpecRule};
+use specfit_engine::policy::{load_calibration, verify_policy, PolicySpec};
+use specfit_engine::spec::{Atlas, Routes, Speculation, Start};
 use specfit_engine::{
-    generate_from, CacheMode, Eagle3, ExpertCache, GenerateOptions, Prefix, Qwen3Moe, Sampler,
-    Sampling, Tokenizer,
+    generate, CacheMode, DecodeOptions, Eagle3, ExpertCache, Prefix, Qwen3Moe, Tokenizer,
+    VerifyPolicy,
 };
 use specfit_selector::json::CalibrationJson;
 
-use crate::policy::{self, Policy, RouteChoice};
+use crate::policy::{self, RouteChoice};
 use crate::target::{StoreArg, TargetArgs};
 use plan::{Config, PromptSet, Slots};
 use report::{Outcome, Tally};
@@ -131,10 +132,10 @@ struct Setup {
 /// One decode's outcome and the selector's time per cycle (µs).
 type Run = (Outcome, Vec<f64>);
 
-/// One configuration's live state: its own cache and rule.
+/// One configuration's live state: its own cache and verify policy.
 struct Runner {
     cache: ExpertCache,
-    rule: Box<dyn SpecRule>,
+    policy: VerifyPolicy,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -502,11 +503,11 @@ fn calibration(
 ) -> Result<(CalibrationJson, PathBuf)> {
     if let Some(path) = &args.calibration {
         // (A missing --calibration file was refused in `setup`.)
-        return Ok((policy::load_calibration(path, model)?, path.clone()));
+        return Ok((load_calibration(path, model.config())?, path.clone()));
     }
     let path = crate::paths::calibration(&args.model, crate::target::tier_key(base));
     if args.reuse_calibration && path.exists() {
-        return Ok((policy::load_calibration(&path, model)?, path));
+        return Ok((load_calibration(&path, model.config())?, path));
     }
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"
@@ -573,57 +574,31 @@ fn slots_of(c: &Config) -> (usize, CacheMode) {
     }
 }
 
-/// A configuration's cache (a sibling of the base cache) and rule.
+/// A configuration's cache (a sibling of the base cache) and verify policy.
 fn runner(s: &Setup, c: &Config) -> Result<Runner> {
     let (slots, mode) = slots_of(c);
-    let lambda = if c.policy == Policy::SpecfitLambda {
-        policy::default_lambda(&s.calibration, &s.model)?
-    } else {
-        0.0
+    let spec = PolicySpec {
+        name: c.policy,
+        max_nodes: s.budget,
+        lambda: None,
+        beta_scale: c.beta_scale,
+        calibration: Some(&s.calibration),
     };
-    let rule = policy::rule(
-        &policy::RuleSpec {
-            policy: c.policy,
-            budget: s.budget,
-            lambda,
-            beta_scale: c.beta_scale,
-            calibration: Some(&s.calibration),
-        },
-        &s.model,
-    )?;
     Ok(Runner {
         cache: s.base.sibling(slots, mode)?,
-        rule,
+        policy: verify_policy(&spec, s.model.config())?,
     })
 }
 
 /// Decodes one prompt under one configuration: its outcome and the selector's times of its
 /// cycles.
 fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Run> {
-    let before = r.rule.select_us().len();
-    let outcome = decode_one(s, c, r, prefix)?;
-    Ok((outcome, r.rule.select_us()[before..].to_vec()))
-}
-
-/// Decodes one prompt under one configuration.
-fn decode_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result<Outcome> {
-    if c.policy == Policy::Ar {
-        let options = GenerateOptions {
-            max_tokens: s.max_tokens,
-            stop: s.stop.clone(),
-            ..Default::default()
-        };
-        let mut sampler = Sampler::new(Sampling::Greedy, 0);
-        let g = generate_from(
-            &s.model,
-            &mut r.cache,
-            prefix,
-            &mut sampler,
-            &options,
-            |_| {},
-        )?;
-        return Ok(Outcome::plain(&g));
-    }
+    let options = DecodeOptions {
+        max_tokens: s.max_tokens,
+        stop: s.stop.clone(),
+        read_ahead: c.read_ahead,
+        ..DecodeOptions::default()
+    };
     let routes = match (&c.routes, c.policy.needs_routes()) {
         (_, false) => Routes::None,
         (RouteChoice::Atlas, true) => {
@@ -637,22 +612,14 @@ fn decode_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Res
             None => bail!("no route predictor loaded"),
         },
     };
-    let options = SpecOptions {
-        max_tokens: s.max_tokens,
-        stop: s.stop.clone(),
-        read_ahead: c.read_ahead,
-        ..SpecOptions::default()
-    };
-    let g = generate_spec_from(
-        &s.model,
-        &s.drafter,
-        &mut r.cache,
+    let speculation = Speculation {
+        drafter: &s.drafter,
+        policy: &mut r.policy,
         routes,
-        prefix,
-        r.rule.as_mut(),
-        &options,
-    )?;
-    Ok(Outcome::spec(&g))
+    };
+    let start = Start::Prefix(prefix);
+    let g = generate(&s.model, &mut r.cache, Some(speculation), start, &options)?;
+    Ok((Outcome::of(&g), g.select_us))
 }
 
 #[cfg(test)]

@@ -7,7 +7,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use specfit_engine::Tokenizer;
 
-use crate::policy::{Policy, RouteChoice};
+use specfit_engine::policy::PolicyName;
+
+use crate::policy::RouteChoice;
 
 /// One prompt of a set.
 #[derive(Debug, Clone)]
@@ -89,7 +91,7 @@ impl Slots {
 pub struct Config {
     /// Row label, e.g. `specfit[predictor]`, `eagle3 (vanilla)`, `specfit β×2`.
     pub label: String,
-    pub policy: Policy,
+    pub policy: PolicyName,
     pub routes: RouteChoice,
     pub slots: Slots,
     /// Multiplies the calibrated per-expert cost (the β×2 ablation).
@@ -99,7 +101,7 @@ pub struct Config {
 }
 
 impl Config {
-    fn new(policy: Policy, routes: RouteChoice, slots: Slots, beta_scale: f64) -> Config {
+    fn new(policy: PolicyName, routes: RouteChoice, slots: Slots, beta_scale: f64) -> Config {
         let mut label = policy.name().to_string();
         if policy.needs_routes() && routes != RouteChoice::Atlas {
             label.push_str(&format!("[{}]", routes.label()));
@@ -107,7 +109,7 @@ impl Config {
         if beta_scale != 1.0 {
             label.push_str(&format!(" β×{beta_scale}"));
         }
-        if policy == Policy::Eagle3 && slots == Slots::None {
+        if policy == PolicyName::Eagle3 && slots == Slots::None {
             label.push_str(" (vanilla)");
         }
         Config {
@@ -152,28 +154,43 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
     let d = Slots::Count(s.default_slots);
     let atlas = RouteChoice::Atlas;
     let mut out = vec![
-        Config::new(Policy::Ar, atlas.clone(), d, 1.0),
-        Config::new(Policy::Eagle3, atlas.clone(), Slots::None, 1.0),
-        Config::new(Policy::Eagle3, atlas.clone(), d, 1.0),
-        Config::new(Policy::Specfit, atlas.clone(), d, 1.0),
+        Config::new(PolicyName::Ar, atlas.clone(), d, 1.0),
+        Config::new(PolicyName::Eagle3, atlas.clone(), Slots::None, 1.0),
+        Config::new(PolicyName::Eagle3, atlas.clone(), d, 1.0),
+        Config::new(PolicyName::Specfit, atlas.clone(), d, 1.0),
     ];
     if !s.quick {
-        out.push(Config::new(Policy::SpecfitLambda, atlas.clone(), d, 1.0));
-        out.push(Config::new(Policy::SpecfitResident, atlas.clone(), d, 1.0));
-        out.push(Config::new(Policy::SpecfitAdaptive, atlas.clone(), d, 1.0));
+        out.push(Config::new(
+            PolicyName::SpecfitLambda,
+            atlas.clone(),
+            d,
+            1.0,
+        ));
+        out.push(Config::new(
+            PolicyName::SpecfitResident,
+            atlas.clone(),
+            d,
+            1.0,
+        ));
+        out.push(Config::new(
+            PolicyName::SpecfitAdaptive,
+            atlas.clone(),
+            d,
+            1.0,
+        ));
         // Read-ahead on the atlas's routes (exact, outside the clock: an upper bound) and on
         // the predictor's (inside the clock: what a deployment gets).
-        out.push(Config::new(Policy::Specfit, atlas.clone(), d, 1.0).ahead());
+        out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 1.0).ahead());
         if let Some(p) = &s.predictor {
             let r = RouteChoice::Predictor(p.clone());
-            out.push(Config::new(Policy::Specfit, r.clone(), d, 1.0));
-            out.push(Config::new(Policy::Specfit, r.clone(), d, 1.0).ahead());
+            out.push(Config::new(PolicyName::Specfit, r.clone(), d, 1.0));
+            out.push(Config::new(PolicyName::Specfit, r.clone(), d, 1.0).ahead());
             // With no routing kept out of the clock: the adaptive row's realistic twin.
-            out.push(Config::new(Policy::SpecfitAdaptive, r, d, 1.0));
+            out.push(Config::new(PolicyName::SpecfitAdaptive, r, d, 1.0));
         }
         let r = RouteChoice::Corrupt(0.4);
-        out.push(Config::new(Policy::Specfit, r, d, 1.0));
-        out.push(Config::new(Policy::Specfit, atlas.clone(), d, 2.0));
+        out.push(Config::new(PolicyName::Specfit, r, d, 1.0));
+        out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 2.0));
     }
     let sweep = match &s.points {
         Some(points) => points.clone(),
@@ -193,7 +210,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         }
     };
     for slots in sweep {
-        let mut row: Vec<Config> = [Policy::Ar, Policy::Eagle3, Policy::Specfit]
+        let mut row: Vec<Config> = [PolicyName::Ar, PolicyName::Eagle3, PolicyName::Specfit]
             .into_iter()
             .map(|policy| Config::new(policy, atlas.clone(), slots, 1.0))
             .collect();
@@ -202,8 +219,8 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         // routes may be out of reach).
         if let (Some(_), Some(p)) = (&s.points, &s.predictor) {
             let r = RouteChoice::Predictor(p.clone());
-            row.push(Config::new(Policy::Specfit, r.clone(), slots, 1.0));
-            row.push(Config::new(Policy::Specfit, r, slots, 1.0).ahead());
+            row.push(Config::new(PolicyName::Specfit, r.clone(), slots, 1.0));
+            row.push(Config::new(PolicyName::Specfit, r, slots, 1.0).ahead());
         }
         for c in row {
             if !out.contains(&c) {
@@ -231,7 +248,7 @@ mod tests {
     #[test]
     fn the_full_sweep_has_every_variant_at_the_default_and_the_main_policies_elsewhere() {
         let c = configs(&sweep(false, true));
-        assert_eq!(c[0].policy, Policy::Ar);
+        assert_eq!(c[0].policy, PolicyName::Ar);
         assert_eq!(c[0].slots, Slots::Count(8));
         let labels: Vec<String> = c
             .iter()

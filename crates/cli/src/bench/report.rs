@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
-use specfit_engine::spec::SpecReport;
-use specfit_engine::GenerateReport;
+use specfit_engine::policy::PolicyName;
+use specfit_engine::DecodeStats;
 use specfit_selector::json::CalibrationJson;
 
 use super::plan::{Config, PromptSet, Slots};
@@ -32,25 +32,8 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// Plain decoding: one cycle per decoded token, nothing verified.
-    pub fn plain(g: &GenerateReport) -> Outcome {
-        let decoded = g.tokens.len().saturating_sub(1);
-        Outcome {
-            tokens: g.tokens.clone(),
-            decode_seconds: g.decode_seconds,
-            cycles: decoded,
-            verified: 0,
-            committed: decoded,
-            atlas_seconds: 0.0,
-            misses: g.decode_copies.misses,
-            hits: g.decode_copies.hits,
-            bytes: g.decode_copies.bytes_copied,
-            wait_seconds: g.decode_copies.wait_seconds,
-            read_seconds: g.decode_copies.copy_seconds,
-        }
-    }
-
-    pub fn spec(g: &SpecReport) -> Outcome {
+    /// The outcome of one decode, plain or speculative.
+    pub fn of(g: &DecodeStats) -> Outcome {
         Outcome {
             tokens: g.tokens.clone(),
             decode_seconds: g.decode_seconds,
@@ -500,7 +483,7 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
 /// The rows of one set, in the order described at [`table`].
 fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
     let default = configs.first().map(|c| c.slots);
-    let find = |policy: crate::policy::Policy, slots: Slots| {
+    let find = |policy: PolicyName, slots: Slots| {
         configs
             .iter()
             .zip(tallies)
@@ -519,8 +502,8 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
         .map(|i| {
             let (c, t) = (&configs[i], &tallies[i]);
             let tok_s = t.tokens_per_second();
-            let ar = find(crate::policy::Policy::Ar, c.slots).unwrap_or(0.0);
-            let eagle = find(crate::policy::Policy::Eagle3, c.slots);
+            let ar = find(PolicyName::Ar, c.slots).unwrap_or(0.0);
+            let eagle = find(PolicyName::Eagle3, c.slots);
             let mut us = t.select_us.clone();
             us.sort_by(f64::total_cmp);
             let cycles = t.cycles as f64;

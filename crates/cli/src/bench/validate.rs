@@ -6,16 +6,18 @@
 
 use anyhow::Result;
 use serde::Serialize;
-use specfit_engine::spec::{record, Atlas, TreeShape};
+use specfit_engine::measure::record;
+use specfit_engine::policy::{verify_policy, PolicyName, PolicySpec};
+use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::Objective;
-use specfit_sim::{simulate_many, SimConfig, SimPolicy};
+use specfit_selector::VerifyPolicy;
+use specfit_sim::{simulate_many, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use super::plan::Config;
 use super::report::Tally;
-use crate::policy::{self, Policy, RouteChoice};
+use crate::policy::RouteChoice;
 
 /// One configuration's predicted and measured throughput on the validation prompts.
 #[derive(Debug, Clone, Serialize)]
@@ -72,29 +74,23 @@ pub struct Machine<'a> {
 
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
 /// hold: corrupted or predicted routes).
-fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<SimPolicy>> {
+fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
     // The trace holds atlas routes only, and the simulator has no plain bursts and no
     // read-ahead.
     if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
-        || c.policy == Policy::SpecfitAdaptive
+        || c.policy == PolicyName::SpecfitAdaptive
         || c.read_ahead
     {
         return Ok(None);
     }
-    let cal = m.calibration;
-    let residency = c.policy == Policy::SpecfitResident;
-    let objective = if c.policy == Policy::SpecfitLambda {
-        Objective::lambda(policy::default_lambda(cal, m.model)?)?
-    } else {
-        Objective::Ratio
+    let spec = PolicySpec {
+        name: c.policy,
+        max_nodes: m.budget,
+        lambda: None,
+        beta_scale: c.beta_scale,
+        calibration: Some(m.calibration),
     };
-    let cost = policy::scale_beta(&cal.cost_model(residency)?, c.beta_scale)?;
-    Ok(Some(policy::sim_policy(
-        c.policy,
-        (m.budget, m.budget.min(cal.max_nodes)),
-        cost,
-        objective,
-    )))
+    Ok(Some(verify_policy(&spec, m.model.config())?))
 }
 
 /// Replays every trace under every configuration and compares with `measured` (the tallies of

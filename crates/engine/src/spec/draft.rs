@@ -1,11 +1,58 @@
-//! Drafting: the EAGLE-2/3 dynamic expansion of the draft tree, the top-`b` children of a node,
-//! and feeding committed tokens back to the drafter. It does not verify.
+//! Drafting: the drafted nodes and the drafter's state between cycles, the EAGLE-2/3 dynamic
+//! expansion of the draft tree, the top-`b` children of a node, and feeding committed tokens back
+//! to the drafter. It does not choose or verify.
 
-use super::*;
+use crate::batch::Mask;
+use crate::error::EngineError;
+use crate::kv::KvCache;
+use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
+
+use super::verify::Verified;
+
+/// One drafted node: a target token under a parent (`None` = the root).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraftNode {
+    pub parent: Option<usize>,
+    pub token: u32,
+    /// Product of the drafter's probabilities along the path.
+    pub prob: f64,
+    pub depth: usize,
+    /// The drafter's hidden state that proposed this node (its parent's output row), which a
+    /// route predictor reads. Empty when unknown.
+    pub hidden: Vec<f32>,
+}
+
+/// Tree shape: `branching` children per expanded node, the `branching` best nodes of each level
+/// expanded, `levels` levels (defaults 2 and 5: an 18-node pool).
+#[derive(Debug, Clone, Copy)]
+pub struct TreeShape {
+    pub branching: usize,
+    pub levels: usize,
+}
+
+impl Default for TreeShape {
+    fn default() -> Self {
+        TreeShape {
+            branching: 2,
+            levels: 5,
+        }
+    }
+}
+
+/// The drafter's state between cycles.
+pub(crate) struct DraftState {
+    pub(crate) kv: KvCache,
+    /// Drafter cache entries of committed tokens (fewer than the target's after plain bursts,
+    /// whose tokens the drafter skips; tree entries come after them).
+    pub(crate) committed: usize,
+    /// Last committed-position hidden output and logits (they predict level 1).
+    pub(crate) hidden: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
+}
 
 /// After verifying at cache length `n`: drops the drafter's tree entries and feeds it the
 /// committed tokens with the target's features along the accepted path.
-pub(super) fn advance_drafter(
+pub(crate) fn advance_drafter(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     draft: &mut DraftState,
@@ -60,7 +107,7 @@ pub(crate) fn feed_drafter(
 /// expands the `b` best nodes of the previous level (by path probability, ties by index) with
 /// their top-`b` children. The drafter's cache gets the expanded nodes' entries (after the
 /// committed `n`), which the caller truncates after verification.
-pub(super) fn draft_tree(
+pub(crate) fn draft_tree(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     draft: &mut DraftState,
@@ -156,4 +203,9 @@ pub fn top_children(drafter: &Eagle3, logits: &[f32], b: usize) -> Vec<(u32, f64
         .into_iter()
         .map(|(i, pi)| (drafter.to_target(i as usize), pi as f64))
         .collect()
+}
+
+/// The levels drafted in a pool: its deepest node's depth (0 when empty).
+pub fn pool_depth(pool: &[DraftNode]) -> usize {
+    pool.iter().map(|n| n.depth).max().unwrap_or(0)
 }

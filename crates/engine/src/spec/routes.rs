@@ -1,7 +1,17 @@
 //! Where draft-node routes come from: the atlas (the target's routers on the pool, outside the
-//! timer), the route predictor, or none. It does not choose subtrees.
+//! clock), the route predictor, or none. It does not choose subtrees.
 
-use super::*;
+use std::time::Instant;
+
+use crate::batch::{Batch, ForwardOutput, Logits, Mask};
+use crate::error::EngineError;
+use crate::experts::ExpertCache;
+use crate::kv::KvCache;
+use crate::model::Qwen3Moe;
+use crate::predictor::RoutePredictor;
+
+use super::draft::DraftNode;
+use super::verify::{tree_rows, TreeRows};
 
 /// Expert routes of a pool, per MoE layer: the root's and each node's experts.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,50 +22,51 @@ pub struct PoolRoutes {
     pub nodes: Vec<Vec<Vec<u32>>>,
 }
 
-/// Where a rule gets the routes of draft nodes (and the live slot contents) from.
-pub trait RouteSource {
-    /// Routes of the root and every node of `pool`.
-    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError>;
-    /// Experts resident in each MoE layer's slots right now.
-    fn resident(&self) -> Vec<Vec<u32>>;
-    /// The routes of the latest [`RouteSource::routes`] call, if any.
-    fn latest(&self) -> Option<&PoolRoutes> {
-        None
-    }
-    /// Routing time spent so far outside the clock (the atlas, as in the paper); 0 for sources
-    /// whose routing counts as decoding time.
-    fn outside_clock_seconds(&self) -> f64 {
-        0.0
-    }
+/// Where a verify policy gets the routes of draft nodes.
+pub enum Routes<'a> {
+    /// No routes (policies that need them fail).
+    None,
+    /// The target's routers on the pool, outside the clock.
+    Atlas(&'a mut Atlas),
+    /// The linear route predictor on the drafter's hidden states (inside the clock).
+    Predictor(&'a RoutePredictor),
 }
 
-/// The route source of one cycle: the atlas when given, else the predictor, else none.
-pub(super) fn route_source<'a>(
-    target: &'a Qwen3Moe,
-    atlas: Option<&'a mut Atlas>,
-    predictor: Option<&'a RoutePredictor>,
-    kv: &'a mut KvCache,
-    (root, root_hidden): (u32, &[f32]),
-    resident: Vec<Vec<u32>>,
-) -> Box<dyn RouteSource + 'a> {
-    match (atlas, predictor) {
-        (Some(atlas), _) => Box::new(AtlasView {
-            target,
-            atlas,
-            kv,
-            root,
-            resident,
-            routes: None,
-        }),
-        (None, Some(predictor)) => Box::new(PredictorView {
-            predictor,
-            target,
-            root,
-            root_hidden: root_hidden.to_vec(),
-            resident,
-            routes: None,
-        }),
-        (None, None) => Box::new(NoRoutes),
+/// What routing a cycle's pool reads: the target, its committed cache (left as it came) and the
+/// root with the drafter state that proposed the root's children.
+pub(crate) struct CycleAt<'a> {
+    pub(crate) target: &'a Qwen3Moe,
+    pub(crate) kv: &'a mut KvCache,
+    pub(crate) root: u32,
+    pub(crate) root_hidden: &'a [f32],
+}
+
+impl Routes<'_> {
+    /// Routes of the root and every node of `pool`. `known` are the routes this cycle got for an
+    /// earlier, smaller pool (the pool only grows while a cycle drafts): the predictor keeps
+    /// them and scores only the new nodes; the atlas routes the whole pool again.
+    pub(crate) fn route(
+        &mut self,
+        at: &mut CycleAt<'_>,
+        pool: &[DraftNode],
+        known: Option<PoolRoutes>,
+    ) -> Result<PoolRoutes, EngineError> {
+        match self {
+            Routes::None => Err(EngineError::NoRoutes {
+                reason: "this verify policy needs routes but no route source was given".into(),
+            }),
+            Routes::Atlas(atlas) => atlas.route(at, pool),
+            Routes::Predictor(predictor) => Ok(predict(predictor, at, pool, known)),
+        }
+    }
+
+    /// Routing time spent so far outside the clock (the atlas, as in the paper); 0 for sources
+    /// whose routing counts as decoding time.
+    pub fn outside_clock_seconds(&self) -> f64 {
+        match self {
+            Routes::Atlas(atlas) => atlas.seconds,
+            _ => 0.0,
+        }
     }
 }
 
@@ -91,21 +102,21 @@ impl Atlas {
     /// is then truncated back, so `kv` leaves as it came (no copy of a long cache per call: an
     /// 8 MB copy per drafted level at a 1,000-token context also flushed the processor caches
     /// the timed verify then ran in).
-    pub(super) fn route_pool(
+    pub(crate) fn route_pool(
         &mut self,
         target: &Qwen3Moe,
         kv: &mut KvCache,
         root: u32,
         pool: &[DraftNode],
         logits: Logits<'_>,
-    ) -> Result<(PoolRoutes, crate::batch::ForwardOutput), EngineError> {
+    ) -> Result<(PoolRoutes, ForwardOutput), EngineError> {
         let n = kv.len();
         let all: Vec<usize> = (0..pool.len()).collect();
-        let super::verify::TreeRows {
+        let TreeRows {
             tokens,
             parents,
             positions,
-        } = super::verify::tree_rows(root, n, pool, &all)?;
+        } = tree_rows(root, n, pool, &all)?;
         let batch = Batch {
             tokens: &tokens,
             positions: Some(&positions),
@@ -127,7 +138,21 @@ impl Atlas {
         Ok((routes, out))
     }
 
-    pub(super) fn corrupt(&mut self, routes: &mut PoolRoutes, experts: usize) {
+    /// The routes of the root and `pool` at `at`, corrupted when asked, timed outside the clock.
+    fn route(
+        &mut self,
+        at: &mut CycleAt<'_>,
+        pool: &[DraftNode],
+    ) -> Result<PoolRoutes, EngineError> {
+        let start = Instant::now();
+        let (mut routes, _) = self.route_pool(at.target, at.kv, at.root, pool, Logits::None)?;
+        self.corrupt(&mut routes, at.target.config().num_experts);
+        self.seconds += start.elapsed().as_secs_f64();
+        Ok(routes)
+    }
+
+    /// Replaces each routed expert with a random other one with the corruption's probability.
+    fn corrupt(&mut self, routes: &mut PoolRoutes, experts: usize) {
         let Some((p, rng)) = self.corrupt.as_mut() else {
             return;
         };
@@ -151,115 +176,35 @@ impl Atlas {
     }
 }
 
-/// The atlas at one cycle: the committed cache and the root.
-struct AtlasView<'a> {
-    target: &'a Qwen3Moe,
-    atlas: &'a mut Atlas,
-    /// Left as it came by every call.
-    kv: &'a mut KvCache,
-    root: u32,
-    resident: Vec<Vec<u32>>,
-    routes: Option<PoolRoutes>,
-}
-
-impl RouteSource for AtlasView<'_> {
-    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
-        let start = Instant::now();
-        let (mut routes, _) =
-            self.atlas
-                .route_pool(self.target, &mut *self.kv, self.root, pool, Logits::None)?;
-        self.atlas
-            .corrupt(&mut routes, self.target.config().num_experts);
-        self.atlas.seconds += start.elapsed().as_secs_f64();
-        self.routes = Some(routes.clone());
-        Ok(routes)
+/// Routes predicted from the drafter's hidden states: the root's from the state that proposed
+/// its children, each node's from the state that proposed it; `known` nodes keep theirs and the
+/// new ones are scored together in one product.
+fn predict(
+    predictor: &RoutePredictor,
+    at: &CycleAt<'_>,
+    pool: &[DraftNode],
+    known: Option<PoolRoutes>,
+) -> PoolRoutes {
+    let h = at.target.config().hidden_size;
+    let features = |hidden: &[f32], token: u32| {
+        crate::predictor::features(hidden, at.target.embed(), token, h)
+    };
+    let mut routes = match known {
+        Some(r) if r.nodes.len() <= pool.len() => r,
+        _ => PoolRoutes {
+            root: predictor.predict(&features(at.root_hidden, at.root)),
+            nodes: Vec::new(),
+        },
+    };
+    let fresh = &pool[routes.nodes.len()..];
+    if !fresh.is_empty() {
+        let xs: Vec<f32> = fresh
+            .iter()
+            .flat_map(|n| features(&n.hidden, n.token))
+            .collect();
+        routes
+            .nodes
+            .extend(predictor.predict_rows(&xs, fresh.len()));
     }
-
-    fn resident(&self) -> Vec<Vec<u32>> {
-        self.resident.clone()
-    }
-
-    fn latest(&self) -> Option<&PoolRoutes> {
-        self.routes.as_ref()
-    }
-
-    fn outside_clock_seconds(&self) -> f64 {
-        self.atlas.seconds
-    }
-}
-
-/// Where the specfit rules get draft-node routes from.
-pub enum Routes<'a> {
-    /// No routes (rules that need them fail).
-    None,
-    /// The target's routers on the pool, outside the timer.
-    Atlas(&'a mut Atlas),
-    /// The linear route predictor on the drafter's hidden states (inside the timer).
-    Predictor(&'a RoutePredictor),
-}
-
-/// Routes predicted from the drafter's hidden states.
-struct PredictorView<'a> {
-    predictor: &'a RoutePredictor,
-    target: &'a Qwen3Moe,
-    root: u32,
-    /// The drafter state at the committed position (it proposed the root's children).
-    root_hidden: Vec<f32>,
-    resident: Vec<Vec<u32>>,
-    /// Routes of the pool so far (the root's and each node's, in pool order).
-    routes: Option<PoolRoutes>,
-}
-
-impl RouteSource for PredictorView<'_> {
-    /// The pool only grows while a cycle drafts: nodes predicted at an earlier level keep their
-    /// routes, and the new ones are scored together in one product.
-    fn routes(&mut self, pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
-        let h = self.target.config().hidden_size;
-        let features = |hidden: &[f32], token: u32| {
-            crate::predictor::features(hidden, self.target.embed(), token, h)
-        };
-        let mut routes = match self.routes.take() {
-            Some(r) if r.nodes.len() <= pool.len() => r,
-            _ => PoolRoutes {
-                root: self
-                    .predictor
-                    .predict(&features(&self.root_hidden, self.root)),
-                nodes: Vec::new(),
-            },
-        };
-        let fresh = &pool[routes.nodes.len()..];
-        if !fresh.is_empty() {
-            let xs: Vec<f32> = fresh
-                .iter()
-                .flat_map(|n| features(&n.hidden, n.token))
-                .collect();
-            routes
-                .nodes
-                .extend(self.predictor.predict_rows(&xs, fresh.len()));
-        }
-        self.routes = Some(routes.clone());
-        Ok(routes)
-    }
-
-    fn resident(&self) -> Vec<Vec<u32>> {
-        self.resident.clone()
-    }
-
-    fn latest(&self) -> Option<&PoolRoutes> {
-        self.routes.as_ref()
-    }
-}
-
-/// A source for rules that never ask for routes.
-pub struct NoRoutes;
-
-impl RouteSource for NoRoutes {
-    fn routes(&mut self, _pool: &[DraftNode]) -> Result<PoolRoutes, EngineError> {
-        Err(EngineError::NoRoutes {
-            reason: "this verify rule needs routes but no route source was given".into(),
-        })
-    }
-    fn resident(&self) -> Vec<Vec<u32>> {
-        Vec::new()
-    }
+    routes
 }

@@ -2,7 +2,16 @@
 //! the walk that draws the target's token at each node and accepts the longest matching path.
 //! It does not draft or choose.
 
-use super::*;
+use std::time::Instant;
+
+use crate::batch::{Batch, Logits, Mask};
+use crate::error::EngineError;
+use crate::experts::{ExpertCache, LayerStats};
+use crate::kv::KvCache;
+use crate::model::{Eagle3, Qwen3Moe};
+use crate::sampling::Sampler;
+
+use super::draft::{concat_taps, DraftNode};
 
 /// What one verification covers: the root and the chosen nodes of the pool.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +112,7 @@ pub fn verify(
 
 /// The rows of a tree forward: the root at position `n`, then each chosen pool node (ascending)
 /// at `n + depth`, each attending to its parent's row.
-pub(super) struct TreeRows {
+pub(crate) struct TreeRows {
     pub tokens: Vec<u32>,
     /// `parents[r]`: the parent's row (`None` for the root: its parent is the last cached token).
     pub parents: Vec<Option<usize>>,
@@ -112,7 +121,7 @@ pub(super) struct TreeRows {
 
 /// [`TreeRows`] for `root` (at cache index and position `n`) and `chosen` (ascending, ancestor-
 /// closed: a node whose parent is not chosen is an error).
-pub(super) fn tree_rows(
+pub(crate) fn tree_rows(
     root: u32,
     n: usize,
     pool: &[DraftNode],

@@ -6,9 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specfit_engine::spec::{generate_spec, Routes, SpecOptions, SpecReport, TopK};
+use specfit_engine::spec::{Routes, Speculation, Start};
 use specfit_engine::{
-    generate, CacheMode, Eagle3, ExpertCache, GenerateOptions, Qwen3Moe, Sampler, Tier,
+    generate, CacheMode, DecodeOptions, DecodeStats, Eagle3, ExpertCache, Qwen3Moe, Sampling, Tier,
+    VerifyPolicy,
 };
 
 /// The repository root.
@@ -96,41 +97,59 @@ pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()
 }
 
-/// Plain decoding's tokens for `prompt` (the reference every speculative test compares with).
+/// Plain decoding's tokens for `prompt` (the reference every speculative test compares with),
+/// drawn by `sampling` from `seed`.
 pub fn plain_tokens(
     target: &Qwen3Moe,
     cache: &mut ExpertCache,
     prompt: &[u32],
-    mut sampler: Sampler,
+    (sampling, seed): (Sampling, u64),
     max_tokens: usize,
 ) -> Vec<u32> {
-    let options = GenerateOptions {
+    let options = DecodeOptions {
         max_tokens,
-        stop: vec![],
+        sampling,
+        seed,
         ..Default::default()
     };
-    generate(target, cache, prompt, &mut sampler, &options, |_| {})
+    generate(target, cache, None, Start::Prompt(prompt), &options)
         .unwrap()
         .tokens
 }
 
-/// Speculative decoding of `prompt` with the top-`k` verify rule and no route source (the setup
-/// most engine tests compare with plain decoding).
+/// Speculative decoding of `prompt` under `policy` on `routes`.
+pub fn speculate(
+    (target, drafter, cache): (&Qwen3Moe, &Eagle3, &mut ExpertCache),
+    policy: &mut VerifyPolicy,
+    routes: Routes<'_>,
+    start: Start<'_>,
+    options: &DecodeOptions,
+) -> Result<DecodeStats, specfit_engine::EngineError> {
+    let speculation = Speculation {
+        drafter,
+        policy,
+        routes,
+    };
+    generate(target, cache, Some(speculation), start, options)
+}
+
+/// Speculative decoding of `prompt` with the top-`k` verify policy and no route source (the
+/// setup most engine tests compare with plain decoding).
 pub fn top_k_spec(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     cache: &mut ExpertCache,
     prompt: &[u32],
     k: usize,
-    options: &SpecOptions,
-) -> SpecReport {
-    generate_spec(
-        target,
-        drafter,
-        cache,
+    options: &DecodeOptions,
+) -> DecodeStats {
+    let mut policy = VerifyPolicy::top_k(k);
+    let parts = (target, drafter, cache);
+    speculate(
+        parts,
+        &mut policy,
         Routes::None,
-        prompt,
-        &mut TopK(k),
+        Start::Prompt(prompt),
         options,
     )
     .unwrap()

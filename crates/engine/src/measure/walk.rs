@@ -1,7 +1,16 @@
 //! Recording traces (`specfit record`): the drafted pools and their atlas routes along a greedy
 //! decode. It does not replay them.
 
-use super::*;
+use crate::batch::{ForwardOutput, Logits};
+use crate::error::EngineError;
+use crate::experts::ExpertCache;
+use crate::model::{Eagle3, Qwen3Moe};
+use crate::predictor::RouteSample;
+use crate::sampling::{Sampler, Sampling};
+use crate::spec::{
+    advance_drafter, draft_tree, prefill, verify, Atlas, DraftNode, PoolRoutes, Start, Tree,
+    TreeShape,
+};
 
 /// Records a trace for the simulator: decodes greedily after `prompt` for `positions` tokens
 /// and, at every position, drafts the full pool (no stop rule) and routes the root and every
@@ -53,18 +62,18 @@ pub fn record(
 
 /// One position of a greedy walk: the cache length, the root, the full drafted pool, its atlas
 /// routes and the atlas forward's output (logits as the walk asked).
-pub(super) struct PoolAt<'a> {
+struct PoolAt<'a> {
     n: usize,
     root: u32,
     pool: &'a [DraftNode],
     routes: PoolRoutes,
-    out: crate::batch::ForwardOutput,
+    out: ForwardOutput,
 }
 
 /// Decodes greedily after `prompt` for `positions` tokens (`plan` = tree shape, positions, atlas
 /// logits); at every position drafts the full pool (no stop rule), routes it with the atlas and
 /// hands it to `visit`, then advances one token exactly as plain greedy decoding.
-pub(super) fn walk_pools(
+fn walk_pools(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     experts: &mut ExpertCache,
@@ -74,7 +83,14 @@ pub(super) fn walk_pools(
     visit: &mut dyn FnMut(PoolAt<'_>),
 ) -> Result<(), EngineError> {
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let (mut kv, mut root, draft) = prefill(
+        target,
+        Some(drafter),
+        experts,
+        Start::Prompt(prompt),
+        &mut sampler,
+    )?;
+    let mut draft = draft.expect("prefilled with the drafter");
     for _ in 0..positions {
         let n = kv.len();
         let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |_| Ok(true))?;

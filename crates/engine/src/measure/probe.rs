@@ -1,7 +1,17 @@
 //! Measured verify forwards for calibrating the cost model (`specfit calibrate`): random
 //! ancestor-closed subtrees of each size from chosen cache states. It does not fit.
 
-use super::*;
+use std::time::Instant;
+
+use crate::batch::Batch;
+use crate::error::EngineError;
+use crate::experts::ExpertCache;
+use crate::kv::KvCache;
+use crate::model::{Eagle3, Qwen3Moe};
+use crate::sampling::{Sampler, Sampling};
+use crate::spec::{
+    advance_drafter, draft_tree, pool_depth, prefill, verify, DraftNode, Start, Tree, TreeShape,
+};
 
 /// What [`probe`] measures.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +76,14 @@ pub fn probe(
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let (mut kv, mut root, mut draft) = prefill(target, drafter, experts, prompt, &mut sampler)?;
+    let (mut kv, mut root, draft) = prefill(
+        target,
+        Some(drafter),
+        experts,
+        Start::Prompt(prompt),
+        &mut sampler,
+    )?;
+    let mut draft = draft.expect("prefilled with the drafter");
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
@@ -142,12 +159,13 @@ fn every_other<'a>(
 }
 
 /// A uniformly grown random ancestor-closed subtree of (at most) `size` nodes.
-pub(super) fn random_subtree(
+fn random_subtree(
     pool: &[DraftNode],
     size: usize,
     rng: &mut specfit_selector::synth::Rng,
 ) -> Vec<usize> {
-    specfit_selector::subtree::random_closed(&links(pool).0, size, rng)
+    let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+    specfit_selector::subtree::random_closed(&parents, size, rng)
 }
 
 /// One timed plain-decoding forward (`specfit calibrate`'s plain-step rows).

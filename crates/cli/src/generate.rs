@@ -208,7 +208,7 @@ fn speculate(
     };
     let spec = PolicySpec {
         name: args.policy,
-        max_nodes: args.tree.budget,
+        max_nodes: args.tree.max_nodes,
         lambda: args.lambda,
         beta_scale: 1.0,
         calibration: calibration.as_ref(),

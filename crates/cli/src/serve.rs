@@ -95,7 +95,7 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    ensure!(args.tree.budget > 0, "--max-nodes must be positive");
+    ensure!(args.tree.max_nodes > 0, "--max-nodes must be positive");
     let shape = args.tree.shape()?;
     for (name, secs) in [
         ("--read-timeout", args.read_timeout),
@@ -157,7 +157,7 @@ pub fn run(args: &Args) -> Result<()> {
         };
         let spec = PolicySpec {
             name: args.policy,
-            max_nodes: args.tree.budget,
+            max_nodes: args.tree.max_nodes,
             lambda: args.lambda,
             beta_scale: 1.0,
             calibration: calibration.as_ref(),
@@ -268,5 +268,5 @@ fn calibration(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",
         path.display()
     );
-    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.tree.budget, &path)
+    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.tree.max_nodes, &path)
 }

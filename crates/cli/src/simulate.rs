@@ -55,7 +55,7 @@ pub struct Args {
         value_name = "K",
         default_value_t = 7
     )]
-    budget: usize,
+    max_nodes: usize,
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -76,11 +76,11 @@ pub fn run(args: &Args) -> Result<()> {
             (
                 machine,
                 cal.cost_model(false)?,
-                args.budget.min(cal.max_nodes),
+                args.max_nodes.min(cal.max_nodes),
             )
         }
         (None, Some(name)) => {
-            let p = preset(name, args.budget)
+            let p = preset(name, args.max_nodes)
                 .with_context(|| format!("--preset {name:?}: expected a100 or rtx4090"))?;
             eprintln!(
                 "preset {} (assumed intercepts and hit cost: see specfit_sim::preset)",
@@ -89,7 +89,7 @@ pub fn run(args: &Args) -> Result<()> {
             (
                 SimConfig::verify_only(0, p.true_cost),
                 p.believed,
-                args.budget,
+                args.max_nodes,
             )
         }
         (None, None) => bail!("give --calibration FILE or --preset NAME"),
@@ -176,7 +176,7 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
         "summarization" => 1.54,
         "gsm8k" => 3.35,
         other => match other.strip_prefix("accept:").map(str::parse::<f64>) {
-            Some(Ok(x)) if x >= 0.0 && x <= args.budget as f64 => x,
+            Some(Ok(x)) if x >= 0.0 && x <= args.max_nodes as f64 => x,
             _ => bail!(
                 "--synthetic {other:?}: expected summarization, gsm8k or accept:X with 0 <= X <= K"
             ),
@@ -191,7 +191,7 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
         share: args.share,
         ..SynthParams::paper(0.5, args.seed)
     };
-    let confidence = fit_confidence(&base, args.budget, target);
+    let confidence = fit_confidence(&base, args.max_nodes, target);
     eprintln!("synthetic {profile}: drafter confidence {confidence:.3} for {target} accepted tokens per cycle");
     Ok(synth::trace(&SynthParams { confidence, ..base }))
 }

@@ -15,7 +15,7 @@ pub struct TreeArgs {
         value_name = "K",
         default_value_t = 7
     )]
-    pub budget: usize,
+    pub max_nodes: usize,
     /// Children per expanded draft node, and nodes expanded per level.
     #[arg(long, default_value_t = 2)]
     pub branching: usize,

@@ -87,7 +87,7 @@ pub struct Args {
         value_name = "K",
         default_value_t = 7
     )]
-    budget: usize,
+    max_nodes: usize,
     /// A short run: 8 prompts per set, at most 32 new tokens, the main policies at the default and no-cache
     /// points only.
     #[arg(long)]
@@ -126,7 +126,7 @@ struct Setup {
     configs: Vec<Config>,
     default_slots: usize,
     max_tokens: usize,
-    budget: usize,
+    max_nodes: usize,
 }
 
 /// One decode's outcome and the selector's time per cycle (µs).
@@ -294,7 +294,7 @@ pub fn run(args: &Args) -> Result<()> {
                 ),
                 calibration: &s.calibration,
                 model: &s.model,
-                budget: s.budget,
+                max_nodes: s.max_nodes,
             };
             validation.push(validate::check(
                 &set.name, &traces, &configs, &checked, &machine,
@@ -312,7 +312,7 @@ pub fn run(args: &Args) -> Result<()> {
         default_slots: s.default_slots,
         experts: s.model.config().num_experts,
         max_tokens: s.max_tokens,
-        budget: s.budget,
+        max_nodes: s.max_nodes,
         calibration: &s.calibration,
         calibration_path: &s.calibration_path,
         validation,
@@ -351,7 +351,7 @@ fn run_order(n: usize, seed: u64) -> Vec<usize> {
 /// sets and configurations.
 fn setup(args: &Args) -> Result<Setup> {
     ensure!(args.max_tokens > 0, "--max-tokens must be positive");
-    ensure!(args.budget > 0, "--max-nodes must be positive");
+    ensure!(args.max_nodes > 0, "--max-nodes must be positive");
     ensure!(
         args.max_prompt_tokens != Some(0),
         "--max-prompt-tokens must be positive"
@@ -455,7 +455,7 @@ fn setup(args: &Args) -> Result<Setup> {
         } else {
             args.max_tokens
         },
-        budget: args.budget,
+        max_nodes: args.max_nodes,
     })
 }
 
@@ -513,7 +513,7 @@ fn calibration(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"
     );
     let cal =
-        crate::calibrate::measure_and_save(model, drafter, base, tokenizer, args.budget, &path)?;
+        crate::calibrate::measure_and_save(model, drafter, base, tokenizer, args.max_nodes, &path)?;
     Ok((cal, path))
 }
 
@@ -579,7 +579,7 @@ fn runner(s: &Setup, c: &Config) -> Result<Runner> {
     let (slots, mode) = slots_of(c);
     let spec = PolicySpec {
         name: c.policy,
-        max_nodes: s.budget,
+        max_nodes: s.max_nodes,
         lambda: None,
         beta_scale: c.beta_scale,
         calibration: Some(&s.calibration),

@@ -69,7 +69,7 @@ pub struct Machine<'a> {
     pub header: TraceHeader,
     pub calibration: &'a CalibrationJson,
     pub model: &'a Qwen3Moe,
-    pub budget: usize,
+    pub max_nodes: usize,
 }
 
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
@@ -85,7 +85,7 @@ fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
     }
     let spec = PolicySpec {
         name: c.policy,
-        max_nodes: m.budget,
+        max_nodes: m.max_nodes,
         lambda: None,
         beta_scale: c.beta_scale,
         calibration: Some(m.calibration),

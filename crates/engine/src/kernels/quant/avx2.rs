@@ -1,0 +1,252 @@
+//! The AVX2 kernels of [`super`] (x86-64): the VNNI kernels' integer sums with `vpmaddubsw`
+//! (unsigned × signed bytes, adjacent products summed to 16 bits: at most 2 · 63 · 127 for these
+//! types' unsigned weights, or 2 · 128 · 127 for Q8_0's through the sign trick, so never saturated)
+//! and `vpmaddwd` (the integer scales, or ones, summed to 32 bits); the same exact sums, so the
+//! same bits.
+
+use super::x86::{half, k4_scales};
+use super::QuantActs;
+use std::arch::x86_64::*;
+
+/// The sum of the 8 lanes (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn hsum(v: __m256i) -> i32 {
+    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
+    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
+    _mm_cvtsi128_si32(x)
+}
+
+/// One activation row's 256-element block at `at` against a k-quant block decoded to 8
+/// registers of unsigned bytes (32 elements each, 16-bit scales per pair of 16): the scaled
+/// dot products, and the block's 16 activation sums times `per_sum` (8 + 8 i32 factors),
+/// each as 8 lanes to be summed.
+///
+/// # Safety
+/// The CPU has AVX2; `at` is a block start inside `acts`.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k_row(
+    w: &[__m256i; 8],
+    scale: &[__m256i; 8],
+    acts: &QuantActs,
+    at: usize,
+    per_sum: &[__m256i; 2],
+) -> (__m256i, __m256i) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let a = acts.q.as_ptr().add(at);
+        let mut sum = _mm256_setzero_si256();
+        for v in 0..8 {
+            let av = _mm256_loadu_si256(a.add(32 * v) as *const __m256i);
+            let pairs = _mm256_maddubs_epi16(w[v], av);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[v]));
+        }
+        let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
+        let side = _mm256_add_epi32(
+            _mm256_mullo_epi32(_mm256_loadu_si256(sums), per_sum[0]),
+            _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), per_sum[1]),
+        );
+        (sum, side)
+    }
+}
+
+/// `Q4_K` blocks (see the VNNI kernel), or with `FIVE` `Q5_K` ones (176 bytes: the same
+/// header, then 32 bytes whose bit `g` of byte `l` is the fifth bit of element `l` of group
+/// `g`, then the nibbles).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `row` is whole blocks of the type, `acts` quantized for it
+/// with as many blocks per row, `acc` one per activation row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    let block = if FIVE { 176 } else { 144 };
+    let nibbles = if FIVE { 48 } else { 16 };
+    let mask = _mm256_set1_epi8(0x0F);
+    let stride = acts.k / 256;
+    // Picks, for each 8 sums of 16, the min of their groups (mins are bytes 8–15).
+    let pick_min = [
+        _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0),
+        _mm_setr_epi8(12, 12, 13, 13, 14, 14, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0),
+    ];
+    for b in 0..row.len() / block {
+        // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
+        // of each activation row (the caller's contract).
+        unsafe {
+            let blk = row.as_ptr().add(block * b);
+            let (d, dmin) = (half(blk), -half(blk.add(2)));
+            let sc = k4_scales(blk.add(4));
+            let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+            let mins = [
+                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[0])),
+                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[1])),
+            ];
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut scale = [_mm256_setzero_si256(); 8];
+            let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+            let one = _mm256_set1_epi8(1);
+            for t in 0..4 {
+                let raw = _mm256_loadu_si256(blk.add(nibbles + 32 * t) as *const __m256i);
+                w[2 * t] = _mm256_and_si256(raw, mask);
+                w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                if FIVE {
+                    for g in [2 * t, 2 * t + 1] {
+                        let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32));
+                        let high = _mm256_slli_epi16(_mm256_and_si256(bit, one), 4);
+                        w[g] = _mm256_or_si256(w[g], high);
+                    }
+                }
+                scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
+                scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (sum, m) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &mins);
+                let da = *acts.d.get_unchecked(r * stride + b);
+                *acc = (d * da).mul_add(hsum(sum) as f32, *acc);
+                *acc = (dmin * da).mul_add(hsum(m) as f32, *acc);
+            }
+        }
+    }
+}
+
+/// `Q6_K` blocks (see the VNNI kernel).
+///
+/// # Safety
+/// As [`q4_k`], for `Q6_K`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    let stride = acts.k / 256;
+    for b in 0..row.len() / 210 {
+        // SAFETY (whole body): as in `q4_k`.
+        unsafe {
+            let p = row.as_ptr().add(210 * b);
+            let d = half(p.add(208));
+            // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
+            let mut w = [_mm256_setzero_si256(); 8];
+            for h in 0..2 {
+                let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+                let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+                let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+                let high = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
+                w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh));
+                w[4 * h + 1] =
+                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2)));
+                w[4 * h + 2] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    high(_mm256_srli_epi16(qh, 4)),
+                );
+                w[4 * h + 3] = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    high(_mm256_srli_epi16(qh, 6)),
+                );
+            }
+            let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+            let scale: [__m256i; 8] = std::array::from_fn(|v| {
+                let (a, c) = (2 * v as i8, 2 * v as i8 + 1);
+                let pick = _mm_setr_epi8(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
+                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
+            });
+            // 32 · sc[g] per group: the +32 of the stored values comes back out.
+            let bias = [
+                _mm256_slli_epi32(_mm256_cvtepi8_epi32(sc), 5),
+                _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)), 5),
+            ];
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (sum, off) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &bias);
+                let s1 = hsum(_mm256_sub_epi32(sum, off));
+                let da = *acts.d.get_unchecked(r * stride + b);
+                *acc = (d * da).mul_add(s1 as f32, *acc);
+            }
+        }
+    }
+}
+
+/// `Q4_0`, `Q4_1`, `Q5_0`, `Q5_1` blocks of 32: d (and, with `MIN`, the min m), with `FIVE`
+/// 32 bits holding each element's fifth bit, then 16 bytes of nibbles (elements 0–15 low,
+/// 16–31 high). Stored unsigned; types without a min are offset by 8 (16 with `FIVE`), taken
+/// back out with the activation sums.
+///
+/// # Safety
+/// As [`q4_k`], for the type.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
+    row: &[u8],
+    acts: &QuantActs,
+    acc: &mut [f32],
+) {
+    let block = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
+    let nibbles = block - 16;
+    let bias = match (FIVE, MIN) {
+        (_, true) => 0,
+        (false, false) => 8,
+        (true, false) => 16,
+    };
+    let (mask, one) = (_mm_set1_epi8(0x0F), _mm256_set1_epi16(1));
+    // Byte i of the expansion takes byte i / 8 of the 32 bits and keeps bit i mod 8.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let stride = acts.k / 32;
+    for b in 0..row.len() / block {
+        // SAFETY (whole body): as in `q4_k`.
+        unsafe {
+            let blk = row.as_ptr().add(block * b);
+            let d = half(blk);
+            let m = if MIN { half(blk.add(2)) } else { 0.0 };
+            let raw = _mm_loadu_si128(blk.add(nibbles) as *const __m128i);
+            let lo = _mm_and_si128(raw, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+            let mut w = _mm256_set_m128i(hi, lo);
+            if FIVE {
+                let at = if MIN { 4 } else { 2 };
+                let qh = std::ptr::read_unaligned(blk.add(at) as *const u32);
+                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+                w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let at = r * acts.k + 32 * b;
+                let a = _mm256_loadu_si256(acts.q.as_ptr().add(at) as *const __m256i);
+                let dot = hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), one));
+                let sum =
+                    *acts.sum16.get_unchecked(at / 16) + *acts.sum16.get_unchecked(at / 16 + 1);
+                let da = *acts.d.get_unchecked(r * stride + b);
+                *acc = (d * da).mul_add((dot - bias * sum) as f32, *acc);
+                if MIN {
+                    *acc = (m * da).mul_add(sum as f32, *acc);
+                }
+            }
+        }
+    }
+}
+
+/// `Q8_0` blocks: `|w|` times `a` with `w`'s sign, so the unsigned operand is `|w|`.
+///
+/// # Safety
+/// As [`q4_k`], for `Q8_0`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    let ones = _mm256_set1_epi16(1);
+    let stride = acts.k / 32;
+    for b in 0..row.len() / 34 {
+        // SAFETY (whole body): as in `q4_k`.
+        unsafe {
+            let blk = row.as_ptr().add(34 * b);
+            let d = half(blk);
+            let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+            let magnitude = _mm256_sign_epi8(w, w);
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let a =
+                    _mm256_loadu_si256(acts.q.as_ptr().add(r * acts.k + 32 * b) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, w));
+                let s1 = hsum(_mm256_madd_epi16(pairs, ones));
+                let da = *acts.d.get_unchecked(r * stride + b);
+                *acc = (d * da).mul_add(s1 as f32, *acc);
+            }
+        }
+    }
+}

@@ -8,3 +8,24 @@ mod walk;
 
 pub use probe::{probe, PlainStep, ProbePlan, ProbeRow, Probed};
 pub use walk::{collect_route_samples, record};
+
+use crate::error::EngineError;
+use crate::experts::ExpertCache;
+use crate::kv::KvCache;
+use crate::model::{Eagle3, Qwen3Moe};
+use crate::sampling::{Sampler, Sampling};
+use crate::spec::{prefill, DraftState, Start};
+
+/// The greedy prefill of `prompt` with the drafter, as decoding starts: the target's cache, the
+/// root and the drafter's state.
+fn greedy_start(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    experts: &mut ExpertCache,
+    prompt: &[u32],
+) -> Result<(KvCache, u32, DraftState), EngineError> {
+    let mut sampler = Sampler::new(Sampling::Greedy, 0);
+    let start = Start::Prompt(prompt);
+    let (kv, root, draft) = prefill(target, Some(drafter), experts, start, &mut sampler)?;
+    Ok((kv, root, draft.expect("prefilled with the drafter")))
+}

@@ -3,15 +3,14 @@
 
 use std::time::Instant;
 
+use super::greedy_start;
 use crate::batch::Batch;
 use crate::error::EngineError;
 use crate::experts::ExpertCache;
 use crate::kv::KvCache;
 use crate::model::{Eagle3, Qwen3Moe};
 use crate::sampling::{Sampler, Sampling};
-use crate::spec::{
-    advance_drafter, draft_tree, pool_depth, prefill, verify, DraftNode, Start, Tree, TreeShape,
-};
+use crate::spec::{advance_drafter, draft_tree, pool_depth, verify, DraftNode, Tree, TreeShape};
 
 /// What [`probe`] measures.
 #[derive(Debug, Clone, Copy)]
@@ -76,14 +75,7 @@ pub fn probe(
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let (mut kv, mut root, draft) = prefill(
-        target,
-        Some(drafter),
-        experts,
-        Start::Prompt(prompt),
-        &mut sampler,
-    )?;
-    let mut draft = draft.expect("prefilled with the drafter");
+    let (mut kv, mut root, mut draft) = greedy_start(target, drafter, experts, prompt)?;
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();

@@ -1,6 +1,7 @@
 //! Recording traces (`specfit record`): the drafted pools and their atlas routes along a greedy
 //! decode. It does not replay them.
 
+use super::greedy_start;
 use crate::batch::{ForwardOutput, Logits};
 use crate::error::EngineError;
 use crate::experts::ExpertCache;
@@ -8,8 +9,7 @@ use crate::model::{Eagle3, Qwen3Moe};
 use crate::predictor::RouteSample;
 use crate::sampling::{Sampler, Sampling};
 use crate::spec::{
-    advance_drafter, draft_tree, prefill, verify, Atlas, DraftNode, PoolRoutes, Start, Tree,
-    TreeShape,
+    advance_drafter, draft_tree, verify, Atlas, DraftNode, PoolRoutes, Tree, TreeShape,
 };
 
 /// Records a trace for the simulator: decodes greedily after `prompt` for `positions` tokens
@@ -83,14 +83,7 @@ fn walk_pools(
     visit: &mut dyn FnMut(PoolAt<'_>),
 ) -> Result<(), EngineError> {
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let (mut kv, mut root, draft) = prefill(
-        target,
-        Some(drafter),
-        experts,
-        Start::Prompt(prompt),
-        &mut sampler,
-    )?;
-    let mut draft = draft.expect("prefilled with the drafter");
+    let (mut kv, mut root, mut draft) = greedy_start(target, drafter, experts, prompt)?;
     for _ in 0..positions {
         let n = kv.len();
         let pool = draft_tree(target, drafter, &mut draft, n, shape, &mut |_| Ok(true))?;

@@ -156,12 +156,13 @@ fn main() {
             next.push(ids(c..c + 1, vocab)[0]);
             let mut dkv: KvCache = d.new_kv_cache();
             let fed = d
-                .forward_last(
+                .forward(
                     target.embed(),
-                    &next,
+                    &Batch {
+                        logits: Logits::Last,
+                        ..Batch::causal(&next)
+                    },
                     DraftHidden::Target(&feats),
-                    None,
-                    Mask::Causal,
                     &mut dkv,
                 )
                 .expect("feed drafter");
@@ -187,10 +188,12 @@ fn main() {
                 let out = d
                     .forward(
                         target.embed(),
-                        &tokens,
+                        &Batch {
+                            positions: Some(&positions),
+                            mask: Mask::Explicit(&mask),
+                            ..Batch::causal(&tokens)
+                        },
                         DraftHidden::Own(&hidden),
-                        Some(&positions),
-                        Mask::Explicit(&mask),
                         &mut dkv,
                     )
                     .expect("draft level");

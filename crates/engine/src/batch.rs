@@ -27,6 +27,19 @@ pub enum Logits<'a> {
     None,
 }
 
+impl Logits<'_> {
+    /// The rows of a `t`-token forward that get logits, ascending as given (rows past the
+    /// forward are dropped).
+    pub fn rows(&self, t: usize) -> Vec<usize> {
+        match self {
+            Logits::All => (0..t).collect(),
+            Logits::Last => (t.saturating_sub(1)..t).collect(),
+            Logits::Rows(r) => r.iter().copied().filter(|&i| i < t).collect(),
+            Logits::None => Vec::new(),
+        }
+    }
+}
+
 /// One forward's input.
 #[derive(Debug, Clone, Copy)]
 pub struct Batch<'a> {

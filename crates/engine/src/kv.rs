@@ -47,6 +47,11 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Floats per head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// Floats per token per layer (`kv_heads × head_dim`).
     pub fn row(&self) -> usize {
         self.kv_heads * self.head_dim

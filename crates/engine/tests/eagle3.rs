@@ -6,7 +6,7 @@ mod common;
 use common::*;
 
 use serde_json::Value;
-use specfit_engine::{Batch, DraftHidden, Eagle3, Mask, Qwen3Moe};
+use specfit_engine::{Batch, DraftHidden, Eagle3, Logits, Qwen3Moe};
 
 fn argmax(row: &[f32]) -> usize {
     specfit_engine::sampling::argmax(row) as usize
@@ -27,10 +27,8 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
     let out = drafter
         .forward(
             target.embed(),
-            &tokens,
+            &Batch::causal(&tokens),
             DraftHidden::Target(&features),
-            None,
-            Mask::Causal,
             &mut kv,
         )
         .unwrap();
@@ -51,10 +49,11 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
     let next = drafter
         .forward(
             target.embed(),
-            &token,
+            &Batch {
+                positions: Some(&pos),
+                ..Batch::causal(&token)
+            },
             DraftHidden::Own(last),
-            Some(&pos),
-            Mask::Causal,
             &mut kv,
         )
         .unwrap();
@@ -109,10 +108,8 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
     let d = drafter
         .forward(
             target.embed(),
-            &ints(&r["input_ids"]),
+            &Batch::causal(&ints(&r["input_ids"])),
             DraftHidden::Target(&features),
-            None,
-            Mask::Causal,
             &mut dkv,
         )
         .unwrap();
@@ -168,7 +165,7 @@ fn drafters_that_do_not_fit_the_target_are_refused() {
 
 #[test]
 fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
-    use specfit_engine::{DraftHidden, Mask};
+    use specfit_engine::DraftHidden;
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let (target, _) = specfit_engine::load_target(
         &root.join("fixtures/qwen3moe/eagle_target"),
@@ -189,20 +186,19 @@ fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
     let all = drafter
         .forward(
             target.embed(),
-            &tokens,
+            &Batch::causal(&tokens),
             DraftHidden::Target(&feats),
-            None,
-            Mask::Causal,
             &mut a,
         )
         .unwrap();
     let last = drafter
-        .forward_last(
+        .forward(
             target.embed(),
-            &tokens,
+            &Batch {
+                logits: Logits::Last,
+                ..Batch::causal(&tokens)
+            },
             DraftHidden::Target(&feats),
-            None,
-            Mask::Causal,
             &mut b,
         )
         .unwrap();

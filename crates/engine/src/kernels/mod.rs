@@ -57,6 +57,8 @@ macro_rules! dispatch {
     };
 }
 
+pub mod attention;
+pub(crate) mod experts;
 pub mod math;
 pub mod packed;
 pub mod quant;
@@ -249,7 +251,8 @@ pub fn matmul(x: &[f32], rows: usize, w: WeightView<'_>, n: usize, k: usize, out
         let cols = n * part / parts..n * (part + 1) / parts;
         // SAFETY: `target` points to `rows × n` floats (checked above) and the parts write
         // disjoint columns.
-        unsafe { rowdot::matmul_raw(Isa::detected(), x, rows, w, n, k, cols, target.get()) };
+        let w = rowdot::RowMajor { w, n, k };
+        unsafe { rowdot::matmul_raw(Isa::detected(), x, rows, w, cols, target.get()) };
     });
 }
 
@@ -262,7 +265,7 @@ pub fn matmul_serial(
     k: usize,
     out: &mut [f32],
 ) {
-    rowdot::matmul_with(Isa::detected(), x, rows, w, n, k, out);
+    rowdot::matmul_with(Isa::detected(), x, rows, rowdot::RowMajor { w, n, k }, out);
 }
 
 /// Panics unless `x` is `rows × k`, `w` (`w` elements) is `n × k` and `out` is `rows × n`.

@@ -33,24 +33,55 @@ pub enum PanelSrc {
     },
 }
 
+/// Activation rows: `rows` rows of `k` floats, row `r` at `ptr + r·ld`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsIn {
+    pub ptr: *const f32,
+    pub ld: usize,
+    pub rows: usize,
+    pub k: usize,
+}
+
+impl RowsIn {
+    /// The rows from row `r` on.
+    ///
+    /// # Safety
+    /// Row `r` lies inside the rows.
+    unsafe fn from(self, r: usize) -> RowsIn {
+        RowsIn {
+            // SAFETY: the caller's contract.
+            ptr: unsafe { self.ptr.add(r * self.ld) },
+            rows: self.rows - r,
+            ..self
+        }
+    }
+}
+
+/// Output rows: row `r` at `ptr + r·ld`.
+#[derive(Debug, Clone, Copy)]
+pub struct RowsOut {
+    pub ptr: *mut f32,
+    pub ld: usize,
+}
+
 /// `R` rows × `P` panels.
 ///
 /// # Safety
-/// `x` holds `R` rows of `k` at stride `ldx`; `b` `P` panels of `k` rows of 16 at strides
-/// `pstride` and `ldb`; `out` `R` rows of `16·P` at stride `ldo`; `V`'s instruction set is
-/// available.
+/// `x` holds `R` rows of `x.k`; `b` `P` panels of `x.k` rows of 16 from `b.base`; `out` `R`
+/// rows of `16·P`; `V`'s instruction set is available.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn block<const R: usize, const P: usize, V: F32x16, T: Elem>(
-    x: *const f32,
-    ldx: usize,
-    k: usize,
-    b: *const T,
-    ldb: usize,
-    pstride: usize,
-    out: *mut f32,
-    ldo: usize,
+    x: RowsIn,
+    b: Float<T>,
+    out: RowsOut,
 ) {
+    let (ldx, k, ldo) = (x.ld, x.k, out.ld);
+    let (x, out) = (x.ptr, out.ptr);
+    let Float {
+        base: b,
+        ldb,
+        pstride,
+    } = b;
     // SAFETY (whole body): every access stays inside the operands the caller vouches for.
     unsafe {
         let mut acc = [[V::zero(); P]; R];
@@ -84,15 +115,13 @@ trait Kind: Copy {
     /// As [`block`].
     unsafe fn run<const R: usize, const P: usize, V: F32x16>(
         self,
-        x: *const f32,
-        ldx: usize,
-        k: usize,
+        x: RowsIn,
         p0: usize,
-        out: *mut f32,
-        ldo: usize,
+        out: RowsOut,
     );
 }
 
+/// Float panels of `T`: panel `p` row `kk` at `base + p·pstride + kk·ldb`.
 #[derive(Clone, Copy)]
 struct Float<T> {
     base: *const T,
@@ -105,26 +134,17 @@ impl<T: Elem> Kind for Float<T> {
     #[inline(always)]
     unsafe fn run<const R: usize, const P: usize, V: F32x16>(
         self,
-        x: *const f32,
-        ldx: usize,
-        k: usize,
+        x: RowsIn,
         p0: usize,
-        out: *mut f32,
-        ldo: usize,
+        out: RowsOut,
     ) {
+        let from_p0 = Float {
+            // SAFETY: the caller's contract.
+            base: unsafe { self.base.add(p0 * self.pstride) },
+            ..self
+        };
         // SAFETY: the caller's contract.
-        unsafe {
-            block::<R, P, V, T>(
-                x,
-                ldx,
-                k,
-                self.base.add(p0 * self.pstride),
-                self.ldb,
-                self.pstride,
-                out,
-                ldo,
-            )
-        }
+        unsafe { block::<R, P, V, T>(x, from_p0, out) }
     }
 }
 
@@ -151,17 +171,13 @@ const fn max_panels(r: usize, regs: usize, per_panel: usize) -> usize {
 /// # Safety
 /// As [`gemm_raw`], and `V`'s instruction set is available.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn drive<V: F32x16, K: Kind>(
-    x: *const f32,
-    ldx: usize,
-    rows: usize,
-    k: usize,
+    x: RowsIn,
     kind: K,
     panels: std::ops::Range<usize>,
-    out: *mut f32,
-    ldo: usize,
+    out: RowsOut,
 ) {
+    let rows = x.rows;
     let mut r = 0;
     while r < rows {
         let left = rows - r;
@@ -177,10 +193,14 @@ unsafe fn drive<V: F32x16, K: Kind>(
             let pb = remaining.div_ceil(blocks);
             // SAFETY: the block lies inside the caller's operands.
             unsafe {
-                let (xp, op) = (x.add(r * ldx), out.add(r * ldo + p * PANEL));
+                let xr = x.from(r);
+                let or = RowsOut {
+                    ptr: out.ptr.add(r * out.ld + p * PANEL),
+                    ..out
+                };
                 macro_rules! go {
                     ($r:literal, $p:literal) => {
-                        kind.run::<$r, $p, V>(xp, ldx, k, p, op, ldo)
+                        kind.run::<$r, $p, V>(xr, p, or)
                     };
                 }
                 match (rb, pb) {
@@ -219,22 +239,16 @@ macro_rules! isa_variant {
         mod $m {
             use super::*;
             $(#[target_feature(enable = $feat)])?
-            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm_f32(
-                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const f32, ldb: usize,
-                pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
+                x: RowsIn, b: Float<f32>, panels: std::ops::Range<usize>, out: RowsOut,
             ) {
-                let kind = Float { base: b, ldb, pstride };
-                unsafe { drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo) }
+                unsafe { drive::<$v, _>(x, b, panels, out) }
             }
             $(#[target_feature(enable = $feat)])?
-            #[allow(clippy::too_many_arguments)]
             pub(super) unsafe fn gemm_bf16(
-                x: *const f32, ldx: usize, rows: usize, k: usize, b: *const u16, ldb: usize,
-                pstride: usize, panels: std::ops::Range<usize>, out: *mut f32, ldo: usize,
+                x: RowsIn, b: Float<u16>, panels: std::ops::Range<usize>, out: RowsOut,
             ) {
-                let kind = Float { base: b, ldb, pstride };
-                unsafe { drive::<$v, _>(x, ldx, rows, k, kind, panels, out, ldo) }
+                unsafe { drive::<$v, _>(x, b, panels, out) }
             }
         }
     };
@@ -242,36 +256,31 @@ macro_rules! isa_variant {
 
 per_isa!(isa_variant);
 
-/// `out[r·ldo + 16·p + c] = Σ_kk x[r·ldx + kk] · panel_p[kk, c]` for every row `r < rows` and
-/// panel `p` in `panels`, compiled for `isa`.
+/// `out[r·out.ld + 16·p + c] = Σ_kk x[r·x.ld + kk] · panel_p[kk, c]` for every row `r < x.rows`
+/// and panel `p` in `panels`, compiled for `isa`.
 ///
 /// # Safety
-/// `x` holds `rows` rows of `k` at stride `ldx`; `b` holds the panels it names; `out` has room
-/// for 16 columns per panel at stride `ldo`, of which this call writes only its panels' (so
-/// calls over disjoint panels may run concurrently); `isa` is one of [`Isa::available`].
-#[allow(clippy::too_many_arguments)]
+/// `x` holds its rows; `b` holds the panels it names (`x.k` rows each); `out` has room for 16
+/// columns per panel in each row, of which this call writes only its panels' (so calls over
+/// disjoint panels may run concurrently); `isa` is one of [`Isa::available`].
 pub unsafe fn gemm_raw(
     isa: Isa,
-    x: *const f32,
-    ldx: usize,
-    rows: usize,
-    k: usize,
+    x: RowsIn,
     b: PanelSrc,
     panels: std::ops::Range<usize>,
-    out: *mut f32,
-    ldo: usize,
+    out: RowsOut,
 ) {
     // SAFETY: the caller's contract.
     unsafe {
         match b {
-            PanelSrc::F32 { base, ldb, pstride } => dispatch!(
-                isa,
-                gemm_f32(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            ),
-            PanelSrc::Bf16 { base, ldb, pstride } => dispatch!(
-                isa,
-                gemm_bf16(x, ldx, rows, k, base, ldb, pstride, panels, out, ldo)
-            ),
+            PanelSrc::F32 { base, ldb, pstride } => {
+                let b = Float { base, ldb, pstride };
+                dispatch!(isa, gemm_f32(x, b, panels, out))
+            }
+            PanelSrc::Bf16 { base, ldb, pstride } => {
+                let b = Float { base, ldb, pstride };
+                dispatch!(isa, gemm_bf16(x, b, panels, out))
+            }
         }
     }
 }
@@ -439,17 +448,17 @@ pub(crate) fn gemm_panels(
         // SAFETY: `x` is rows × k, the panels exist, `dst` has `ldo ≥ 16·panels` columns per
         // row, and concurrent parts own disjoint panel ranges.
         unsafe {
-            gemm_raw(
-                isa,
-                x.as_ptr(),
-                k,
+            let x = RowsIn {
+                ptr: x.as_ptr(),
+                ld: k,
                 rows,
                 k,
-                src.get(),
-                range,
-                target.get(),
-                ldo,
-            )
+            };
+            let out = RowsOut {
+                ptr: target.get(),
+                ld: ldo,
+            };
+            gemm_raw(isa, x, src.get(), range, out)
         }
     };
     if !parallel || parts == 1 || rows * n * k < super::PARALLEL_MIN_MACS || panels < 2 * parts {

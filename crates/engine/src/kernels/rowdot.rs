@@ -19,7 +19,6 @@ use super::{Isa, WeightView};
 /// `x` must hold `R` rows of `k` at stride `ldx`, `w` `J` rows of `k` at stride `ldw`, `out`
 /// `R` rows of `J` at stride `ldo`; `V`'s instruction set is available.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn block<const R: usize, const J: usize, V: F32x16, T: Elem>(
     x: *const f32,
     ldx: usize,
@@ -74,7 +73,6 @@ unsafe fn block<const R: usize, const J: usize, V: F32x16, T: Elem>(
 /// # Safety
 /// As [`matmul_raw`], and `V`'s instruction set is available.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn drive<V: F32x16, T: Elem>(
     x: *const f32,
     rows: usize,
@@ -156,23 +154,29 @@ macro_rules! isa_variant {
 
 per_isa!(isa_variant);
 
+/// A row-major `n × k` matrix (the `nn.Linear` layout `[out, in]`).
+#[derive(Debug, Clone, Copy)]
+pub struct RowMajor<'a> {
+    pub w: WeightView<'a>,
+    pub n: usize,
+    pub k: usize,
+}
+
 /// `out[r·n + j] = x[r, :] · w[j, :]` for `j` in `cols`, compiled for `isa`.
 ///
 /// # Safety
 /// `x` holds `rows × k` floats, `w` `n × k` elements, `out` `rows × n` floats of which this call
 /// writes only columns `cols` (so calls with disjoint `cols` may run concurrently); `isa` must
 /// be one of [`Isa::available`].
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn matmul_raw(
     isa: Isa,
     x: &[f32],
     rows: usize,
-    w: WeightView<'_>,
-    n: usize,
-    k: usize,
+    w: RowMajor<'_>,
     cols: std::ops::Range<usize>,
     out: *mut f32,
 ) {
+    let RowMajor { w, n, k } = w;
     debug_assert!(x.len() >= rows * k && w.len() >= n * k && cols.end <= n);
     let xp = x.as_ptr();
     // SAFETY: the caller's contract.
@@ -187,27 +191,23 @@ pub unsafe fn matmul_raw(
 }
 
 /// Safe form of [`matmul_raw`] over all outputs (`out` is `rows × n`).
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_with(
-    isa: Isa,
-    x: &[f32],
-    rows: usize,
-    w: WeightView<'_>,
-    n: usize,
-    k: usize,
-    out: &mut [f32],
-) {
+pub fn matmul_with(isa: Isa, x: &[f32], rows: usize, w: RowMajor<'_>, out: &mut [f32]) {
     assert!(isa.supported(), "{isa:?} not available");
-    super::check_shapes(x, rows, w.len(), n, k, out);
+    super::check_shapes(x, rows, w.w.len(), w.n, w.k, out);
     // SAFETY: shapes and the instruction set checked above.
-    unsafe { matmul_raw(isa, x, rows, w, n, k, 0..n, out.as_mut_ptr()) }
+    unsafe { matmul_raw(isa, x, rows, w, 0..w.n, out.as_mut_ptr()) }
 }
 
 /// `Σ a[i]·b[i]` in row order, compiled for `isa`.
 pub fn dot_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let mut out = [0.0f32];
-    matmul_with(isa, &a[..n], 1, WeightView::F32(&b[..n]), 1, n, &mut out);
+    let w = RowMajor {
+        w: WeightView::F32(&b[..n]),
+        n: 1,
+        k: n,
+    };
+    matmul_with(isa, &a[..n], 1, w, &mut out);
     out[0]
 }
 
@@ -250,7 +250,17 @@ mod tests {
                     .collect();
                 for isa in Isa::available() {
                     let mut got = vec![f32::NAN; rows * n];
-                    matmul_with(isa, &x, rows, WeightView::F32(&w), n, k, &mut got);
+                    matmul_with(
+                        isa,
+                        &x,
+                        rows,
+                        RowMajor {
+                            w: WeightView::F32(&w),
+                            n,
+                            k,
+                        },
+                        &mut got,
+                    );
                     assert_eq!(bits(&got), bits(&want), "{isa:?} n={n} k={k} rows={rows}");
                 }
             }
@@ -264,10 +274,30 @@ mod tests {
         let (w16, w32) = bf16_matrix(n, k, &mut s);
         let x: Vec<f32> = (0..5 * k).map(|_| lcg(&mut s)).collect();
         let mut want = vec![0.0; 5 * n];
-        matmul_with(Isa::Portable, &x, 5, WeightView::F32(&w32), n, k, &mut want);
+        matmul_with(
+            Isa::Portable,
+            &x,
+            5,
+            RowMajor {
+                w: WeightView::F32(&w32),
+                n,
+                k,
+            },
+            &mut want,
+        );
         for isa in Isa::available() {
             let mut got = vec![0.0; 5 * n];
-            matmul_with(isa, &x, 5, WeightView::Bf16(&w16), n, k, &mut got);
+            matmul_with(
+                isa,
+                &x,
+                5,
+                RowMajor {
+                    w: WeightView::Bf16(&w16),
+                    n,
+                    k,
+                },
+                &mut got,
+            );
             assert_eq!(bits(&got), bits(&want), "{isa:?}");
         }
     }

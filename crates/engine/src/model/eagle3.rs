@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::batch::Mask;
+use crate::batch::Batch;
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::kernels::{rms_norm, WeightBuf, WeightView};
@@ -236,46 +236,19 @@ impl Eagle3 {
         KvCache::new(1, self.cfg.num_key_value_heads, d)
     }
 
-    /// One forward over `tokens` (target ids) with their hidden inputs, appending to `kv`.
-    /// `target_embed` is the target's token embedding (used unless the drafter has its own).
+    /// One forward over `batch` (target token ids, positions, mask, which rows get logits; its
+    /// taps are not read) with the tokens' hidden inputs, appending to `kv`. `target_embed` is
+    /// the target's token embedding (used unless the drafter has its own). Logits are computed
+    /// only for the rows `batch.logits` names (`row(0)` is the first of them): feeding committed
+    /// tokens needs only the last row, and the draft lm_head is most of the drafter's work.
     pub fn forward(
         &self,
         target_embed: WeightView<'_>,
-        tokens: &[u32],
+        batch: &Batch<'_>,
         hidden: DraftHidden<'_>,
-        positions: Option<&[usize]>,
-        mask: Mask<'_>,
         kv: &mut KvCache,
     ) -> Result<DraftOutput, EngineError> {
-        self.forward_rows(target_embed, tokens, hidden, positions, mask, kv, false)
-    }
-
-    /// [`Eagle3::forward`] computing the logits of the last token only (`row(0)`; the same
-    /// bits as `forward`'s last row): feeding committed tokens needs only the last row, and
-    /// the draft lm_head is most of the drafter's work.
-    pub fn forward_last(
-        &self,
-        target_embed: WeightView<'_>,
-        tokens: &[u32],
-        hidden: DraftHidden<'_>,
-        positions: Option<&[usize]>,
-        mask: Mask<'_>,
-        kv: &mut KvCache,
-    ) -> Result<DraftOutput, EngineError> {
-        self.forward_rows(target_embed, tokens, hidden, positions, mask, kv, true)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn forward_rows(
-        &self,
-        target_embed: WeightView<'_>,
-        tokens: &[u32],
-        hidden: DraftHidden<'_>,
-        positions: Option<&[usize]>,
-        mask: Mask<'_>,
-        kv: &mut KvCache,
-        last_only: bool,
-    ) -> Result<DraftOutput, EngineError> {
+        let tokens = batch.tokens;
         let (t, h) = (tokens.len(), self.cfg.hidden_size);
         if let Some((index, &token)) = tokens
             .iter()
@@ -289,8 +262,8 @@ impl Eagle3 {
             });
         }
         let cached = kv.len();
-        let positions = crate::batch::resolve_positions(positions, cached, t)?;
-        let visible = mask.visible(cached, t)?;
+        let positions = crate::batch::resolve_positions(batch.positions, cached, t)?;
+        let visible = batch.mask.visible(cached, t)?;
         // Hidden input: fc(target features) or the drafter's own output. T × H.
         let residual = match hidden {
             DraftHidden::Target(f) if f.len() == t * self.fc.inp => self.fc.forward(f, t),
@@ -336,11 +309,12 @@ impl Eagle3 {
         out.iter_mut().zip(&mlp).for_each(|(a, b)| *a += b);
         // Logits over the draft vocabulary from the final norm.
         rms_norm(&out, &self.norm, eps, &mut normed);
-        let logits = if last_only && t > 0 {
-            self.lm_head.forward(&normed[(t - 1) * h..], 1)
-        } else {
-            self.lm_head.forward(&normed, t)
-        };
+        let rows = batch.logits.rows(t);
+        let picked: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| normed[r * h..(r + 1) * h].iter().copied())
+            .collect();
+        let logits = self.lm_head.forward(&picked, rows.len());
         Ok(DraftOutput {
             hidden: out,
             logits,

@@ -1,12 +1,12 @@
 //! Building blocks shared by the model files: RoPE, linear layers, GQA attention over the KV
-//! cache with an arbitrary visibility mask, and the SwiGLU MLP. All arithmetic goes through the
-//! batch-invariant kernels. Architecture-specific wiring stays in each model file.
+//! cache with an arbitrary visibility mask (its kernel is [`crate::kernels::attention`]), and the
+//! SwiGLU MLP. All arithmetic goes through the batch-invariant kernels. Architecture-specific wiring stays in each model file.
 
 use crate::error::EngineError;
-use crate::kernels::packed::{self, PanelSrc};
+use crate::kernels::attention;
 use crate::kernels::quant::QuantMatrix;
-use crate::kernels::{math, rms_norm_in_place, silu, Isa, PackedMatrix, WeightBuf, WeightView};
-use crate::kv::{KvCache, TILE};
+use crate::kernels::{rms_norm_in_place, silu, PackedMatrix, WeightBuf, WeightView};
+use crate::kv::KvCache;
 use crate::weights::Checkpoint;
 use specfit_gguf::GgmlType;
 
@@ -374,185 +374,9 @@ impl Attention {
             }
         }
         kv.push(layer, &k, &v);
-        let attn = attend(&q, visible, kv, layer, self.heads, d); // T × Hq·D
+        let attn = attention::attend(&q, visible, kv, layer, self.heads); // T × Hq·D
         self.o_proj.forward(&attn, t)
     }
-}
-
-/// Tokens per attention work item (one item = one KV head × a block of tokens).
-const ATTEND_TOKENS: usize = 16;
-
-/// `softmax(q·kᵀ / √D) · v` for every token and query head of a forward, over the keys each
-/// token sees (GQA: query head `h` reads KV head `h / (Hq/Hkv)`).
-///
-/// Per KV head and block of tokens, the block's query rows are multiplied with every key tile
-/// once (panel order: each score is one fused multiply-add chain over `D`), each row's visible
-/// scores are gathered in cache order and turned into probabilities
-/// ([`math::softmax_scaled`]), the hidden keys get probability 0, and the probabilities are
-/// multiplied with the value rows (panel order: each output one chain over the keys in cache
-/// order). A hidden key adds an exact `+0` to a chain, so a token's bits are those of the same
-/// token decoded alone, whatever else shares the forward.
-fn attend(
-    q: &[f32],
-    visible: &[Vec<usize>],
-    kv: &KvCache,
-    layer: usize,
-    heads: usize,
-    d: usize,
-) -> Vec<f32> {
-    let t = visible.len();
-    let kv_heads = kv.row() / d;
-    let group = heads / kv_heads;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut out = vec![0.0f32; t * heads * d];
-    let blocks = t.div_ceil(ATTEND_TOKENS);
-    let items = kv_heads * blocks;
-    let target = crate::threads::SharedOut(out.as_mut_ptr());
-    let one = |item: usize| {
-        let (g, b) = (item / blocks, item % blocks);
-        let tokens = b * ATTEND_TOKENS..((b + 1) * ATTEND_TOKENS).min(t);
-        let shape = BlockShape {
-            heads,
-            d,
-            group,
-            scale,
-        };
-        let o = attend_block(q, visible, kv, layer, shape, g, tokens.clone());
-        let hs = kv.head_stride();
-        for (r, (i, hh)) in query_rows(tokens, group).enumerate() {
-            let h = g * group + hh;
-            // SAFETY: `out` has `t × heads × d` floats, and items write disjoint (token, head)
-            // rows.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    o.as_ptr().add(r * hs),
-                    target.get().add((i * heads + h) * d),
-                    d,
-                )
-            };
-        }
-    };
-    let pool = crate::threads::pool();
-    let parts = pool.threads();
-    if items < 2 || parts == 1 {
-        (0..items).for_each(one);
-    } else {
-        pool.run(&|part| (part..items).step_by(parts).for_each(one));
-    }
-    out
-}
-/// The query rows of a block of tokens for one KV head: (token, head within the group).
-fn query_rows(
-    tokens: std::ops::Range<usize>,
-    group: usize,
-) -> impl Iterator<Item = (usize, usize)> {
-    tokens.flat_map(move |i| (0..group).map(move |hh| (i, hh)))
-}
-
-/// The shape facts one attention block needs.
-#[derive(Debug, Clone, Copy)]
-struct BlockShape {
-    heads: usize,
-    d: usize,
-    group: usize,
-    scale: f32,
-}
-
-/// One KV head `g` × a block of tokens: the block's `tokens × group` output rows, each
-/// `head_stride` wide (the first `D` values are the output).
-fn attend_block(
-    q: &[f32],
-    visible: &[Vec<usize>],
-    kv: &KvCache,
-    layer: usize,
-    s: BlockShape,
-    g: usize,
-    tokens: std::ops::Range<usize>,
-) -> Vec<f32> {
-    let (d, isa) = (s.d, Isa::detected());
-    let nq = tokens.len() * s.group;
-    // Keys the block reads: up to the last one any of its tokens sees.
-    let keys = tokens
-        .clone()
-        .map(|i| visible[i].last().map_or(0, |&j| j + 1))
-        .max()
-        .unwrap_or(0);
-    let keys16 = keys.div_ceil(TILE) * TILE;
-    let mut qg = vec![0.0f32; nq * d]; // nq × D
-    for (r, (i, hh)) in query_rows(tokens.clone(), s.group).enumerate() {
-        let h = g * s.group + hh;
-        qg[r * d..(r + 1) * d]
-            .copy_from_slice(&q[(i * s.heads + h) * d..(i * s.heads + h + 1) * d]);
-    }
-    // Scores: nq × keys16, one chain over D per score.
-    let mut scores = vec![0.0f32; nq * keys16];
-    let tiles = kv.key_tiles(layer);
-    debug_assert!(tiles.len() >= keys16 / TILE * kv.tile_floats());
-    // SAFETY: `qg` is nq × D; key tile `p` of head `g` is D rows of 16 at
-    // `g·D·16 + p·tile_floats` inside `tiles`, which covers every pushed token; `scores` has
-    // keys16 columns per row.
-    unsafe {
-        packed::gemm_raw(
-            isa,
-            qg.as_ptr(),
-            d,
-            nq,
-            d,
-            PanelSrc::F32 {
-                base: tiles.as_ptr().add(g * d * TILE),
-                ldb: TILE,
-                pstride: kv.tile_floats(),
-            },
-            0..keys16 / TILE,
-            scores.as_mut_ptr(),
-            keys16,
-        )
-    };
-    // Probabilities over each row's visible keys, in cache order; 0 for the others.
-    let mut seen = Vec::new();
-    for (r, (i, _)) in query_rows(tokens, s.group).enumerate() {
-        let vis = &visible[i];
-        let row = &mut scores[r * keys16..(r + 1) * keys16];
-        let n = vis.len();
-        if n > 0 && vis[n - 1] + 1 == n {
-            math::softmax_scaled(&mut row[..n], s.scale);
-            row[n..].fill(0.0);
-        } else {
-            seen.clear();
-            seen.extend(vis.iter().map(|&j| row[j]));
-            math::softmax_scaled(&mut seen, s.scale);
-            row.fill(0.0);
-            for (&j, &p) in vis.iter().zip(&seen) {
-                row[j] = p;
-            }
-        }
-    }
-    // Outputs: nq × head_stride, one chain over the keys per value.
-    let hs = kv.head_stride();
-    let mut o = vec![0.0f32; nq * hs];
-    let values = kv.value_rows(layer);
-    debug_assert!(values.len() >= keys * kv.value_row());
-    // SAFETY: `scores` is nq × keys16 (keys ≤ keys16); value row `j` of head `g` holds
-    // head_stride floats at `j·value_row + g·head_stride` for every `j < keys`; `o` is
-    // nq × head_stride.
-    unsafe {
-        packed::gemm_raw(
-            isa,
-            scores.as_ptr(),
-            keys16,
-            nq,
-            keys,
-            PanelSrc::F32 {
-                base: values.as_ptr().add(g * hs),
-                ldb: kv.value_row(),
-                pstride: TILE,
-            },
-            0..hs / TILE,
-            o.as_mut_ptr(),
-            hs,
-        )
-    };
-    o
 }
 
 /// A SwiGLU MLP: `down(silu(gate(x)) · up(x))` (`Qwen3MoeMLP`, `LlamaMLP`).

@@ -2,7 +2,7 @@
 //! expansion of the draft tree, the top-`b` children of a node, and feeding committed tokens back
 //! to the drafter. It does not choose or verify.
 
-use crate::batch::Mask;
+use crate::batch::{Batch, Logits, Mask};
 use crate::error::EngineError;
 use crate::kv::KvCache;
 use crate::model::{DraftHidden, Eagle3, Qwen3Moe};
@@ -86,12 +86,14 @@ pub(crate) fn feed_drafter(
     first: usize,
 ) -> Result<DraftState, EngineError> {
     let positions: Vec<usize> = (first..first + tokens.len()).collect();
-    let out = drafter.forward_last(
+    let out = drafter.forward(
         target.embed(),
-        tokens,
+        &Batch {
+            positions: Some(&positions),
+            logits: Logits::Last,
+            ..Batch::causal(tokens)
+        },
         DraftHidden::Target(feats),
-        Some(&positions),
-        Mask::Causal,
         &mut kv,
     )?;
     let (t, h) = (tokens.len(), drafter.config().hidden_size);
@@ -168,10 +170,12 @@ pub(crate) fn draft_tree(
         let positions: Vec<usize> = expand.iter().map(|&i| n - 1 + pool[i].depth).collect();
         let out = drafter.forward(
             target.embed(),
-            &tokens,
+            &Batch {
+                positions: Some(&positions),
+                mask: Mask::Explicit(&rows),
+                ..Batch::causal(&tokens)
+            },
             DraftHidden::Own(&hidden),
-            Some(&positions),
-            Mask::Explicit(&rows),
             &mut draft.kv,
         )?;
         let mut next = Vec::new();

@@ -7,9 +7,11 @@ pub mod aligned;
 mod cache;
 pub mod disk;
 mod io;
+mod stats;
 mod store;
 
-pub use cache::{CacheMode, CopyStats, ExpertCache, LayerStats};
+pub use cache::{CacheMode, ExpertCache};
 pub use disk::{convert, is_current_format, ConvertReport, DiskStore, Fingerprint};
 pub use io::reads_in_flight;
+pub use stats::{CopyStats, LayerStats};
 pub use store::{ExpertLayout, ExpertMatrices, ExpertStore, RamStore};

@@ -1,13 +1,21 @@
 //! The per-layer slot cache: `S` expert-sized slots per MoE layer, filled from the store on a
 //! miss and evicted least-recently-used. Every hit, miss, copied byte and copy time is counted,
-//! per layer and in total. With [`CacheMode::ClearEveryForward`] the slots are emptied before each
-//! forward (the paper's "vanilla" baseline, where every routed expert is copied).
+//! per layer and in total ([`crate::experts::CopyStats`]). With [`CacheMode::ClearEveryForward`]
+//! the slots are emptied before each forward (the paper's "vanilla" baseline, where every routed
+//! expert is copied).
 //!
 //! Misses are read by the I/O threads ([`crate::experts::io`]) while the resident experts are
 //! computed, several reads in flight at once; each missing expert is still copied exactly once
 //! per call, even when the call needs more experts than there are slots. Reads can also be
 //! started ahead ([`ExpertCache::read_ahead`]) for experts a later forward is expected to
 //! route to: they fill slots in the background and a forward that needs one waits for it.
+//!
+//! Parts: `lru` (which expert each slot holds, the victim of a miss), `reads` (starting and
+//! booking reads), `arena` (the slots' memory); this file hands experts to forwards.
+
+mod arena;
+mod lru;
+mod reads;
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -15,9 +23,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::EngineError;
-use crate::experts::aligned::{padded, AlignedBuf};
-use crate::experts::io::{start_read, Completion, SlotPtr, Urgency};
+use crate::experts::aligned::padded;
+use crate::experts::io::{Completion, Urgency};
+use crate::experts::stats::{CopyStats, LayerStats};
 use crate::experts::store::{ExpertLayout, ExpertMatrices, ExpertStore};
+use arena::Arena;
+use lru::Slots;
 
 /// When the slots are invalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,108 +39,13 @@ pub enum CacheMode {
     ClearEveryForward,
 }
 
-/// Copy counters for one layer (or summed over layers).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LayerStats {
-    /// Needed experts found in a slot, not brought there by a read-ahead.
-    pub hits: u64,
-    /// Expert copies: reads a forward started for experts it needed, plus read-aheads.
-    pub misses: u64,
-    pub bytes_copied: u64,
-    /// Sum of the durations of the reads (they may overlap each other and compute).
-    pub copy_seconds: f64,
-    /// Time the forward stood still waiting for reads: the copies' cost on the critical path.
-    pub wait_seconds: f64,
-    /// Of `misses`, the copies started ahead of the forward ([`ExpertCache::read_ahead`]).
-    pub read_ahead: u64,
-    /// Experts a forward needed that a read-ahead had brought (or was bringing): counted in
-    /// `misses` when their read started, not again in `hits`.
-    pub ahead_used: u64,
-}
-
-impl LayerStats {
-    fn add(&mut self, other: &LayerStats) {
-        self.hits += other.hits;
-        self.misses += other.misses;
-        self.bytes_copied += other.bytes_copied;
-        self.copy_seconds += other.copy_seconds;
-        self.wait_seconds += other.wait_seconds;
-        self.read_ahead += other.read_ahead;
-        self.ahead_used += other.ahead_used;
-    }
-}
-
-/// Counters per MoE layer plus their sum.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct CopyStats {
-    pub per_layer: Vec<LayerStats>,
-    pub total: LayerStats,
-}
-
-impl CopyStats {
-    /// Read rounds: per layer `⌈misses / width⌉` with `width` reads in flight at once
-    /// ([`crate::experts::reads_in_flight`]), summed over layers. A layer waits about one read
-    /// latency per round, however many reads share it (the replay cost model's latency term).
-    pub fn read_rounds(&self, width: usize) -> usize {
-        let width = width.max(1) as u64;
-        self.per_layer
-            .iter()
-            .map(|l| l.misses.div_ceil(width) as usize)
-            .sum()
-    }
-
-    /// `self − earlier`, for the counters of one forward.
-    pub fn since(&self, earlier: &CopyStats) -> CopyStats {
-        let sub = |a: &LayerStats, b: &LayerStats| LayerStats {
-            hits: a.hits - b.hits,
-            misses: a.misses - b.misses,
-            bytes_copied: a.bytes_copied - b.bytes_copied,
-            copy_seconds: a.copy_seconds - b.copy_seconds,
-            wait_seconds: a.wait_seconds - b.wait_seconds,
-            read_ahead: a.read_ahead - b.read_ahead,
-            ahead_used: a.ahead_used - b.ahead_used,
-        };
-        let per_layer: Vec<LayerStats> = self
-            .per_layer
-            .iter()
-            .zip(
-                earlier
-                    .per_layer
-                    .iter()
-                    .chain(std::iter::repeat(&LayerStats::default())),
-            )
-            .map(|(a, b)| sub(a, b))
-            .collect();
-        CopyStats {
-            total: sub(&self.total, &earlier.total),
-            per_layer,
-        }
-    }
-}
-
-/// One layer's slots (their bytes are the layer's range of [`ExpertCache::data`]).
-struct Slots {
-    /// Expert held by each slot.
-    holds: Vec<Option<u32>>,
-    /// Slot holding each expert.
-    slot_of: Vec<Option<u32>>,
-    /// Last use of each slot (a global clock), for LRU.
-    last_use: Vec<u64>,
-    /// A read into the slot is in flight (its `holds` is the expert being read).
-    loading: Vec<bool>,
-    /// The slot's expert came by read-ahead and no forward has used it yet.
-    unused_ahead: Vec<bool>,
-}
-
 /// The fast-memory side of expert offload.
 pub struct ExpertCache {
     store: Arc<dyn ExpertStore>,
     layout: ExpertLayout,
-    /// Bytes per slot (the block padded to 4 KiB).
-    stride: usize,
-    /// Every layer's `S` slots of `stride` bytes, layer after layer, on transparent huge pages:
-    /// slot `s` of layer `l` starts at `(l · S + s) · stride`, 4 KiB-aligned.
-    data: AlignedBuf,
+    /// Every layer's slots' bytes.
+    arena: Arena,
+    /// Every layer's slots' contents, for the LRU.
     slots: Vec<Slots>,
     mode: CacheMode,
     clock: u64,
@@ -203,28 +119,13 @@ impl ExpertCache {
             slots_per_layer.min(experts)
         };
         let layout = store.layout();
-        let stride = padded(layout.bytes());
-        let bytes = layers * s * stride;
-        let data = AlignedBuf::try_huge_zeroed(bytes).ok_or(EngineError::SlotMemory {
-            slots: s,
-            layers,
-            bytes,
-        })?;
-        let slots = (0..layers)
-            .map(|_| Slots {
-                holds: vec![None; s],
-                slot_of: vec![None; experts],
-                last_use: vec![0; s],
-                loading: vec![false; s],
-                unused_ahead: vec![false; s],
-            })
-            .collect();
+        let arena = Arena::new(layers, s, layout.bytes())?;
+        let slots = (0..layers).map(|_| Slots::new(s, experts)).collect();
         let (done_tx, done_rx) = channel();
         Ok(ExpertCache {
             store,
             layout,
-            stride,
-            data,
+            arena,
             slots,
             mode,
             clock: 0,
@@ -285,9 +186,7 @@ impl ExpertCache {
         if self.in_place {
             return (0..self.slots[layer].slot_of.len() as u32).collect();
         }
-        let mut r: Vec<u32> = self.slots[layer].holds.iter().flatten().copied().collect();
-        r.sort_unstable();
-        r
+        self.slots[layer].resident()
     }
 
     /// Moves the slots to a newly allocated arena, bytes and bookkeeping unchanged, then frees
@@ -298,10 +197,7 @@ impl ExpertCache {
     /// second arena's memory for a moment: meant for benchmarking, not for serving a big model.
     pub fn relocate(&mut self) {
         self.settle();
-        let len = self.data.as_slice().len();
-        let mut fresh = AlignedBuf::huge_zeroed(len);
-        fresh.as_mut_slice().copy_from_slice(self.data.as_slice());
-        self.data = fresh;
+        self.arena.relocate();
     }
 
     /// Called at the start of every forward.
@@ -314,10 +210,7 @@ impl ExpertCache {
     /// Empties every slot (the next forward copies every expert it routes to).
     pub fn clear(&mut self) {
         self.settle();
-        for layer in &mut self.slots {
-            layer.holds.iter_mut().for_each(|h| *h = None);
-            layer.slot_of.iter_mut().for_each(|s| *s = None);
-        }
+        self.slots.iter_mut().for_each(Slots::clear);
     }
 
     /// Starts reading, in the background, the experts of `wanted[layer]` (most wanted first)
@@ -348,11 +241,7 @@ impl ExpertCache {
                 if started == cap {
                     continue;
                 }
-                let slots = &self.slots[layer];
-                let Some(victim) = (0..count)
-                    .filter(|&s| !keep[s] && !slots.loading[s])
-                    .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
-                else {
+                let Some(victim) = self.slots[layer].victim(|s| !keep[s]) else {
                     break;
                 };
                 keep[victim] = true;
@@ -429,8 +318,7 @@ impl ExpertCache {
         // The resident experts run together (the caller may spread them over threads) while the
         // first misses are read.
         if !hit.is_empty() {
-            let (len, base) = (self.layout.bytes(), self.slot_offset(layer, 0));
-            let stride = self.stride;
+            let len = self.layout.bytes();
             let slots = &mut self.slots[layer];
             let mut at = Vec::with_capacity(hit.len());
             for &e in &hit {
@@ -442,7 +330,7 @@ impl ExpertCache {
             let layout = self.layout;
             let views: Vec<(u32, ExpertMatrices<'_>)> = at
                 .iter()
-                .map(|&(e, s)| (e, layout.expert(self.data.range(base + s * stride, len))))
+                .map(|&(e, s)| (e, layout.expert(self.arena.slot(layer, s, len))))
                 .collect();
             f(&views);
             for &(_, s) in &at {
@@ -483,8 +371,8 @@ impl ExpertCache {
                     self.clock += 1;
                     self.slots[layer].last_use[s] = self.clock;
                     let e = self.slots[layer].holds[s].expect("read into this slot");
-                    let at = self.slot_offset(layer, s);
-                    f(&[(e, self.layout.expert(self.data.range(at, bytes as usize)))]);
+                    let block = self.arena.slot(layer, s, bytes as usize);
+                    f(&[(e, self.layout.expert(block))]);
                 }
                 Ok(()) => {}
                 Err(err) => {
@@ -505,110 +393,12 @@ impl ExpertCache {
         }
     }
 
-    /// Starts urgent reads for pending misses while a slot is free (neither busy in this call
-    /// nor being read into); the least recently used free slot is taken first (empty slots
-    /// before occupied ones). Returns how many it started.
-    fn launch(
-        &mut self,
-        layer: usize,
-        pending: &mut VecDeque<u32>,
-        busy: &mut [bool],
-        (queue, awaited): (&mut VecDeque<usize>, &mut [bool]),
-    ) -> u64 {
-        let mut started = 0;
-        while let Some(&e) = pending.front() {
-            let slots = &self.slots[layer];
-            let Some(victim) = (0..busy.len())
-                .filter(|&s| !busy[s] && !slots.loading[s])
-                .min_by_key(|&s| (slots.holds[s].is_some(), slots.last_use[s]))
-            else {
-                return started;
-            };
-            pending.pop_front();
-            (busy[victim], awaited[victim]) = (true, true);
-            queue.push_back(victim);
-            self.start(layer, e, victim, Urgency::Now);
-            started += 1;
-        }
-        started
-    }
-
-    /// Evicts slot `s` of `layer` and starts reading expert `e` into it.
-    fn start(&mut self, layer: usize, e: u32, s: usize, urgency: Urgency) {
-        let slots = &mut self.slots[layer];
-        if let Some(old) = slots.holds[s].take() {
-            slots.slot_of[old as usize] = None;
-        }
-        slots.holds[s] = Some(e);
-        slots.slot_of[e as usize] = Some(s as u32);
-        slots.loading[s] = true;
-        slots.unused_ahead[s] = urgency == Urgency::Ahead;
-        let stride = self.stride;
-        let ptr = SlotPtr {
-            ptr: self.data.range_ptr(self.slot_offset(layer, s), stride),
-            len: stride,
-        };
-        let tag = layer * self.slots_per_layer() + s;
-        self.in_flight += 1;
-        start_read(
-            &self.store,
-            (layer, e as usize),
-            ptr,
-            (tag, urgency),
-            &self.done_tx,
-        );
-    }
-
-    /// Books the finished read tagged `tag` (`layer · S + slot`) and returns `(layer, slot)`:
-    /// the slot is readable, or emptied if the read failed (whoever waits for it sees the
-    /// error).
-    fn finish(&mut self, tag: usize, failed: bool, seconds: f64) -> (usize, usize) {
-        let slot_count = self.slots_per_layer().max(1);
-        let (layer, s) = (tag / slot_count, tag % slot_count);
-        self.in_flight -= 1;
-        self.slots[layer].loading[s] = false;
-        self.stats.per_layer[layer].copy_seconds += seconds;
-        self.stats.total.copy_seconds += seconds;
-        if failed {
-            self.forget(layer, s);
-        }
-        (layer, s)
-    }
-
-    /// Books every read that has finished by now, without waiting.
-    fn absorb_finished(&mut self) {
-        while let Ok((tag, result, seconds)) = self.done_rx.try_recv() {
-            self.finish(tag, result.is_err(), seconds);
-        }
-    }
-
-    /// Waits for every read in flight (before the slots are emptied, moved or freed).
-    fn settle(&mut self) {
-        while self.in_flight > 0 {
-            let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
-            self.finish(tag, result.is_err(), seconds);
-        }
-    }
-
-    /// Where slot `s` of `layer` starts in [`ExpertCache::data`].
-    fn slot_offset(&self, layer: usize, s: usize) -> usize {
-        (layer * self.slots_per_layer() + s) * self.stride
-    }
-
-    /// Empties slot `s` of `layer` (after a failed read).
-    fn forget(&mut self, layer: usize, s: usize) {
-        let slots = &mut self.slots[layer];
-        if let Some(e) = slots.holds[s].take() {
-            slots.slot_of[e as usize] = None;
-        }
-    }
-
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the
     /// cache must never hold a stale or wrong expert). Returns the first mismatch.
     pub fn verify_slots(&mut self) -> Result<(), EngineError> {
         self.settle();
-        let (len, stride) = (self.layout.bytes(), self.stride);
-        let mut fresh = AlignedBuf::zeroed(stride);
+        let len = self.layout.bytes();
+        let mut fresh = self.arena.scratch();
         for layer in 0..self.slots.len() {
             for s in 0..self.slots[layer].holds.len() {
                 let Some(e) = self.slots[layer].holds[s] else {
@@ -618,7 +408,7 @@ impl ExpertCache {
                     .read_into(layer, e as usize, fresh.as_mut_slice())?;
                 let slots = &self.slots[layer];
                 if slots.slot_of[e as usize] != Some(s as u32)
-                    || self.data.range(self.slot_offset(layer, s), len) != &fresh.as_slice()[..len]
+                    || self.arena.slot(layer, s, len) != &fresh.as_slice()[..len]
                 {
                     return Err(EngineError::ExpertStore {
                         reason: format!(
@@ -681,9 +471,9 @@ mod tests {
             run(c, 1, &[4, 5]);
             run(c, 0, &[2]);
         }
-        let before = moved.data.as_slice().as_ptr();
+        let before = moved.arena.base();
         moved.relocate();
-        assert_ne!(moved.data.as_slice().as_ptr(), before);
+        assert_ne!(moved.arena.base(), before);
         moved.verify_slots().unwrap();
         assert_eq!(moved.resident(0), vec![1, 2, 3]);
         // Expert 1 is the least recently used of layer 0 in both: the next miss evicts it.

@@ -1,0 +1,81 @@
+//! The cache's reads: starting urgent reads for a forward's misses into free slots, booking
+//! reads as they finish (a failed one empties its slot), and waiting for every read in flight
+//! before the arena is emptied, moved or freed. The reads themselves run on the I/O threads
+//! ([`crate::experts::io`]).
+
+use std::collections::VecDeque;
+
+use super::ExpertCache;
+use crate::experts::io::{start_read, Urgency};
+
+impl ExpertCache {
+    /// Starts urgent reads for pending misses while a slot is free (neither busy in this call
+    /// nor being read into); the least recently used free slot is taken first (empty slots
+    /// before occupied ones). Returns how many it started.
+    pub(super) fn launch(
+        &mut self,
+        layer: usize,
+        pending: &mut VecDeque<u32>,
+        busy: &mut [bool],
+        (queue, awaited): (&mut VecDeque<usize>, &mut [bool]),
+    ) -> u64 {
+        let mut started = 0;
+        while let Some(&e) = pending.front() {
+            let Some(victim) = self.slots[layer].victim(|s| !busy[s]) else {
+                return started;
+            };
+            pending.pop_front();
+            (busy[victim], awaited[victim]) = (true, true);
+            queue.push_back(victim);
+            self.start(layer, e, victim, Urgency::Now);
+            started += 1;
+        }
+        started
+    }
+
+    /// Evicts slot `s` of `layer` and starts reading expert `e` into it.
+    pub(super) fn start(&mut self, layer: usize, e: u32, s: usize, urgency: Urgency) {
+        self.slots[layer].assign(e, s, urgency == Urgency::Ahead);
+        let ptr = self.arena.slot_ptr(layer, s);
+        let tag = layer * self.slots_per_layer() + s;
+        self.in_flight += 1;
+        start_read(
+            &self.store,
+            (layer, e as usize),
+            ptr,
+            (tag, urgency),
+            &self.done_tx,
+        );
+    }
+
+    /// Books the finished read tagged `tag` (`layer · S + slot`) and returns `(layer, slot)`:
+    /// the slot is readable, or emptied if the read failed (whoever waits for it sees the
+    /// error).
+    pub(super) fn finish(&mut self, tag: usize, failed: bool, seconds: f64) -> (usize, usize) {
+        let slot_count = self.slots_per_layer().max(1);
+        let (layer, s) = (tag / slot_count, tag % slot_count);
+        self.in_flight -= 1;
+        self.slots[layer].loading[s] = false;
+        self.stats.per_layer[layer].copy_seconds += seconds;
+        self.stats.total.copy_seconds += seconds;
+        if failed {
+            self.slots[layer].forget(s);
+        }
+        (layer, s)
+    }
+
+    /// Books every read that has finished by now, without waiting.
+    pub(super) fn absorb_finished(&mut self) {
+        while let Ok((tag, result, seconds)) = self.done_rx.try_recv() {
+            self.finish(tag, result.is_err(), seconds);
+        }
+    }
+
+    /// Waits for every read in flight (before the slots are emptied, moved or freed).
+    pub(super) fn settle(&mut self) {
+        while self.in_flight > 0 {
+            let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
+            self.finish(tag, result.is_err(), seconds);
+        }
+    }
+}

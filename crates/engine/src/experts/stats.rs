@@ -1,0 +1,81 @@
+//! Copy counters: hits, misses, bytes, read and wait times per MoE layer and in total, and the
+//! difference between two readings (one forward's copies). It counts; it copies nothing.
+
+/// Copy counters for one layer (or summed over layers).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerStats {
+    /// Needed experts found in a slot, not brought there by a read-ahead.
+    pub hits: u64,
+    /// Expert copies: reads a forward started for experts it needed, plus read-aheads.
+    pub misses: u64,
+    pub bytes_copied: u64,
+    /// Sum of the durations of the reads (they may overlap each other and compute).
+    pub copy_seconds: f64,
+    /// Time the forward stood still waiting for reads: the copies' cost on the critical path.
+    pub wait_seconds: f64,
+    /// Of `misses`, the copies started ahead of the forward ([`ExpertCache::read_ahead`]).
+    pub read_ahead: u64,
+    /// Experts a forward needed that a read-ahead had brought (or was bringing): counted in
+    /// `misses` when their read started, not again in `hits`.
+    pub ahead_used: u64,
+}
+
+impl LayerStats {
+    pub(crate) fn add(&mut self, other: &LayerStats) {
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.bytes_copied += other.bytes_copied;
+        self.copy_seconds += other.copy_seconds;
+        self.wait_seconds += other.wait_seconds;
+        self.read_ahead += other.read_ahead;
+        self.ahead_used += other.ahead_used;
+    }
+}
+
+/// Counters per MoE layer plus their sum.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CopyStats {
+    pub per_layer: Vec<LayerStats>,
+    pub total: LayerStats,
+}
+
+impl CopyStats {
+    /// Read rounds: per layer `⌈misses / width⌉` with `width` reads in flight at once
+    /// ([`crate::experts::reads_in_flight`]), summed over layers. A layer waits about one read
+    /// latency per round, however many reads share it (the replay cost model's latency term).
+    pub fn read_rounds(&self, width: usize) -> usize {
+        let width = width.max(1) as u64;
+        self.per_layer
+            .iter()
+            .map(|l| l.misses.div_ceil(width) as usize)
+            .sum()
+    }
+
+    /// `self − earlier`, for the counters of one forward.
+    pub fn since(&self, earlier: &CopyStats) -> CopyStats {
+        let sub = |a: &LayerStats, b: &LayerStats| LayerStats {
+            hits: a.hits - b.hits,
+            misses: a.misses - b.misses,
+            bytes_copied: a.bytes_copied - b.bytes_copied,
+            copy_seconds: a.copy_seconds - b.copy_seconds,
+            wait_seconds: a.wait_seconds - b.wait_seconds,
+            read_ahead: a.read_ahead - b.read_ahead,
+            ahead_used: a.ahead_used - b.ahead_used,
+        };
+        let per_layer: Vec<LayerStats> = self
+            .per_layer
+            .iter()
+            .zip(
+                earlier
+                    .per_layer
+                    .iter()
+                    .chain(std::iter::repeat(&LayerStats::default())),
+            )
+            .map(|(a, b)| sub(a, b))
+            .collect();
+        CopyStats {
+            total: sub(&self.total, &earlier.total),
+            per_layer,
+        }
+    }
+}

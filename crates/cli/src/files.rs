@@ -73,6 +73,7 @@ mod tests {
     #[test]
     fn writing_into_a_missing_directory_fails_cleanly() {
         let path = Path::new("/nonexistent-specfit-dir/x.json");
-        assert!(write_atomic(path, b"x").is_err());
+        let e = write_atomic(path, b"x").unwrap_err().to_string();
+        assert!(e.contains("/nonexistent-specfit-dir"), "{e}");
     }
 }

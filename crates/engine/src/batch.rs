@@ -197,9 +197,23 @@ mod tests {
 
     #[test]
     fn malformed_masks_are_rejected() {
-        assert!(Mask::Tree(&[Some(0)]).visible(0, 1).is_err());
-        assert!(Mask::Tree(&[None]).visible(0, 2).is_err());
-        assert!(Mask::Explicit(&[vec![true, false]]).visible(1, 1).is_err());
-        assert!(Mask::Explicit(&[vec![true]]).visible(1, 1).is_err());
+        let bad = |m: Mask<'_>, cached, new, why: &str| match m.visible(cached, new) {
+            Err(EngineError::BadMask { reason }) => assert!(reason.contains(why), "{reason}"),
+            other => panic!("{other:?}"),
+        };
+        bad(Mask::Tree(&[Some(0)]), 0, 1, "not an earlier token");
+        bad(Mask::Tree(&[None]), 0, 2, "1 parents for 2 tokens");
+        bad(
+            Mask::Explicit(&[vec![true, false]]),
+            1,
+            1,
+            "attend to itself",
+        );
+        bad(
+            Mask::Explicit(&[vec![true]]),
+            1,
+            1,
+            "row 0 has 1 entries, expected 2",
+        );
     }
 }

@@ -15,7 +15,7 @@ pub enum Sampling {
 }
 
 impl Sampling {
-    /// The rule `temperature` and `top_p` describe, as OpenAI's API and `specfit generate` take
+    /// The sampling `temperature` and `top_p` describe, as OpenAI's API and `specfit generate` take
     /// them: greedy at temperature 0, else top-p sampling.
     pub fn from_temperature(temperature: f32, top_p: f32) -> Sampling {
         if temperature == 0.0 {
@@ -26,25 +26,25 @@ impl Sampling {
     }
 }
 
-/// A sampling rule with its random stream.
+/// How tokens are drawn ([`Sampling`]) with its random stream.
 #[derive(Debug, Clone)]
 pub struct Sampler {
-    pub rule: Sampling,
+    pub sampling: Sampling,
     rng: Rng,
 }
 
 impl Sampler {
-    pub fn new(rule: Sampling, seed: u64) -> Sampler {
+    pub fn new(sampling: Sampling, seed: u64) -> Sampler {
         Sampler {
-            rule,
+            sampling,
             rng: Rng::new(seed),
         }
     }
 
-    /// The distribution the rule samples from, as `(token, probability)` with probability > 0,
+    /// The distribution `sampling` draws from, as `(token, probability)` with probability > 0,
     /// most probable first (ties by lower id). Greedy is a point mass on the argmax.
-    pub fn probs(rule: Sampling, logits: &[f32]) -> Vec<(u32, f64)> {
-        match rule {
+    pub fn probs(sampling: Sampling, logits: &[f32]) -> Vec<(u32, f64)> {
+        match sampling {
             Sampling::Greedy => vec![(argmax(logits), 1.0)],
             Sampling::TopP { temperature, top_p } => {
                 let t = temperature as f64;
@@ -76,10 +76,10 @@ impl Sampler {
 
     /// Draws one token.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.rule == Sampling::Greedy {
+        if self.sampling == Sampling::Greedy {
             return argmax(logits);
         }
-        let probs = Sampler::probs(self.rule, logits);
+        let probs = Sampler::probs(self.sampling, logits);
         self.draw(&probs)
     }
 
@@ -149,12 +149,12 @@ mod tests {
     #[test]
     fn sampling_frequencies_follow_the_distribution() {
         let logits = [1.0f32, 0.5, 0.0, -2.0];
-        let rule = Sampling::TopP {
+        let sampling = Sampling::TopP {
             temperature: 0.8,
             top_p: 1.0,
         };
-        let want = Sampler::probs(rule, &logits);
-        let mut s = Sampler::new(rule, 7);
+        let want = Sampler::probs(sampling, &logits);
+        let mut s = Sampler::new(sampling, 7);
         let n = 200_000;
         let mut counts = [0usize; 4];
         for _ in 0..n {
@@ -177,16 +177,16 @@ mod tests {
     #[test]
     fn the_same_seed_gives_the_same_tokens() {
         let logits = [0.3f32, 0.2, 0.1];
-        let rule = Sampling::TopP {
+        let sampling = Sampling::TopP {
             temperature: 1.0,
             top_p: 0.9,
         };
         let a: Vec<u32> = {
-            let mut s = Sampler::new(rule, 3);
+            let mut s = Sampler::new(sampling, 3);
             (0..50).map(|_| s.sample(&logits)).collect()
         };
         let b: Vec<u32> = {
-            let mut s = Sampler::new(rule, 3);
+            let mut s = Sampler::new(sampling, 3);
             (0..50).map(|_| s.sample(&logits)).collect()
         };
         assert_eq!(a, b);

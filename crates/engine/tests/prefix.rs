@@ -21,7 +21,7 @@ const PROMPTS: [&[u32]; 3] = [
 fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let (target, mut all) = fixture_target(usize::MAX);
     for prompt in PROMPTS {
-        for rule in [
+        for sampling in [
             Sampling::Greedy,
             Sampling::TopP {
                 temperature: 0.9,
@@ -30,7 +30,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
         ] {
             let options = DecodeOptions {
                 max_tokens: 24,
-                sampling: rule,
+                sampling,
                 seed: 3,
                 ..Default::default()
             };
@@ -46,7 +46,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 let got = generate(&target, &mut cache, None, start, &options).unwrap();
                 assert_eq!(
                     got.tokens, want.tokens,
-                    "prompt {prompt:?} {rule:?} slots {slots}"
+                    "prompt {prompt:?} {sampling:?} slots {slots}"
                 );
                 assert_eq!(got.prompt_tokens, prompt.len());
                 cache.verify_slots().unwrap();
@@ -145,18 +145,18 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
     ];
     for (earlier, prompt) in pairs {
         // Plain decoding.
-        let rule = Sampling::TopP {
+        let sampling = Sampling::TopP {
             temperature: 0.9,
             top_p: 0.95,
         };
         let options = DecodeOptions {
             max_tokens: 12,
-            sampling: rule,
+            sampling,
             seed: 5,
             ..Default::default()
         };
         let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
-        let want = plain_tokens(&target, &mut fresh, prompt, (rule, 5), 12);
+        let want = plain_tokens(&target, &mut fresh, prompt, (sampling, 5), 12);
         let old = Prefix::new(&target, None, &mut all, earlier).unwrap();
         let common = earlier
             .iter()
@@ -178,7 +178,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
         // Speculative decoding: the drafter's cache is extended too.
         let options = DecodeOptions {
             max_tokens: 12,
-            sampling: rule,
+            sampling,
             seed: 5,
             ..DecodeOptions::default()
         };

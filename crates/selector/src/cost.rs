@@ -213,8 +213,14 @@ mod tests {
             CostModel::paper(vec![1.0], -0.5).unwrap_err().to_string(),
             "cost.beta = -0.5: must be finite and >= 0"
         );
-        assert!(CostModel::residency(vec![1.0], 0.1, f64::NAN).is_err());
-        assert!(CostModel::paper(vec![f64::INFINITY], 0.1).is_err());
+        let e = CostModel::residency(vec![1.0], 0.1, f64::NAN)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("beta_miss = NaN"), "{e}");
+        let e = CostModel::paper(vec![f64::INFINITY], 0.1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("intercepts[0] = inf"), "{e}");
     }
 
     #[test]
@@ -233,6 +239,7 @@ mod tests {
         assert_eq!(bitset::count(ResidentSet::empty(3, 100).bits()), 0);
         let r = ResidentSet::new(2, 4, &[vec![1u32], vec![]]).unwrap();
         assert!(r.check_shape(2, 4).is_ok());
-        assert!(r.check_shape(2, 5).is_err());
+        let e = r.check_shape(2, 5).unwrap_err().to_string();
+        assert!(e.contains("5"), "{e}");
     }
 }

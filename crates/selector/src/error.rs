@@ -93,6 +93,8 @@ pub enum Error {
     },
     #[error("cost is missing: give \"cost\" in the pool or a calibration file")]
     MissingCost,
+    #[error("the calibration has no residency-aware cost (\"cost_residency\"): it was fitted without hit and miss counts; measure one with `specfit calibrate`")]
+    NoResidencyCost,
     #[error("objective lambda = {lambda}: must be finite and >= 0")]
     BadLambda { lambda: f64 },
     #[error(

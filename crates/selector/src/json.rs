@@ -482,7 +482,7 @@ impl CalibrationJson {
         match (residency, &self.cost_residency) {
             (false, _) => self.cost.to_model(),
             (true, Some(c)) => c.to_model(),
-            (true, None) => Err(Error::MissingCost),
+            (true, None) => Err(Error::NoResidencyCost),
         }
     }
 }

@@ -123,7 +123,7 @@ impl VerifyPolicy {
 
     /// Tokens to decode plainly before the next speculative cycle (then 0 until a cycle again
     /// verifies nothing).
-    pub fn plain_steps(&mut self) -> usize {
+    pub fn take_burst(&mut self) -> usize {
         std::mem::take(&mut self.burst)
     }
 
@@ -299,8 +299,8 @@ mod tests {
                 p.decide(&unlikely, None, false).unwrap(),
                 Decision::Verify(vec![])
             );
-            bursts.push(p.plain_steps());
-            assert_eq!(p.plain_steps(), 0, "a burst is handed out once");
+            bursts.push(p.take_burst());
+            assert_eq!(p.take_burst(), 0, "a burst is handed out once");
         }
         assert_eq!(bursts, [1, 2, 4, 8, 16, 16, 16]);
         let cheap = CostModel::paper(vec![1.0; 8], 0.0).unwrap();
@@ -310,11 +310,11 @@ mod tests {
             p.decide(&likely, None, false).unwrap(),
             Decision::Verify(vec![0])
         );
-        assert_eq!(p.plain_steps(), 0);
+        assert_eq!(p.take_burst(), 0);
         // Without plain bursts there are none.
         let mut off = specfit();
         off.decide(&unlikely, None, false).unwrap();
-        assert_eq!(off.plain_steps(), 0);
+        assert_eq!(off.take_burst(), 0);
     }
 
     #[test]

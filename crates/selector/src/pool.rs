@@ -339,7 +339,11 @@ mod tests {
     #[test]
     fn a_failed_push_leaves_the_pool_unchanged() {
         let mut b = PoolBuilder::new(2, 4).unwrap();
-        assert!(b.push(None, 0.5, &[vec![0u32], vec![9]]).is_err());
+        let e = b
+            .push(None, 0.5, &[vec![0u32], vec![9]])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("9"), "{e}");
         b.push(None, 0.5, &[vec![0u32], vec![1]]).unwrap();
         let pool = b.build();
         assert_eq!(pool.len(), 1);
@@ -352,8 +356,15 @@ mod tests {
             PoolBuilder::new(0, 8).unwrap_err(),
             Error::NoLayers { layers: 0 }
         );
-        assert!(PoolBuilder::new(4, 513).is_err());
-        assert!(PoolBuilder::new(4, 0).is_err());
+        for experts in [513, 0] {
+            assert_eq!(
+                PoolBuilder::new(4, experts).unwrap_err(),
+                Error::ExpertsOutOfRange {
+                    experts,
+                    max: MAX_EXPERTS
+                }
+            );
+        }
         assert!(PoolBuilder::new(61, 384).is_ok());
     }
 }

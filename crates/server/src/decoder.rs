@@ -1,5 +1,5 @@
 //! The engine behind the server: the target with its expert cache and, for speculative policies,
-//! the EAGLE-3 drafter with its verify rule and route source, decoding one request at a time.
+//! the EAGLE-3 drafter with its verify policy and route source, decoding one request at a time.
 //! Each request extends the previous request's prefill over the prompt positions they share (a
 //! chat's earlier turns, a common system prompt), which changes no output bit. Token ids in,
 //! token ids out; it knows nothing of HTTP, text or queues.

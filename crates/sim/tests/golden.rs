@@ -91,14 +91,26 @@ fn specfit_replay_skips_nodes_its_costs_make_unprofitable() {
     let r = simulate(&h, &s, &policy, &config(4)).unwrap();
     // Positions 0 (accept 1 → 2 tokens), 2 (accept 1 → 2 tokens): 2 cycles, 4 tokens.
     assert_eq!((r.cycles, r.committed, r.verified_nodes), (2, 4, 2));
-    assert!(r.tokens_per_second() > 0.0);
+    // 4 tokens in the replayed time.
+    assert_eq!(r.tokens_per_second(), 1e3 * 4.0 / r.time_ms);
 }
 
 #[test]
 fn traces_with_gaps_are_refused() {
     let (h, mut s) = trace();
     s[2].position = 99;
-    assert!(simulate(&h, &s, &VerifyPolicy::plain(), &config(4)).is_err());
+    let err = simulate(&h, &s, &VerifyPolicy::plain(), &config(4)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            specfit_sim::SimError::Gap {
+                index: 2,
+                got: 99,
+                want: 12
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

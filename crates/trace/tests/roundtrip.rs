@@ -65,6 +65,9 @@ fn other_versions_and_malformed_steps_are_refused_with_a_hint() {
     wide.nodes[0].routes = vec![vec![7]];
     let mut bytes = Vec::new();
     write(&mut bytes, &TraceHeader::new(1, 4, 2, 16), &[wide]).unwrap();
-    assert!(read(std::str::from_utf8(&bytes).unwrap()).is_err());
+    let e = read(std::str::from_utf8(&bytes).unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("routes"), "{e}");
     assert!(matches!(read(""), Err(TraceError::Empty)));
 }

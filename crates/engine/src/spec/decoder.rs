@@ -187,7 +187,7 @@ impl<'a> Decoder<'a> {
     /// advance the drafter → emit.
     pub fn step(&mut self) -> Result<(), EngineError> {
         let burst = match self.speculation.as_mut() {
-            Some(s) => s.policy.plain_steps(),
+            Some(s) => s.policy.take_burst(),
             None => 1,
         };
         if burst > 0 {

@@ -133,6 +133,12 @@ pub fn speculate(
     generate(target, cache, Some(speculation), start, options)
 }
 
+/// SpecFit's verify policy (ratio objective, K = 7, the draft-stop rule) believing `cost`.
+pub fn specfit_policy(cost: specfit_selector::CostModel) -> VerifyPolicy {
+    let selector = specfit_selector::Selector::new(cost, 7, specfit_selector::Objective::Ratio);
+    VerifyPolicy::specfit(selector.unwrap())
+}
+
 /// Speculative decoding of `prompt` with the top-`k` verify policy and no route source (the
 /// setup most engine tests compare with plain decoding).
 pub fn top_k_spec(

@@ -17,8 +17,9 @@ struct Seed {
     root: &'static [u32],
     nodes: &'static [(i64, f64, &'static [u32])],
     intercepts: &'static [f64],
-    /// `None` = paper form with this beta; `Some((hit, miss))` = residency form.
+    /// β of the paper form (used when `residency` is `None`).
     beta: f64,
+    /// `None` = the paper form with `beta`; `Some((hit, miss))` = the residency form.
     residency: Option<(f64, f64)>,
     resident: &'static [u32],
     objective: Objective,

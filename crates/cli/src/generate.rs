@@ -206,13 +206,8 @@ fn speculate(
         ),
         None => None,
     };
-    let spec = PolicySpec {
-        name: args.policy,
-        max_nodes: args.tree.max_nodes,
-        lambda: args.lambda,
-        beta_scale: 1.0,
-        calibration: calibration.as_ref(),
-    };
+    let max_nodes = args.tree.max_nodes;
+    let spec = PolicySpec::command(args.policy, max_nodes, args.lambda, calibration.as_ref());
     let mut policy = verify_policy(&spec, model.config())?;
     let route = RouteChoice::parse(&args.routes)?;
     let predictor = match &route {

@@ -155,13 +155,8 @@ pub fn run(args: &Args) -> Result<()> {
         } else {
             None
         };
-        let spec = PolicySpec {
-            name: args.policy,
-            max_nodes: args.tree.max_nodes,
-            lambda: args.lambda,
-            beta_scale: 1.0,
-            calibration: calibration.as_ref(),
-        };
+        let max_nodes = args.tree.max_nodes;
+        let spec = PolicySpec::command(args.policy, max_nodes, args.lambda, calibration.as_ref());
         Some(Speculation {
             policy: verify_policy(&spec, model.config())?,
             drafter,

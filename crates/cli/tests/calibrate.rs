@@ -128,15 +128,7 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         |r| r["hits"].as_u64().unwrap() + r["misses"].as_u64().unwrap()
             == r["demand"].as_u64().unwrap()
     ));
-    ok(&[
-        "calibrate",
-        "--probes",
-        probes.to_str().unwrap(),
-        "--model",
-        m,
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
+    fit_probes(&probes, Some(m), &cal);
     // The file fits into the whole calibration, replay model and drafting costs included.
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
@@ -144,18 +136,7 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         assert!(file[key].is_object(), "{key} missing: {file}");
     }
     assert!(file["replay"]["plain"].is_object(), "{file}");
-    let base = [
-        "generate",
-        "--model",
-        m,
-        "--prompt-ids",
-        "1,243,56,119",
-        "--max-tokens",
-        "20",
-        "--ignore-eos",
-        "--slots",
-        "2",
-    ];
+    let base = [&GREEDY_20[..], &["--model", m]].concat();
     let plain = specfit(&base, None);
     let spec = ok(&[
         &base[..],

@@ -152,13 +152,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     ok(&["synth", "probes", "--out", probes.to_str().unwrap()]);
     // A calibration that does not name its target is refused, not trusted.
     let unstamped = temp("spec-cal-unstamped.json");
-    ok(&[
-        "calibrate",
-        "--probes",
-        probes.to_str().unwrap(),
-        "--out",
-        unstamped.to_str().unwrap(),
-    ]);
+    fit_probes(&probes, None, &unstamped);
     let refused = specfit(
         &[
             &spec_args[..],
@@ -176,15 +170,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     let why = String::from_utf8_lossy(&refused.stderr);
     assert!(why.contains("does not name the target"), "{why}");
     assert_eq!(why.trim().lines().count(), 1, "{why}");
-    ok(&[
-        "calibrate",
-        "--probes",
-        probes.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
+    fit_probes(&probes, Some(model.to_str().unwrap()), &cal);
     for policy in ["specfit", "specfit-lambda", "specfit-resident"] {
         let run = specfit(
             &[

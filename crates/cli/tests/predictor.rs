@@ -51,25 +51,8 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     let probes = temp("pred-probes.jsonl");
     let cal = temp("pred-cal.json");
     ok(&["synth", "probes", "--out", probes.to_str().unwrap()]);
-    ok(&[
-        "calibrate",
-        "--probes",
-        probes.to_str().unwrap(),
-        "--model",
-        "models/target",
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
-    let base = [
-        "generate",
-        "--prompt-ids",
-        "1,243,56,119",
-        "--max-tokens",
-        "20",
-        "--ignore-eos",
-        "--slots",
-        "2",
-    ];
+    fit_probes(&probes, Some("models/target"), &cal);
+    let base = GREEDY_20;
     let plain = specfit(&base, None);
     let routes = format!("predictor:{}", pred.display());
     let spec = ok(&[

@@ -84,13 +84,7 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
         "--out",
         probes.to_str().unwrap(),
     ]);
-    ok(&[
-        "calibrate",
-        "--probes",
-        probes.to_str().unwrap(),
-        "--out",
-        cal.to_str().unwrap(),
-    ]);
+    fit_probes(&probes, None, &cal);
     let out = ok(&[
         "simulate",
         "--trace",
@@ -110,13 +104,7 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
     let plain = temp("sim-plain.jsonl");
     std::fs::write(&plain, "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 1, \"demand\": 12, \"ms\": 6}\n{\"nodes\": 0, \"demand\": 11, \"ms\": 5.5}\n").unwrap();
     let plain_cal = temp("sim-plain-cal.json");
-    ok(&[
-        "calibrate",
-        "--probes",
-        plain.to_str().unwrap(),
-        "--out",
-        plain_cal.to_str().unwrap(),
-    ]);
+    fit_probes(&plain, None, &plain_cal);
     let refused = specfit(
         &[
             "simulate",

@@ -90,6 +90,25 @@ pub struct PolicySpec<'a> {
     pub calibration: Option<&'a CalibrationJson>,
 }
 
+impl<'a> PolicySpec<'a> {
+    /// The policy a decoding command (`generate`, `serve`) runs: `name` with at most
+    /// `max_nodes` nodes, λ as given (else the calibrated default), the calibrated β unscaled.
+    pub fn command(
+        name: PolicyName,
+        max_nodes: usize,
+        lambda: Option<f64>,
+        calibration: Option<&'a CalibrationJson>,
+    ) -> PolicySpec<'a> {
+        PolicySpec {
+            name,
+            max_nodes,
+            lambda,
+            beta_scale: 1.0,
+            calibration,
+        }
+    }
+}
+
 /// The verify policy `spec` names on a target of shape `cfg`: plain decoding for `ar`, top-K for
 /// `eagle3`, SpecFit's selector on the calibrated costs otherwise (K capped at the largest
 /// subtree the calibration measured).

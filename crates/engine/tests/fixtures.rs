@@ -185,18 +185,7 @@ fn the_cleared_cache_copies_every_routed_expert_of_every_forward() {
         let out = model
             .forward(&Batch::causal(&tokens), &mut kv, &mut cache)
             .unwrap();
-        let distinct: u64 = out
-            .routes
-            .iter()
-            .flatten()
-            .map(|layer| {
-                let mut all: Vec<u32> = layer.iter().flatten().copied().collect();
-                all.sort_unstable();
-                all.dedup();
-                all.len() as u64
-            })
-            .sum();
-        assert_eq!(out.copies.total.misses, distinct, "slots {slots}");
+        assert_eq!(out.copies.total.misses, out.demand(), "slots {slots}");
         assert_eq!(out.copies.total.hits, 0);
         let again = model
             .forward(&Batch::causal(&[7]), &mut kv, &mut cache)
@@ -263,17 +252,7 @@ fn a_tree_masked_forward_equals_the_same_tokens_decoded_one_by_one() {
             }
             d
         };
-        let mut kv = model.new_kv_cache();
-        model
-            .forward(
-                &Batch {
-                    logits: Logits::None,
-                    ..Batch::causal(&prompt)
-                },
-                &mut kv,
-                &mut cache,
-            )
-            .unwrap();
+        let mut kv = prefilled(&model, &mut cache, &prompt);
         let positions: Vec<usize> = (0..tokens.len())
             .map(|i| prompt.len() - 1 + depth(i))
             .collect();

@@ -97,10 +97,7 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
             load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, f32).unwrap();
         for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
             let prompt = ints(&run["prompt"]);
-            let mut kv = model.new_kv_cache();
-            let out = model
-                .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
-                .unwrap();
+            let out = forward_all(&model, &mut cache, &prompt);
             let err = rel_err(&out.logits, &recorded(name, "hf", k));
             eprintln!("{name} prompt {k}: relative error against transformers {err:e}");
             assert!(err <= 1e-5, "{name} prompt {k}: {err:e}");
@@ -186,10 +183,7 @@ fn quantized_logits_and_greedy_tokens_agree_with_llama_cpp_on_the_same_file() {
         let r = reference(name);
         for (k, run) in r["runs"].as_array().unwrap().iter().enumerate() {
             let prompt = ints(&run["prompt"]);
-            let mut kv = model.new_kv_cache();
-            let out = model
-                .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
-                .unwrap();
+            let out = forward_all(&model, &mut cache, &prompt);
             let (argmax, err) = agreement(&out.logits, &recorded(name, "llama", k), vocab);
             eprintln!("{name} prompt {k}: against llama.cpp relative error {err:.2e}, argmax agreement {argmax:.2}");
             assert!(err <= max_rel, "{name} prompt {k}: {err}");

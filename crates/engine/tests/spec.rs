@@ -159,7 +159,7 @@ fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decodi
 #[test]
 fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     use specfit_engine::spec::{verify, DraftNode, Tree};
-    use specfit_engine::{Batch, Logits};
+    use specfit_engine::Batch;
     let (target, mut cache) = fixture_target(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
@@ -189,17 +189,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         (vec![0], vec![]),
         (vec![], vec![]),
     ] {
-        let mut kv = target.new_kv_cache();
-        target
-            .forward(
-                &Batch {
-                    logits: Logits::None,
-                    ..Batch::causal(&prompt)
-                },
-                &mut kv,
-                &mut cache,
-            )
-            .unwrap();
+        let mut kv = prefilled(&target, &mut cache, &prompt);
         let mut greedy = Sampler::new(Sampling::Greedy, 0);
         let tree = Tree {
             root: want[0],

@@ -45,20 +45,12 @@ pub struct RequestStats {
 impl RequestStats {
     /// Tokens decoded per second after the first (which the prompt's forward produces).
     pub fn decode_tokens_per_second(&self) -> f64 {
-        if self.decode_seconds > 0.0 {
-            self.completion_tokens.saturating_sub(1) as f64 / self.decode_seconds
-        } else {
-            0.0
-        }
+        specfit_engine::spec::decode_rate(self.completion_tokens, self.decode_seconds)
     }
 
     /// Tokens committed per draft–verify cycle (0 without cycles).
     pub fn tokens_per_cycle(&self) -> f64 {
-        if self.cycles > 0 {
-            self.committed as f64 / self.cycles as f64
-        } else {
-            0.0
-        }
+        specfit_engine::spec::per_cycle(self.committed, self.cycles)
     }
 }
 

@@ -311,32 +311,19 @@ impl Report {
                 "\nsimulator check, {} (first {} prompts): replayed traces vs measured tok/s",
                 v.name, v.prompts
             );
-            for c in &v.checks {
+            for [label, slots, measured, simulated, error] in checks(v) {
                 let _ = writeln!(
                     out,
-                    "  {:<18} {:>3} slots  measured {:>8.1}  simulated {:>8.1}  error {:+6.1}%",
-                    c.label,
-                    c.slots,
-                    c.measured_tok_s,
-                    c.simulated_tok_s,
-                    100.0 * c.error
+                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}"
                 );
             }
-            let _ = writeln!(
-                out,
-                "  within 10%: {} of {}",
-                v.within_10_percent,
-                v.checks.len()
-            );
+            let (within, of) = (v.within_10_percent, v.checks.len());
+            let _ = writeln!(out, "  within 10%: {within} of {of}");
         }
         let _ = writeln!(
             out,
             "\nlossless: {} ({:.0} s)",
-            if self.lossless {
-                "every policy's output equals plain decoding's, token for token, on every prompt"
-            } else {
-                "NO — some outputs differ from plain decoding (mismatched_question_ids in report.json)"
-            },
+            self.lossless_words(),
             self.seconds
         );
         out
@@ -364,15 +351,7 @@ impl Report {
             self.calibration.median_abs_err_ms,
             self.seconds
         );
-        let _ = writeln!(
-            out,
-            "**Lossless:** {}.\n",
-            if self.lossless {
-                "every policy's output equals plain decoding's, token for token, on every prompt"
-            } else {
-                "NO — some outputs differ from plain decoding (see `mismatched_question_ids` in report.json)"
-            }
-        );
+        let _ = writeln!(out, "**Lossless:** {}.\n", self.lossless_words());
         for set in &self.sets {
             let ids = &set.question_ids;
             let _ = writeln!(
@@ -403,23 +382,11 @@ impl Report {
                 "| policy | slots | measured tok/s | simulated tok/s | error |"
             );
             let _ = writeln!(out, "| --- | --- | --- | --- | --- |");
-            for c in &v.checks {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {:.1} | {:.1} | {:+.1}% |",
-                    c.label,
-                    c.slots,
-                    c.measured_tok_s,
-                    c.simulated_tok_s,
-                    100.0 * c.error
-                );
+            for cells in checks(v) {
+                let _ = writeln!(out, "| {} |", cells.join(" | "));
             }
-            let _ = writeln!(
-                out,
-                "\nWithin 10%: {} of {} configurations.\n",
-                v.within_10_percent,
-                v.checks.len()
-            );
+            let (within, of) = (v.within_10_percent, v.checks.len());
+            let _ = writeln!(out, "\nWithin 10%: {within} of {of} configurations.\n");
         }
         let _ = writeln!(
             out,
@@ -427,6 +394,34 @@ impl Report {
         );
         out
     }
+}
+
+impl Report {
+    /// Whether every output equalled plain decoding's, in words.
+    fn lossless_words(&self) -> &'static str {
+        if self.lossless {
+            "every policy's output equals plain decoding's, token for token, on every prompt"
+        } else {
+            "NO — some outputs differ from plain decoding (see `mismatched_question_ids` in report.json)"
+        }
+    }
+}
+
+/// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,
+/// error.
+fn checks(v: &super::validate::SetValidation) -> Vec<[String; 5]> {
+    v.checks
+        .iter()
+        .map(|c| {
+            [
+                c.label.clone(),
+                c.slots.to_string(),
+                format!("{:.1}", c.measured_tok_s),
+                format!("{:.1}", c.simulated_tok_s),
+                format!("{:+.1}%", 100.0 * c.error),
+            ]
+        })
+        .collect()
 }
 
 /// A decode rate: two decimals below 10 tok/s (paper-scale rates are about 1 tok/s), else one.

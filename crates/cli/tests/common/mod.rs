@@ -3,8 +3,32 @@
 //! tokenizer.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+
+/// `generate` greedily for 20 tokens after a fixed prompt through 2 slots per layer: the plain
+/// run the speculative ones are compared with (append `--model`, `--drafter`, … as needed).
+pub const GREEDY_20: [&str; 8] = [
+    "generate",
+    "--prompt-ids",
+    "1,243,56,119",
+    "--max-tokens",
+    "20",
+    "--ignore-eos",
+    "--slots",
+    "2",
+];
+
+/// `specfit calibrate --probes PROBES [--model MODEL] --out OUT`: fits a calibration from probe
+/// rows (stamped with MODEL's shape when given).
+pub fn fit_probes(probes: &Path, model: Option<&str>, out: &Path) {
+    let mut args = vec!["calibrate", "--probes", probes.to_str().unwrap()];
+    if let Some(m) = model {
+        args.extend(["--model", m]);
+    }
+    args.extend(["--out", out.to_str().unwrap()]);
+    ok(&args);
+}
 
 pub fn specfit(args: &[&str], stdin: Option<&str>) -> Output {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");

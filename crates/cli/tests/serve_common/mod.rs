@@ -128,15 +128,7 @@ pub fn calibration() -> &'static str {
             "--out",
             probes.to_str().unwrap(),
         ]);
-        ok(&[
-            "calibrate",
-            "--probes",
-            probes.to_str().unwrap(),
-            "--model",
-            "models/target",
-            "--out",
-            cal.to_str().unwrap(),
-        ]);
+        fit_probes(&probes, Some("models/target"), &cal);
         cal.to_str().unwrap().to_string()
     })
 }

@@ -45,21 +45,12 @@ pub struct DecodeStats {
 impl DecodeStats {
     /// Decoded tokens per second (the first token comes from the prefill forward).
     pub fn tokens_per_second(&self) -> f64 {
-        let decoded = self.tokens.len().saturating_sub(1);
-        if self.decode_seconds > 0.0 {
-            decoded as f64 / self.decode_seconds
-        } else {
-            0.0
-        }
+        decode_rate(self.tokens.len(), self.decode_seconds)
     }
 
     /// Tokens committed per cycle (0 without cycles).
     pub fn tokens_per_cycle(&self) -> f64 {
-        if self.cycles > 0 {
-            self.committed as f64 / self.cycles as f64
-        } else {
-            0.0
-        }
+        per_cycle(self.committed, self.cycles)
     }
 
     /// Counts one speculative cycle that verified `verified` nodes of a pool `levels` deep and
@@ -81,6 +72,23 @@ impl DecodeStats {
         self.cycles += 1;
         self.plain_steps += 1;
         self.committed += 1;
+    }
+}
+
+/// Tokens decoded per second after the first of `tokens` (which the prompt's forward produces)
+/// in `seconds` of decoding; 0 without decode time.
+pub fn decode_rate(tokens: usize, seconds: f64) -> f64 {
+    match seconds > 0.0 {
+        true => tokens.saturating_sub(1) as f64 / seconds,
+        false => 0.0,
+    }
+}
+
+/// Tokens committed per cycle; 0 without cycles.
+pub fn per_cycle(committed: usize, cycles: usize) -> f64 {
+    match cycles {
+        0 => 0.0,
+        n => committed as f64 / n as f64,
     }
 }
 

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 use specfit_engine::spec::{Routes, Speculation, Start};
 use specfit_engine::{
-    generate, CacheMode, DecodeOptions, DecodeStats, Eagle3, ExpertCache, Qwen3Moe, Sampling, Tier,
-    VerifyPolicy,
+    generate, Batch, CacheMode, DecodeOptions, DecodeStats, Eagle3, ExpertCache, KvCache, Logits,
+    Qwen3Moe, Sampling, Tier, VerifyPolicy,
 };
 
 /// The repository root.
@@ -95,6 +95,29 @@ pub fn fixture_target(slots: usize) -> (Qwen3Moe, ExpertCache) {
 /// The tiny drafter, loaded for `target`.
 pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()
+}
+
+/// One forward over `tokens` from an empty KV cache, logits of every row.
+pub fn forward_all(
+    target: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    tokens: &[u32],
+) -> specfit_engine::ForwardOutput {
+    let mut kv = target.new_kv_cache();
+    target
+        .forward(&Batch::causal(tokens), &mut kv, cache)
+        .unwrap()
+}
+
+/// A KV cache holding `prompt` (one forward, no logits).
+pub fn prefilled(target: &Qwen3Moe, cache: &mut ExpertCache, prompt: &[u32]) -> KvCache {
+    let mut kv = target.new_kv_cache();
+    let batch = Batch {
+        logits: Logits::None,
+        ..Batch::causal(prompt)
+    };
+    target.forward(&batch, &mut kv, cache).unwrap();
+    kv
 }
 
 /// Plain decoding's tokens for `prompt` (the reference every speculative test compares with),

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use specfit_engine::measure::{probe, PlainStep, ProbePlan, ProbeRow};
+use specfit_engine::measure::{fit, measure_rows, CalibrationPlan, Measured, ProbeRow};
 use specfit_engine::policy::target_stamp;
 use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe, Tokenizer};
@@ -14,7 +14,7 @@ use specfit_selector::json::{
     read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
 };
 use specfit_selector::{calibrate, Calibration, Probe};
-use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
+use specfit_sim::fit::PlainRow;
 
 use crate::files::{read_text, write_atomic};
 use crate::prompt::read_prompts;
@@ -172,13 +172,13 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
         None => default_prompts(&tokenizer)?,
     };
     prompts.truncate(limit);
-    let plan = Plan {
+    let plan = CalibrationPlan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,
         shape: TreeShape::default(),
         seed: 0,
     };
-    let file = measure(&model, &drafter, &mut cache, &prompts, &plan)?;
+    let file = calibrate_on(&model, &drafter, &mut cache, &prompts, &plan)?;
     Ok((
         file,
         crate::paths::calibration(&model_dir, crate::target::tier_key(&cache)),
@@ -196,129 +196,14 @@ pub fn default_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
     Ok(prompts)
 }
 
-/// How much to probe.
-#[derive(Debug, Clone, Copy)]
-pub struct Plan {
-    pub cycles: usize,
-    pub max_nodes: usize,
-    /// The drafted pools' shape.
-    pub shape: TreeShape,
-    /// Prompt `i` probes with seed `seed + i`.
-    pub seed: u64,
-}
-
-/// Everything `specfit calibrate` measures, and what `specfit probe` writes: verify forwards from
-/// the LRU and from emptied caches (every fit), all-resident verify forwards (the replay fit
-/// only) and plain-decoding steps (the replay model's plain-step fit).
-#[derive(Debug, Clone, Default)]
-pub struct Measured {
-    pub verify: Vec<ProbeRow>,
-    pub resident: Vec<ProbeRow>,
-    pub plain: Vec<PlainRow>,
-    /// Reads in flight the read rounds were counted with.
-    pub read_width: usize,
-}
-
-/// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
-/// `plan.seed + i`, in every cache state). One prefill per prompt and cache state: the plain
-/// steps continue the probed sequence (at paper scale on the disk tier a prefill reads most of
-/// the file, so a second one per prompt would double the time).
-pub fn measure_rows(
-    model: &Qwen3Moe,
-    drafter: &Eagle3,
-    cache: &mut ExpertCache,
-    prompts: &[Vec<u32>],
-    plan: &Plan,
-) -> Result<Measured> {
-    ensure!(plan.cycles > 0, "--cycles must be positive");
-    let probe_plan = |i: usize| ProbePlan {
-        shape: plan.shape,
-        max_nodes: plan.max_nodes,
-        cycles: plan.cycles,
-        plain: PLAIN_STEPS,
-        seed: plan.seed + i as u64,
-    };
-    let mut m = Measured {
-        read_width: specfit_engine::experts::reads_in_flight(),
-        ..Measured::default()
-    };
-    // The no-cache end of the sweep: every other verify probe and plain step (those with every
-    // expert copied tell the per-layer read latency apart from the per-copy cost) run on a
-    // cache emptied before every forward. A few slots are enough (a larger verify reads in
-    // waves), and a full cache's worth again would double the memory of a large model.
-    let mut cleared = cache.sibling(
-        cache.slots_per_layer().min(16),
-        specfit_engine::CacheMode::ClearEveryForward,
-    )?;
-    for (i, prompt) in prompts.iter().enumerate() {
-        let rows = probe(
-            model,
-            drafter,
-            cache,
-            Some(&mut cleared),
-            prompt,
-            &probe_plan(i),
-        )?;
-        m.verify.extend(rows.verify);
-        m.plain.extend(rows.plain.iter().map(plain_row));
-    }
-    // For the replay model, also forwards with every expert resident (hits only), which tell
-    // the per-hit cost apart from the node-count intercepts.
-    let every = cache.arena_bytes(usize::MAX);
-    if every > crate::target::memory_budget() {
-        eprintln!(
-            "all-resident probes skipped (every expert in slots needs {:.1} GB, more than half of the available memory): hits are then fitted from the cached probes alone",
-            every as f64 / 1e9
-        );
-        return Ok(m);
-    }
-    let mut resident = match cache.sibling(usize::MAX, specfit_engine::CacheMode::Lru) {
-        Ok(c) => c,
-        Err(e @ specfit_engine::EngineError::SlotMemory { .. }) => {
-            eprintln!("all-resident probes skipped ({e}): hits are then fitted from the cached probes alone");
-            return Ok(m);
-        }
-        Err(e) => return Err(e.into()),
-    };
-    for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
-        // A first pass reads the prompt's experts in; the second's forwards are then (almost
-        // all) all-resident, and only those are kept.
-        let lru = probe_plan(i);
-        probe(model, drafter, &mut resident, None, prompt, &lru)?;
-        let warm = probe(model, drafter, &mut resident, None, prompt, &lru)?;
-        m.resident
-            .extend(warm.verify.into_iter().filter(|r| r.misses == 0));
-        m.plain
-            .extend(warm.plain.iter().filter(|s| s.misses == 0).map(plain_row));
-    }
-    Ok(m)
-}
-
-/// Plain steps timed after each prompt's probe cycles (half of them on the emptied cache).
-const PLAIN_STEPS: usize = 16;
-
-/// Fits measured rows: the paper and residency forms on the verify rows, the replay model on
-/// verify, resident and plain rows, and the drafting costs; prints each fit's quality.
+/// Fits measured rows ([`specfit_engine::measure::fit`]) and prints each fit's quality.
 pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
-    let rows: Vec<Probe> = m
-        .verify
-        .iter()
-        .map(|r| Probe {
-            nodes: r.nodes,
-            demand: r.demand,
-            ms: r.ms,
-            hits_misses: Some((r.hits, r.misses)),
-        })
-        .collect();
-    let cal = calibrate(&rows)?;
+    let (file, cal) = fit(m, max_nodes)?;
     print_fit(&cal);
-    let mut file = CalibrationJson::new(&cal);
-    let replay_rows: Vec<VerifyRow> = m.verify.iter().chain(&m.resident).map(verify_row).collect();
-    file.replay = Some(replay_fit(&replay_rows, &m.plain, max_nodes, m.read_width)?);
-    let r = file.replay.as_ref().expect("just set");
+    let r = file.replay.as_ref().expect("fitted");
     eprintln!(
         "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per token per cached token",
-        replay_rows.len(),
+        m.verify.len() + m.resident.len(),
         r.r2,
         r.median_abs_err_ms,
         r.intercepts[0],
@@ -340,10 +225,7 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
             p.context_ms
         );
     }
-    file.drafting = Some(drafting_fit(
-        &m.verify.iter().map(draft_row).collect::<Vec<_>>(),
-    )?);
-    let d = file.drafting.as_ref().expect("just set");
+    let d = file.drafting.as_ref().expect("fitted");
     eprintln!(
         "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
         d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
@@ -351,16 +233,33 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
     Ok(file)
 }
 
-/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
-/// the result is stamped with the model's shape, tier and slot count.
+/// Measures probe forwards and plain steps on every prompt within this machine's memory budget
+/// ([`specfit_engine::measure::measure_rows`]), saying so when the all-resident probes are skipped.
 pub fn measure(
     model: &Qwen3Moe,
     drafter: &Eagle3,
     cache: &mut ExpertCache,
     prompts: &[Vec<u32>],
-    plan: &Plan,
+    plan: &CalibrationPlan,
+) -> Result<Measured> {
+    let budget = crate::target::memory_budget();
+    let measured = measure_rows(model, drafter, cache, prompts, plan, budget)?;
+    if let Some(why) = &measured.resident_skipped {
+        eprintln!("all-resident probes skipped ({why}): hits are then fitted from the cached probes alone");
+    }
+    Ok(measured)
+}
+
+/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
+/// the result is stamped with the model's shape, tier and slot count.
+pub fn calibrate_on(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prompts: &[Vec<u32>],
+    plan: &CalibrationPlan,
 ) -> Result<CalibrationJson> {
-    let measured = measure_rows(model, drafter, cache, prompts, plan)?;
+    let measured = measure(model, drafter, cache, prompts, plan)?;
     let mut file = fit_rows(&measured, plan.max_nodes)?;
     let mut stamp = target_stamp(model.config());
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
@@ -381,13 +280,13 @@ pub fn measure_and_save(
 ) -> Result<CalibrationJson> {
     let prompts = default_prompts(tokenizer)?;
     let mut cache = base.sibling(base.slots_per_layer(), specfit_engine::CacheMode::Lru)?;
-    let plan = Plan {
+    let plan = CalibrationPlan {
         cycles: 32,
         max_nodes,
         shape: TreeShape::default(),
         seed: 0,
     };
-    let cal = measure(model, drafter, &mut cache, &prompts, &plan)?;
+    let cal = calibrate_on(model, drafter, &mut cache, &prompts, &plan)?;
     let json = serde_json::to_string_pretty(&cal)? + "\n";
     write_atomic(path, json.as_bytes())?;
     eprintln!("calibration -> {}", path.display());
@@ -462,29 +361,6 @@ fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
     (!m.plain.is_empty() && !m.verify.is_empty()).then_some(m)
 }
 
-/// An engine probe row as the replay fit reads it.
-fn verify_row(r: &ProbeRow) -> VerifyRow {
-    VerifyRow {
-        nodes: r.nodes,
-        hits: r.hits,
-        misses: r.misses,
-        read_rounds: r.read_rounds,
-        context: r.context,
-        ms: r.ms,
-    }
-}
-
-/// An engine probe row's drafting as the drafting fit reads it.
-fn draft_row(r: &ProbeRow) -> DraftRow {
-    DraftRow {
-        draft_forwards: r.draft_forwards,
-        draft_ms: r.draft_ms,
-        fed: r.fed,
-        feed_ms: r.feed_ms,
-        context: r.context,
-    }
-}
-
 fn print_fit(cal: &Calibration) {
     eprintln!(
         "{} probe rows, K = {}: paper form R² = {:.4}, median |error| = {:.3} ms",
@@ -495,16 +371,5 @@ fn print_fit(cal: &Calibration) {
             "residency form R² = {:.4}, median |error| = {:.3} ms",
             f.r2, f.median_abs_err_ms
         );
-    }
-}
-
-/// A plain step as the replay fit reads it.
-fn plain_row(s: &PlainStep) -> PlainRow {
-    PlainRow {
-        hits: s.hits,
-        misses: s.misses,
-        read_rounds: s.read_rounds,
-        context: s.context,
-        ms: s.ms,
     }
 }

@@ -59,7 +59,7 @@ pub fn run(args: &Args) -> Result<()> {
         (None, None) => anyhow::bail!("give --prompts FILE or --prompt-ids"),
     };
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt");
-    let plan = crate::calibrate::Plan {
+    let plan = specfit_engine::measure::CalibrationPlan {
         cycles: args.cycles,
         max_nodes: args.max_nodes,
         shape: TreeShape {
@@ -68,7 +68,7 @@ pub fn run(args: &Args) -> Result<()> {
         },
         seed: args.seed,
     };
-    let measured = crate::calibrate::measure_rows(&model, &drafter, &mut cache, &prompts, &plan)?;
+    let measured = crate::calibrate::measure(&model, &drafter, &mut cache, &prompts, &plan)?;
     let text = crate::calibrate::rows_jsonl(&measured);
     write_atomic(&args.out, text.as_bytes())?;
     eprintln!(

@@ -129,6 +129,10 @@ pub enum EngineError {
         "the calibration predicts {ms} ms for a plain decoding step; re-run `specfit calibrate`"
     )]
     BadPlainStepCost { ms: f64 },
+    #[error("calibration: --cycles must be positive")]
+    NoProbeCycles,
+    #[error("calibration fit: {reason}")]
+    Fit { reason: String },
 }
 
 impl From<specfit_selector::Error> for EngineError {

@@ -1,0 +1,186 @@
+//! Measuring and fitting a cost calibration (`specfit calibrate`): timed verify probes and plain
+//! steps on every prompt from the decoding cache, an emptied one and an all-resident one, then
+//! the paper and residency forms, the replay model and the drafting costs fitted from them. It
+//! prints nothing and writes no file.
+
+use specfit_selector::json::CalibrationJson;
+use specfit_selector::{calibrate, Calibration, Probe};
+use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
+
+use super::{probe, PlainStep, ProbePlan, ProbeRow};
+use crate::error::EngineError;
+use crate::experts::{CacheMode, ExpertCache};
+use crate::model::{Eagle3, Qwen3Moe};
+use crate::spec::TreeShape;
+
+/// How much to probe.
+#[derive(Debug, Clone, Copy)]
+pub struct CalibrationPlan {
+    pub cycles: usize,
+    pub max_nodes: usize,
+    /// The drafted pools' shape.
+    pub shape: TreeShape,
+    /// Prompt `i` probes with seed `seed + i`.
+    pub seed: u64,
+}
+
+/// Everything `specfit calibrate` measures, and what `specfit probe` writes: verify forwards from
+/// the LRU and from emptied caches (every fit), all-resident verify forwards (the replay fit
+/// only) and plain-decoding steps (the replay model's plain-step fit).
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    pub verify: Vec<ProbeRow>,
+    pub resident: Vec<ProbeRow>,
+    pub plain: Vec<PlainRow>,
+    /// Reads in flight the read rounds were counted with.
+    pub read_width: usize,
+    /// Why the all-resident probes were skipped, when they were (hits are then fitted from the
+    /// cached probes alone).
+    pub resident_skipped: Option<String>,
+}
+
+/// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
+/// `plan.seed + i`, in every cache state). One prefill per prompt and cache state: the plain
+/// steps continue the probed sequence (at paper scale on the disk tier a prefill reads most of
+/// the file, so a second one per prompt would double the time).
+pub fn measure_rows(
+    model: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
+    prompts: &[Vec<u32>],
+    plan: &CalibrationPlan,
+    memory_budget: u64,
+) -> Result<Measured, EngineError> {
+    if plan.cycles == 0 {
+        return Err(EngineError::NoProbeCycles);
+    }
+    let probe_plan = |i: usize| ProbePlan {
+        shape: plan.shape,
+        max_nodes: plan.max_nodes,
+        cycles: plan.cycles,
+        plain: PLAIN_STEPS,
+        seed: plan.seed + i as u64,
+    };
+    let mut m = Measured {
+        read_width: crate::experts::reads_in_flight(),
+        ..Measured::default()
+    };
+    // The no-cache end of the sweep: every other verify probe and plain step (those with every
+    // expert copied tell the per-layer read latency apart from the per-copy cost) run on a
+    // cache emptied before every forward. A few slots are enough (a larger verify reads in
+    // waves), and a full cache's worth again would double the memory of a large model.
+    let mut cleared = cache.sibling(
+        cache.slots_per_layer().min(16),
+        CacheMode::ClearEveryForward,
+    )?;
+    for (i, prompt) in prompts.iter().enumerate() {
+        let rows = probe(
+            model,
+            drafter,
+            cache,
+            Some(&mut cleared),
+            prompt,
+            &probe_plan(i),
+        )?;
+        m.verify.extend(rows.verify);
+        m.plain.extend(rows.plain.iter().map(plain_row));
+    }
+    // For the replay model, also forwards with every expert resident (hits only), which tell
+    // the per-hit cost apart from the node-count intercepts.
+    let every = cache.arena_bytes(usize::MAX);
+    if every > memory_budget {
+        m.resident_skipped = Some(format!(
+            "every expert in slots needs {:.1} GB, more than the memory budget",
+            every as f64 / 1e9
+        ));
+        return Ok(m);
+    }
+    let mut resident = match cache.sibling(usize::MAX, CacheMode::Lru) {
+        Ok(c) => c,
+        Err(e @ EngineError::SlotMemory { .. }) => {
+            m.resident_skipped = Some(e.to_string());
+            return Ok(m);
+        }
+        Err(e) => return Err(e),
+    };
+    for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
+        // A first pass reads the prompt's experts in; the second's forwards are then (almost
+        // all) all-resident, and only those are kept.
+        let lru = probe_plan(i);
+        probe(model, drafter, &mut resident, None, prompt, &lru)?;
+        let warm = probe(model, drafter, &mut resident, None, prompt, &lru)?;
+        m.resident
+            .extend(warm.verify.into_iter().filter(|r| r.misses == 0));
+        m.plain
+            .extend(warm.plain.iter().filter(|s| s.misses == 0).map(plain_row));
+    }
+    Ok(m)
+}
+
+/// Plain steps timed after each prompt's probe cycles (half of them on the emptied cache).
+const PLAIN_STEPS: usize = 16;
+
+/// Fits measured rows: the paper and residency forms on the verify rows, the replay model on
+/// verify, resident and plain rows, and the drafting costs. Returns the calibration file and the
+/// cost fits' quality.
+pub fn fit(m: &Measured, max_nodes: usize) -> Result<(CalibrationJson, Calibration), EngineError> {
+    let rows: Vec<Probe> = m
+        .verify
+        .iter()
+        .map(|r| Probe {
+            nodes: r.nodes,
+            demand: r.demand,
+            ms: r.ms,
+            hits_misses: Some((r.hits, r.misses)),
+        })
+        .collect();
+    let cal = calibrate(&rows)?;
+    let mut file = CalibrationJson::new(&cal);
+    let replay_rows: Vec<VerifyRow> = m.verify.iter().chain(&m.resident).map(verify_row).collect();
+    file.replay =
+        Some(replay_fit(&replay_rows, &m.plain, max_nodes, m.read_width).map_err(fit_error)?);
+    let drafting: Vec<DraftRow> = m.verify.iter().map(draft_row).collect();
+    file.drafting = Some(drafting_fit(&drafting).map_err(fit_error)?);
+    Ok((file, cal))
+}
+
+/// An engine probe row as the replay fit reads it.
+pub fn verify_row(r: &ProbeRow) -> VerifyRow {
+    VerifyRow {
+        nodes: r.nodes,
+        hits: r.hits,
+        misses: r.misses,
+        read_rounds: r.read_rounds,
+        context: r.context,
+        ms: r.ms,
+    }
+}
+
+/// An engine probe row's drafting as the drafting fit reads it.
+fn draft_row(r: &ProbeRow) -> DraftRow {
+    DraftRow {
+        draft_forwards: r.draft_forwards,
+        draft_ms: r.draft_ms,
+        fed: r.fed,
+        feed_ms: r.feed_ms,
+        context: r.context,
+    }
+}
+
+/// A plain step as the replay fit reads it.
+pub fn plain_row(s: &PlainStep) -> PlainRow {
+    PlainRow {
+        hits: s.hits,
+        misses: s.misses,
+        read_rounds: s.read_rounds,
+        context: s.context,
+        ms: s.ms,
+    }
+}
+
+/// A fit that failed on the measured rows.
+fn fit_error(e: specfit_sim::SimError) -> EngineError {
+    EngineError::Fit {
+        reason: e.to_string(),
+    }
+}

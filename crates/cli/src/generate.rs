@@ -174,7 +174,7 @@ pub fn run(args: &Args) -> Result<()> {
     let stats = match &args.drafter {
         Some(dir) if args.policy != PolicyName::Ar => {
             let dir = dir.clone().unwrap_or_else(crate::paths::drafter);
-            speculate(args, &dir, (&model, &mut cache), &prompt, &options)?
+            speculate(args, &dir, &model, &mut cache, &prompt, &options)?
         }
         _ => generate(&model, &mut cache, None, Start::Prompt(&prompt), &options)?,
     };
@@ -187,7 +187,8 @@ pub fn run(args: &Args) -> Result<()> {
 fn speculate(
     args: &Args,
     dir: &std::path::Path,
-    (model, cache): (&Qwen3Moe, &mut ExpertCache),
+    model: &Qwen3Moe,
+    cache: &mut ExpertCache,
     prompt: &[u32],
     options: &DecodeOptions,
 ) -> Result<DecodeStats> {

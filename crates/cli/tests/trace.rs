@@ -32,7 +32,7 @@ fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
         (
             header.moe_layers,
             header.experts,
-            header.top_k,
+            header.num_experts_per_tok,
             header.vocab
         ),
         (8, 4, 2, 256)

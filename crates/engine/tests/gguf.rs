@@ -132,7 +132,7 @@ fn greedy(
     prompt: &[u32],
     max_tokens: usize,
 ) -> Vec<u32> {
-    plain_tokens(model, cache, prompt, (Sampling::Greedy, 0), max_tokens)
+    plain_tokens(model, cache, prompt, Sampling::Greedy, 0, max_tokens)
 }
 
 /// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
@@ -235,7 +235,7 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
         let prompt = [1u32, 45, 300, 17, 999, 5];
         let run = |tier: &Tier, slots: usize| {
             let (model, mut cache) = load_target(&path, tier, slots, CacheMode::Lru, None).unwrap();
-            let tokens = plain_tokens(&model, &mut cache, &prompt, (Sampling::Greedy, 0), 12);
+            let tokens = plain_tokens(&model, &mut cache, &prompt, Sampling::Greedy, 0, 12);
             let stats = cache.stats().total;
             cache.verify_slots().unwrap();
             (tokens, stats.misses, cache.tier())
@@ -303,7 +303,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
             let drafter = Eagle3::load(&drafter_dir, model.config()).unwrap();
             let prompt = [1u32, 45, 300, 17, 999, 5];
-            let want = plain_tokens(&model, &mut cache, &prompt, (sampling, seed), 24);
+            let want = plain_tokens(&model, &mut cache, &prompt, sampling, seed, 24);
             let (_, mut disk) = load_target(
                 &gguf(name),
                 &Tier::Disk(PathBuf::from("unused")),

@@ -107,10 +107,18 @@ fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
         max_tokens: 4,
         ..DecodeOptions::default()
     };
-    let parts = (&target, &drafter, &mut all);
     let mut policy = VerifyPolicy::top_k(5);
     let start = Start::Prefix(&prefix);
-    let err = speculate(parts, &mut policy, Routes::None, start, &options).unwrap_err();
+    let err = speculate(
+        &target,
+        &drafter,
+        &mut all,
+        &mut policy,
+        Routes::None,
+        start,
+        &options,
+    )
+    .unwrap_err();
     assert!(matches!(err, EngineError::PrefixWithoutDrafter), "{err}");
 }
 
@@ -156,7 +164,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             ..Default::default()
         };
         let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
-        let want = plain_tokens(&target, &mut fresh, prompt, (sampling, 5), 12);
+        let want = plain_tokens(&target, &mut fresh, prompt, sampling, 5, 12);
         let old = Prefix::new(&target, None, &mut all, earlier).unwrap();
         let common = earlier
             .iter()
@@ -223,7 +231,9 @@ fn top_k_spec_from(
     let mut policy = VerifyPolicy::top_k(k);
     let start = Start::Prefix(prefix);
     speculate(
-        (target, drafter, cache),
+        target,
+        drafter,
+        cache,
         &mut policy,
         Routes::None,
         start,

@@ -78,7 +78,7 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
                     loaded
                 }
             };
-            let got = plain_tokens(&model, &mut c, &ids, (Sampling::Greedy, 0), want.len());
+            let got = plain_tokens(&model, &mut c, &ids, Sampling::Greedy, 0, want.len());
             assert_eq!(got, want, "{} greedy, slots {tier_slots:?}", case["set"]);
         }
     }

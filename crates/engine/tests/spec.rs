@@ -18,7 +18,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     for prompt in prompts {
         let (target, mut cache) = fixture_target(usize::MAX);
         let drafter = tiny_drafter(&target);
-        let want = plain_tokens(&target, &mut cache, prompt, (Sampling::Greedy, 0), 30);
+        let want = plain_tokens(&target, &mut cache, prompt, Sampling::Greedy, 0, 30);
         for (budget, slots, shape) in [
             (7, usize::MAX, TreeShape::default()),
             (7, 1, TreeShape::default()),
@@ -77,9 +77,17 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
         let early = top_k_spec(&target, &drafter, &mut cache, &prompt, k, &options);
         // Top-K drafting every level (vanilla EAGLE-3 without the settled-top-K stop).
         let mut every = VerifyPolicy::top_k(k).stop_rule(false);
-        let parts = (&target, &drafter, &mut cache);
         let start = Start::Prompt(&prompt);
-        let full = speculate(parts, &mut every, Routes::None, start, &options).unwrap();
+        let full = speculate(
+            &target,
+            &drafter,
+            &mut cache,
+            &mut every,
+            Routes::None,
+            start,
+            &options,
+        )
+        .unwrap();
         assert_eq!(early.tokens, full.tokens, "k = {k}");
         assert_eq!(
             (early.cycles, early.verified_nodes, early.committed),
@@ -163,7 +171,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     let (target, mut cache) = fixture_target(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 8);
+    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 8);
     let wrong = |t: u32| (t + 1) % 256;
     // Level 1: a wrong sibling first, then the right token; below it a chain of 3 right tokens
     // with a wrong sibling at depth 2, and a wrong token at depth 5.
@@ -238,7 +246,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let (target, mut cache) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
-    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 24);
+    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 24);
     let costs = [
         CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
         CostModel::paper(vec![1.0; 8], 10.0).unwrap(), // experts dear: verify little
@@ -256,11 +264,19 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
             stop: vec![],
             ..DecodeOptions::default()
         };
-        let parts = (&target, &drafter, &mut cache);
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
         let wall = std::time::Instant::now();
-        let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
+        let got = speculate(
+            &target,
+            &drafter,
+            &mut cache,
+            &mut policy,
+            routes,
+            start,
+            &options,
+        )
+        .unwrap();
         let wall = wall.elapsed().as_secs_f64();
         assert_eq!(got.tokens, want, "cost {i}");
         // Every cycle searched at least once (the stop rule may search after each level).
@@ -292,9 +308,17 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         stop: vec![],
         ..DecodeOptions::default()
     };
-    let parts = (&target, &drafter, &mut cache);
     let start = Start::Prompt(&prompt);
-    let err = speculate(parts, &mut policy, Routes::None, start, &options).unwrap_err();
+    let err = speculate(
+        &target,
+        &drafter,
+        &mut cache,
+        &mut policy,
+        Routes::None,
+        start,
+        &options,
+    )
+    .unwrap_err();
     assert!(
         matches!(err, specfit_engine::EngineError::NoRoutes { .. }),
         "{err}"
@@ -315,7 +339,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
         (4, 0.3, 1.0, 0),
     ] {
         let sampling = Sampling::TopP { temperature, top_p };
-        let want = plain_tokens(&target, &mut cache, &prompt, (sampling, seed), 20);
+        let want = plain_tokens(&target, &mut cache, &prompt, sampling, seed, 20);
         let (_, mut c) = load(2);
         let options = DecodeOptions {
             max_tokens: 20,
@@ -411,7 +435,7 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     let (target, mut cache) = load(2);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119];
-    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 13);
+    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 13);
     let mut atlas = Atlas::new(load(usize::MAX).1);
     let steps = record(
         &target,
@@ -458,7 +482,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 20);
+    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for mode in [CacheMode::Lru, CacheMode::ClearEveryForward] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,
@@ -489,7 +513,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 20);
+    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for slots in [2, 4] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,
@@ -507,10 +531,18 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
             read_ahead: true,
             ..DecodeOptions::default()
         };
-        let parts = (&target, &drafter, &mut disk);
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
-        let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
+        let got = speculate(
+            &target,
+            &drafter,
+            &mut disk,
+            &mut policy,
+            routes,
+            start,
+            &options,
+        )
+        .unwrap();
         assert_eq!(got.tokens, want, "{slots} slots");
         let c = got.copies;
         assert!(c.read_ahead > 0 && c.ahead_used > 0, "{slots} slots: {c:?}");
@@ -537,7 +569,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
             },
         ),
     ] {
-        let want = plain_tokens(&target, &mut load(2).1, prompt, (sampling, 7), 40);
+        let want = plain_tokens(&target, &mut load(2).1, prompt, sampling, 7, 40);
         // Cheap experts (verifies nodes, few bursts) and dear ones (mostly empty subtrees: bursts).
         let mut bursts = Vec::new();
         for beta in [0.0, 50.0] {
@@ -550,10 +582,18 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
                 seed: 7,
                 ..DecodeOptions::default()
             };
-            let parts = (&target, &drafter, &mut load(2).1);
             let routes = Routes::Atlas(&mut atlas);
             let start = Start::Prompt(prompt);
-            let got = speculate(parts, &mut policy, routes, start, &options).unwrap();
+            let got = speculate(
+                &target,
+                &drafter,
+                &mut load(2).1,
+                &mut policy,
+                routes,
+                start,
+                &options,
+            )
+            .unwrap();
             assert_eq!(got.tokens, want, "β {beta} {sampling:?}");
             assert!(got.plain_steps < got.cycles);
             bursts.push(got.plain_steps);
@@ -597,7 +637,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188, 74];
-    let full = plain_tokens(&target, &mut cache, &prompt, (Sampling::Greedy, 0), 30);
+    let full = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 30);
     // Plain decoding stops right after the token during which the flag went up.
     let cancel = specfit_engine::Cancel::default();
     let options = DecodeOptions {

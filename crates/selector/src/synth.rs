@@ -44,7 +44,7 @@ pub struct Shape {
     /// Experts per layer.
     pub experts: usize,
     /// Experts each token routes to per layer.
-    pub top_k: usize,
+    pub num_experts_per_tok: usize,
     /// Children drafted under each expanded node.
     pub branching: usize,
     /// Nodes of a level that are expanded into the next one (by path probability).
@@ -64,7 +64,7 @@ impl Shape {
         Shape {
             layers: 48,
             experts: 128,
-            top_k: 8,
+            num_experts_per_tok: 8,
             branching: 2,
             expand: 2,
             levels: 5,
@@ -162,7 +162,7 @@ fn child_probs(b: usize, rng: &mut Rng) -> Vec<f64> {
 
 fn random_routes(shape: &Shape, rng: &mut Rng) -> Vec<Vec<u32>> {
     (0..shape.layers)
-        .map(|_| sample_distinct(shape.experts, shape.top_k, &[], rng))
+        .map(|_| sample_distinct(shape.experts, shape.num_experts_per_tok, &[], rng))
         .collect()
 }
 
@@ -176,7 +176,12 @@ fn inherit_routes(shape: &Shape, parent: &[Vec<u32>], rng: &mut Rng) -> Vec<Vec<
                 .copied()
                 .filter(|_| rng.unit() < shape.share)
                 .collect();
-            let fresh = sample_distinct(shape.experts, shape.top_k - kept.len(), experts, rng);
+            let fresh = sample_distinct(
+                shape.experts,
+                shape.num_experts_per_tok - kept.len(),
+                experts,
+                rng,
+            );
             let mut all = [kept, fresh].concat();
             all.sort_unstable();
             all

@@ -20,7 +20,7 @@ use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 pub struct SynthParams {
     pub layers: usize,
     pub experts: usize,
-    pub top_k: usize,
+    pub num_experts_per_tok: usize,
     pub positions: usize,
     /// Children per expanded node and nodes expanded per level.
     pub branching: usize,
@@ -43,7 +43,7 @@ impl SynthParams {
         SynthParams {
             layers: 48,
             experts: 128,
-            top_k: 8,
+            num_experts_per_tok: 8,
             positions: 400,
             branching: 2,
             levels: 5,
@@ -85,7 +85,7 @@ fn drift(rng: &mut Rng, p: &SynthParams, from: &[Vec<u32>], keep: f64) -> Vec<Ve
                 .copied()
                 .filter(|_| rng.unit() < keep)
                 .collect();
-            let fresh = sample(rng, p.experts, p.top_k - kept.len(), layer);
+            let fresh = sample(rng, p.experts, p.num_experts_per_tok - kept.len(), layer);
             kept.extend(fresh);
             kept
         })
@@ -112,7 +112,7 @@ pub fn trace(p: &SynthParams) -> (TraceHeader, Vec<TraceStep>) {
     let mut roots: Vec<Vec<Vec<u32>>> = Vec::with_capacity(p.positions + p.levels + 1);
     roots.push(
         (0..p.layers)
-            .map(|_| sample(&mut rng, p.experts, p.top_k, &[]))
+            .map(|_| sample(&mut rng, p.experts, p.num_experts_per_tok, &[]))
             .collect(),
     );
     while roots.len() < p.positions + p.levels + 1 {
@@ -131,7 +131,7 @@ pub fn trace(p: &SynthParams) -> (TraceHeader, Vec<TraceStep>) {
             )
         })
         .collect();
-    let mut header = TraceHeader::new(p.layers, p.experts, p.top_k, 0);
+    let mut header = TraceHeader::new(p.layers, p.experts, p.num_experts_per_tok, 0);
     header
         .meta
         .insert("synthetic".into(), format!("{p:?}").into());
@@ -208,7 +208,10 @@ mod tests {
             ..SynthParams::paper(0.7, 3)
         };
         let (h, steps) = trace(&p);
-        assert_eq!((h.moe_layers, h.experts, h.top_k), (48, 128, 8));
+        assert_eq!(
+            (h.moe_layers, h.experts, h.num_experts_per_tok),
+            (48, 128, 8)
+        );
         for (i, s) in steps.iter().enumerate().take(40) {
             assert_eq!(s.nodes.len(), 18);
             for n in s.nodes.iter().filter(|n| n.agrees) {

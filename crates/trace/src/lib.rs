@@ -46,8 +46,9 @@ pub struct TraceHeader {
     /// MoE layers of the target (routes have one list per MoE layer).
     pub moe_layers: usize,
     pub experts: usize,
-    /// Experts per token per layer.
-    pub top_k: usize,
+    /// Experts per token per layer (traces written before the name settled say `top_k`).
+    #[serde(alias = "top_k")]
+    pub num_experts_per_tok: usize,
     pub vocab: usize,
     /// Free-form provenance (model and drafter paths, prompt, tree shape).
     #[serde(default)]
@@ -56,13 +57,18 @@ pub struct TraceHeader {
 
 impl TraceHeader {
     /// A header of the current format and version.
-    pub fn new(moe_layers: usize, experts: usize, top_k: usize, vocab: usize) -> TraceHeader {
+    pub fn new(
+        moe_layers: usize,
+        experts: usize,
+        num_experts_per_tok: usize,
+        vocab: usize,
+    ) -> TraceHeader {
         TraceHeader {
             format: FORMAT.into(),
             version: VERSION,
             moe_layers,
             experts,
-            top_k,
+            num_experts_per_tok,
             vocab,
             meta: serde_json::Map::new(),
         }

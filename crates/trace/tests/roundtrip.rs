@@ -71,3 +71,15 @@ fn other_versions_and_malformed_steps_are_refused_with_a_hint() {
     assert!(e.contains("routes"), "{e}");
     assert!(matches!(read(""), Err(TraceError::Empty)));
 }
+
+#[test]
+fn a_header_that_names_experts_per_token_top_k_still_reads() {
+    let header = TraceHeader::new(1, 4, 2, 16);
+    let mut bytes = Vec::new();
+    write(&mut bytes, &header, &[step(0)]).unwrap();
+    let text = String::from_utf8(bytes).unwrap();
+    assert!(text.contains("\"num_experts_per_tok\":2"), "{text}");
+    let old = text.replacen("num_experts_per_tok", "top_k", 1);
+    let (back, steps) = read(&old).unwrap();
+    assert_eq!((back, steps), (header, vec![step(0)]));
+}

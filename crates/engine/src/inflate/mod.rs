@@ -213,7 +213,7 @@ fn inflate_predictor(
 ) -> Result<RoutePredictor, EngineError> {
     let (s, big) = (&plan.small, &plan.shape);
     let small_dim = small_drafter_hidden + s.hidden;
-    let p = RoutePredictor::load(path, s.layers, s.experts, s.top_k, small_dim)?;
+    let p = RoutePredictor::load(path, s.layers, s.experts, s.num_experts_per_tok, small_dim)?;
     let (w0, b0) = p.weights();
     let (layers, experts) = (big.num_hidden_layers, big.num_experts);
     let dim = 2 * big.hidden_size;
@@ -477,7 +477,11 @@ fn fit_routers(
                         .collect(),
                 };
                 let features = routers::slow_features(&inputs, routers::FEATURES)?;
-                let base = stats(&routers::routes(small_router, s.top_k, &inputs));
+                let base = stats(&routers::routes(
+                    small_router,
+                    s.num_experts_per_tok,
+                    &inputs,
+                ));
                 empty.insert(Boundary {
                     inputs,
                     features,
@@ -487,13 +491,17 @@ fn fit_routers(
         };
         let f = routers::fit(
             small_router,
-            s.top_k,
+            s.num_experts_per_tok,
             &boundary.inputs,
             &boundary.features,
             routing.target,
             0x5107_0000 + l as u64,
         );
-        let (overlap, lru_half) = stats(&routers::routes(&f.weights, s.top_k, &boundary.inputs));
+        let (overlap, lru_half) = stats(&routers::routes(
+            &f.weights,
+            s.num_experts_per_tok,
+            &boundary.inputs,
+        ));
         fitted.push(FittedRouter {
             layer: l,
             scale: f.scale,

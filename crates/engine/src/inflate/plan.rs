@@ -49,7 +49,7 @@ pub struct Small {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub experts: usize,
-    pub top_k: usize,
+    pub num_experts_per_tok: usize,
     pub moe_intermediate: usize,
     pub vocab: usize,
 }
@@ -87,7 +87,7 @@ impl Plan {
             kv_heads: small_cfg.num_key_value_heads,
             head_dim: small_cfg.head_dim(),
             experts: small_cfg.num_experts,
-            top_k: small_cfg.num_experts_per_tok,
+            num_experts_per_tok: small_cfg.num_experts_per_tok,
             moe_intermediate: small_cfg.moe_intermediate_size,
             vocab: small_cfg.vocab_size,
         };
@@ -134,14 +134,14 @@ impl Plan {
         }
         multiple("head_dim", shape.head_dim, s.head_dim)?;
         let copies = multiple("num_experts", shape.num_experts, s.experts)?;
-        if shape.num_experts_per_tok != copies * s.top_k {
+        if shape.num_experts_per_tok != copies * s.num_experts_per_tok {
             return Err(shape_error(
                 "num_experts_per_tok",
                 shape.num_experts_per_tok,
                 format!(
                     "must be {copies} copies × the source model's top-{} = {}",
-                    s.top_k,
-                    copies * s.top_k
+                    s.num_experts_per_tok,
+                    copies * s.num_experts_per_tok
                 ),
             ));
         }

@@ -110,7 +110,7 @@ impl Qwen3Moe {
                             h,
                             false,
                         )?,
-                        top_k: cfg.num_experts_per_tok,
+                        num_experts_per_tok: cfg.num_experts_per_tok,
                         norm_topk_prob: cfg.norm_topk_prob,
                         ordinal,
                     })

@@ -22,7 +22,7 @@ use crate::model::layers::{Attention, DenseMlp, Linear, Rope};
 #[derive(Debug, Clone)]
 pub(super) struct SparseMoe {
     pub(super) gate: Linear, // router [E, H]
-    pub(super) top_k: usize,
+    pub(super) num_experts_per_tok: usize,
     pub(super) norm_topk_prob: bool,
     /// Ordinal of this layer among the sparse layers (the expert cache's layer index).
     pub(super) ordinal: usize,
@@ -38,7 +38,7 @@ impl SparseMoe {
             .chunks_exact_mut(e)
             .map(|probs| {
                 softmax_in_place(probs);
-                let mut top = math::top_k(probs, self.top_k);
+                let mut top = math::top_k(probs, self.num_experts_per_tok);
                 if self.norm_topk_prob {
                     let sum: f32 = top.iter().map(|(_, w)| w).sum();
                     top.iter_mut().for_each(|(_, w)| *w /= sum);
@@ -94,7 +94,7 @@ impl SparseMoe {
             run_experts(layout, batch, &rows, &mut outputs)
         })?;
         // Where each (token, k) output sits.
-        let mut at = vec![vec![0usize; self.top_k]; t];
+        let mut at = vec![vec![0usize; self.num_experts_per_tok]; t];
         for (u, &(_, tok, k)) in uses.iter().enumerate() {
             at[tok][k] = u;
         }

@@ -126,7 +126,8 @@ pub fn plain_tokens(
     target: &Qwen3Moe,
     cache: &mut ExpertCache,
     prompt: &[u32],
-    (sampling, seed): (Sampling, u64),
+    sampling: Sampling,
+    seed: u64,
     max_tokens: usize,
 ) -> Vec<u32> {
     let options = DecodeOptions {
@@ -142,7 +143,9 @@ pub fn plain_tokens(
 
 /// Speculative decoding of `prompt` under `policy` on `routes`.
 pub fn speculate(
-    (target, drafter, cache): (&Qwen3Moe, &Eagle3, &mut ExpertCache),
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    cache: &mut ExpertCache,
     policy: &mut VerifyPolicy,
     routes: Routes<'_>,
     start: Start<'_>,
@@ -173,9 +176,10 @@ pub fn top_k_spec(
     options: &DecodeOptions,
 ) -> DecodeStats {
     let mut policy = VerifyPolicy::top_k(k);
-    let parts = (target, drafter, cache);
     speculate(
-        parts,
+        target,
+        drafter,
+        cache,
         &mut policy,
         Routes::None,
         Start::Prompt(prompt),

@@ -18,7 +18,7 @@ struct Case {
     nodes: usize,
     layers: usize,
     experts: usize,
-    top_k: usize,
+    num_experts_per_tok: usize,
     k: usize,
     residency: bool,
     lambda: Option<f64>,
@@ -52,7 +52,7 @@ fn case() -> impl Strategy<Value = Case> {
                 nodes,
                 layers,
                 experts,
-                top_k,
+                num_experts_per_tok,
                 k,
                 residency,
                 lambda,
@@ -64,7 +64,7 @@ fn case() -> impl Strategy<Value = Case> {
                     nodes,
                     layers,
                     experts,
-                    top_k: top_k.min(experts),
+                    num_experts_per_tok: num_experts_per_tok.min(experts),
                     k,
                     residency,
                     lambda,
@@ -83,7 +83,7 @@ fn routes(c: &Case, rng: &mut Rng, like: Option<&Vec<Vec<u32>>>) -> Vec<Vec<u32>
                 return parent[l].clone();
             }
             let mut ids: Vec<u32> = Vec::new();
-            while ids.len() < c.top_k {
+            while ids.len() < c.num_experts_per_tok {
                 let e = rng.below(c.experts) as u32;
                 if !ids.contains(&e) {
                     ids.push(e);

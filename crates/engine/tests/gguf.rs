@@ -318,7 +318,14 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 seed,
                 ..DecodeOptions::default()
             };
-            let got = top_k_spec(&model, &drafter, &mut disk, &prompt, 7, &options);
+            let got = top_k_spec(
+                &model,
+                &drafter,
+                &mut disk,
+                specfit_engine::Start::Prompt(&prompt),
+                7,
+                &options,
+            );
             assert_eq!(got.tokens, want, "{name} {sampling:?}");
             assert!(got.verified_nodes > 0);
         }

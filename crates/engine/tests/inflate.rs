@@ -11,8 +11,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 use specfit_engine::inflate::{inflate, manifest_path, FileType, Options, Routing, Shape};
-use specfit_engine::DecodeOptions;
 use specfit_engine::{load_target, Batch, CacheMode, Eagle3, Logits, Sampling, Tier};
+use specfit_engine::{DecodeOptions, Start};
 
 fn shape() -> Shape {
     Shape {
@@ -155,7 +155,7 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
                 max_tokens: 24,
                 ..Default::default()
             };
-            let r = top_k_spec(&m, &d, &mut c, &prompt, 7, &options);
+            let r = top_k_spec(&m, &d, &mut c, Start::Prompt(&prompt), 7, &options);
             assert_eq!(
                 r.tokens,
                 plain,

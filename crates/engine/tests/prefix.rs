@@ -7,8 +7,7 @@ use common::*;
 
 use specfit_engine::spec::{Routes, Start};
 use specfit_engine::{
-    generate, CacheMode, DecodeOptions, DecodeStats, Eagle3, EngineError, ExpertCache, Prefix,
-    Qwen3Moe, Sampling, VerifyPolicy,
+    generate, CacheMode, DecodeOptions, EngineError, Prefix, Sampling, VerifyPolicy,
 };
 
 const PROMPTS: [&[u32]; 3] = [
@@ -74,7 +73,14 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 ..DecodeOptions::default()
             };
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-            let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
+            let want = top_k_spec(
+                &target,
+                &drafter,
+                &mut fresh,
+                Start::Prompt(prompt),
+                5,
+                &options,
+            );
             let prefix = Prefix::new(&target, Some(&drafter), &mut all, prompt).unwrap();
             assert!(prefix.has_drafter());
             for (slots, mode) in [
@@ -83,7 +89,14 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 (usize::MAX, CacheMode::ClearEveryForward),
             ] {
                 let mut cache = all.sibling(slots, mode).unwrap();
-                let got = top_k_spec_from(&target, &drafter, &mut cache, &prefix, 5, &options);
+                let got = top_k_spec(
+                    &target,
+                    &drafter,
+                    &mut cache,
+                    Start::Prefix(&prefix),
+                    5,
+                    &options,
+                );
                 assert_eq!(
                     got.tokens, want.tokens,
                     "prompt {prompt:?} {sampling:?} slots {slots}"
@@ -191,7 +204,14 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             ..DecodeOptions::default()
         };
         let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-        let want = top_k_spec(&target, &drafter, &mut fresh, prompt, 5, &options);
+        let want = top_k_spec(
+            &target,
+            &drafter,
+            &mut fresh,
+            Start::Prompt(prompt),
+            5,
+            &options,
+        );
         let old = Prefix::new(&target, Some(&drafter), &mut all, earlier).unwrap();
         assert_eq!(old.reusable(prompt), keep.min(common.saturating_sub(1)));
         let prefix = old
@@ -204,7 +224,14 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             "with drafter: {earlier:?} then {prompt:?}"
         );
         let mut cache = all.sibling(3, CacheMode::Lru).unwrap();
-        let got = top_k_spec_from(&target, &drafter, &mut cache, &prefix, 5, &options);
+        let got = top_k_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Start::Prefix(&prefix),
+            5,
+            &options,
+        );
         assert_eq!(
             got.tokens, want.tokens,
             "speculative: {earlier:?} then {prompt:?}"
@@ -217,27 +244,4 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             .unwrap()
             .has_drafter());
     }
-}
-
-/// [`top_k_spec`] from a prefilled prompt.
-fn top_k_spec_from(
-    target: &Qwen3Moe,
-    drafter: &Eagle3,
-    cache: &mut ExpertCache,
-    prefix: &Prefix,
-    k: usize,
-    options: &DecodeOptions,
-) -> DecodeStats {
-    let mut policy = VerifyPolicy::top_k(k);
-    let start = Start::Prefix(prefix);
-    speculate(
-        target,
-        drafter,
-        cache,
-        &mut policy,
-        Routes::None,
-        start,
-        options,
-    )
-    .unwrap()
 }

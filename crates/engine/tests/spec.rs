@@ -47,7 +47,14 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 stop: vec![],
                 ..DecodeOptions::default()
             };
-            let got = top_k_spec(&target, &drafter, &mut cache, prompt, budget, &options);
+            let got = top_k_spec(
+                &target,
+                &drafter,
+                &mut cache,
+                Start::Prompt(prompt),
+                budget,
+                &options,
+            );
             assert_eq!(
                 got.tokens, want,
                 "prompt {prompt:?}, budget {budget}, slots {slots}, {shape:?}"
@@ -74,7 +81,14 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
     };
     let mut fewer_levels = 0;
     for k in [0, 1, 2, 3, 5, 7, 12] {
-        let early = top_k_spec(&target, &drafter, &mut cache, &prompt, k, &options);
+        let early = top_k_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Start::Prompt(&prompt),
+            k,
+            &options,
+        );
         // Top-K drafting every level (vanilla EAGLE-3 without the settled-top-K stop).
         let mut every = VerifyPolicy::top_k(k).stop_rule(false);
         let start = Start::Prompt(&prompt);
@@ -347,7 +361,14 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
             seed,
             ..DecodeOptions::default()
         };
-        let got = top_k_spec(&target, &drafter, &mut c, &prompt, budget, &options);
+        let got = top_k_spec(
+            &target,
+            &drafter,
+            &mut c,
+            Start::Prompt(&prompt),
+            budget,
+            &options,
+        );
         assert_eq!(
             got.tokens, want,
             "seed {seed}, T {temperature}, top-p {top_p}, budget {budget}"
@@ -398,7 +419,14 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
             seed,
             ..DecodeOptions::default()
         };
-        let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
+        let got = top_k_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Start::Prompt(&prompt),
+            7,
+            &options,
+        );
         counts[got.tokens[1] as usize] += 1;
     }
     // Pearson chi-square over tokens expected at least 5 times, the rest pooled.
@@ -496,7 +524,14 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
             max_tokens: 20,
             ..DecodeOptions::default()
         };
-        let got = top_k_spec(&target, &drafter, &mut disk, &prompt, 7, &options);
+        let got = top_k_spec(
+            &target,
+            &drafter,
+            &mut disk,
+            Start::Prompt(&prompt),
+            7,
+            &options,
+        );
         assert_eq!(got.tokens, want, "{mode:?}");
         assert!(got.copies.misses > 0);
         disk.verify_slots().unwrap();
@@ -677,7 +712,14 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
             ))),
             ..DecodeOptions::default()
         };
-        let got = top_k_spec(&target, &drafter, &mut cache, &prompt, 7, &options);
+        let got = top_k_spec(
+            &target,
+            &drafter,
+            &mut cache,
+            Start::Prompt(&prompt),
+            7,
+            &options,
+        );
         assert!(
             got.tokens.len() >= at && got.tokens.len() < 30,
             "{at}: {got:?}"

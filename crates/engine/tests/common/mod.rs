@@ -165,13 +165,13 @@ pub fn specfit_policy(cost: specfit_selector::CostModel) -> VerifyPolicy {
     VerifyPolicy::specfit(selector.unwrap())
 }
 
-/// Speculative decoding of `prompt` with the top-`k` verify policy and no route source (the
+/// Speculative decoding from `start` with the top-`k` verify policy and no route source (the
 /// setup most engine tests compare with plain decoding).
 pub fn top_k_spec(
     target: &Qwen3Moe,
     drafter: &Eagle3,
     cache: &mut ExpertCache,
-    prompt: &[u32],
+    start: Start<'_>,
     k: usize,
     options: &DecodeOptions,
 ) -> DecodeStats {
@@ -182,7 +182,7 @@ pub fn top_k_spec(
         cache,
         &mut policy,
         Routes::None,
-        Start::Prompt(prompt),
+        start,
         options,
     )
     .unwrap()

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use specfit_engine::measure::record;
+use specfit_engine::measure::PoolWalk;
 use specfit_trace::TraceHeader;
 
 use crate::files::write_atomic;
@@ -31,15 +31,14 @@ pub fn run(args: &Args) -> Result<()> {
         prompt,
         shape,
     } = args.walk.load()?;
-    let steps = record(
-        &model,
-        &drafter,
-        &mut cache,
-        &mut atlas,
-        &prompt,
+    let mut walk = PoolWalk {
+        target: &model,
+        drafter: &drafter,
+        cache: &mut cache,
+        atlas: &mut atlas,
         shape,
-        args.max_tokens,
-    )?;
+    };
+    let steps = walk.record(&prompt, args.max_tokens)?;
     let cfg = model.config();
     let mut header = TraceHeader::new(
         cfg.moe_layers().len(),

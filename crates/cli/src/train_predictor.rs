@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
-use specfit_engine::measure::collect_route_samples;
+use specfit_engine::measure::PoolWalk;
 use specfit_engine::predictor::{RoutePredictor, RouteSample};
 use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, Tokenizer};
@@ -65,19 +65,17 @@ pub fn run(args: &Args) -> Result<()> {
             train.split_off(keep)
         }
     };
-    let shape = TreeShape::default();
+    let mut walk = PoolWalk {
+        target: &model,
+        drafter: &drafter,
+        cache: &mut cache,
+        atlas: &mut atlas,
+        shape: TreeShape::default(),
+    };
     let mut collect = |prompts: &[Vec<u32>]| -> Result<Vec<RouteSample>> {
         let mut all = Vec::new();
         for p in prompts {
-            all.extend(collect_route_samples(
-                &model,
-                &drafter,
-                &mut cache,
-                &mut atlas,
-                p,
-                shape,
-                args.positions,
-            )?);
+            all.extend(walk.route_samples(p, args.positions)?);
         }
         Ok(all)
     };

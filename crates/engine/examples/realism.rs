@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use serde_json::json;
 use specfit_engine::inflate::routers::{lru_hits, previous_overlap};
-use specfit_engine::measure::collect_route_samples;
+use specfit_engine::measure::PoolWalk;
 use specfit_engine::predictor::RoutePredictor;
 use specfit_engine::spec::{Atlas, Start, TreeShape};
 use specfit_engine::{
@@ -371,31 +371,23 @@ fn main() {
             .filter(|(i, _)| i % a.prompts.max(1) < 2)
             .map(|(_, p)| p)
             .collect();
+        let mut big_walk = PoolWalk {
+            target: &big,
+            drafter: &big_drafter,
+            cache: &mut big_cache,
+            atlas: &mut big_atlas,
+            shape: TreeShape::default(),
+        };
+        let mut small_walk = PoolWalk {
+            target: &small,
+            drafter: &small_drafter,
+            cache: &mut small_cache,
+            atlas: &mut small_atlas,
+            shape: TreeShape::default(),
+        };
         for p in &picks {
-            big_samples.extend(
-                collect_route_samples(
-                    &big,
-                    &big_drafter,
-                    &mut big_cache,
-                    &mut big_atlas,
-                    p,
-                    TreeShape::default(),
-                    a.positions,
-                )
-                .unwrap(),
-            );
-            small_samples.extend(
-                collect_route_samples(
-                    &small,
-                    &small_drafter,
-                    &mut small_cache,
-                    &mut small_atlas,
-                    p,
-                    TreeShape::default(),
-                    a.positions,
-                )
-                .unwrap(),
-            );
+            big_samples.extend(big_walk.route_samples(p, a.positions).unwrap());
+            small_samples.extend(small_walk.route_samples(p, a.positions).unwrap());
         }
         let big_acc =
             predictor_of(a.predictor.as_ref().unwrap(), &big, &big_drafter).accuracy(&big_samples);

@@ -457,7 +457,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
 
 #[test]
 fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
-    use specfit_engine::measure::record;
+    use specfit_engine::measure::PoolWalk;
     use specfit_engine::spec::Atlas;
     let load = fixture_target;
     let (target, mut cache) = load(2);
@@ -465,16 +465,14 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     let prompt = [1u32, 243, 56, 119];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 13);
     let mut atlas = Atlas::new(load(usize::MAX).1);
-    let steps = record(
-        &target,
-        &drafter,
-        &mut cache,
-        &mut atlas,
-        &prompt,
-        TreeShape::default(),
-        12,
-    )
-    .unwrap();
+    let mut walk = PoolWalk {
+        target: &target,
+        drafter: &drafter,
+        cache: &mut cache,
+        atlas: &mut atlas,
+        shape: TreeShape::default(),
+    };
+    let steps = walk.record(&prompt, 12).unwrap();
     assert_eq!(steps.len(), 12);
     for (i, s) in steps.iter().enumerate() {
         assert_eq!(

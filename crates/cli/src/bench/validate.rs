@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use serde::Serialize;
-use specfit_engine::measure::record;
+use specfit_engine::measure::PoolWalk;
 use specfit_engine::policy::{verify_policy, PolicyName, PolicySpec};
 use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
@@ -48,19 +48,16 @@ pub fn traces(
     atlas: &mut Atlas,
     prompts: &[(&[u32], usize)],
 ) -> Result<Vec<Vec<TraceStep>>> {
+    let mut walk = PoolWalk {
+        target: model,
+        drafter,
+        cache,
+        atlas,
+        shape: TreeShape::default(),
+    };
     prompts
         .iter()
-        .map(|&(p, positions)| {
-            Ok(record(
-                model,
-                drafter,
-                cache,
-                atlas,
-                p,
-                TreeShape::default(),
-                positions,
-            )?)
-        })
+        .map(|&(p, positions)| Ok(walk.record(p, positions)?))
         .collect()
 }
 

@@ -10,7 +10,7 @@ mod walk;
 
 pub use calibration::{fit, measure_rows, CalibrationPlan, Measured};
 pub use probe::{probe, PlainStep, ProbePlan, ProbeRow, Probed};
-pub use walk::{collect_route_samples, record};
+pub use walk::PoolWalk;
 
 use crate::error::EngineError;
 use crate::experts::ExpertCache;

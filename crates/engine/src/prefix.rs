@@ -26,17 +26,17 @@ pub struct Prefix {
 }
 
 impl Prefix {
-    /// Prefills `prompt` (all but its last token) through `experts`; with a drafter, also feeds
+    /// Prefills `prompt` (all but its last token) through `cache`; with a drafter, also feeds
     /// the drafter the target's features of those positions.
     pub fn new(
         target: &Qwen3Moe,
         drafter: Option<&Eagle3>,
-        experts: &mut ExpertCache,
+        cache: &mut ExpertCache,
         prompt: &[u32],
     ) -> Result<Prefix, EngineError> {
         let target_kv = target.new_kv_cache();
         let draft_kv = drafter.map(Eagle3::new_kv_cache);
-        fill(target, drafter, experts, prompt, (target_kv, draft_kv))
+        fill(target, drafter, cache, prompt, (target_kv, draft_kv))
     }
 
     /// The prefix of `prompt`, reusing this prefix's caches over the positions the two prompts
@@ -50,11 +50,11 @@ impl Prefix {
         self,
         target: &Qwen3Moe,
         drafter: Option<&Eagle3>,
-        experts: &mut ExpertCache,
+        cache: &mut ExpertCache,
         prompt: &[u32],
     ) -> Result<Prefix, EngineError> {
         if drafter.is_some() != self.draft_kv.is_some() {
-            return Prefix::new(target, drafter, experts, prompt);
+            return Prefix::new(target, drafter, cache, prompt);
         }
         let keep = self.reusable(prompt);
         let (mut target_kv, mut draft_kv) = (self.target_kv, self.draft_kv);
@@ -62,7 +62,7 @@ impl Prefix {
         if let Some(kv) = draft_kv.as_mut() {
             kv.truncate(keep)?;
         }
-        fill(target, drafter, experts, prompt, (target_kv, draft_kv))
+        fill(target, drafter, cache, prompt, (target_kv, draft_kv))
     }
 
     /// Positions of `prompt`'s prefix that [`Prefix::extend`] takes from this one.
@@ -110,7 +110,7 @@ impl Prefix {
 fn fill(
     target: &Qwen3Moe,
     drafter: Option<&Eagle3>,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     prompt: &[u32],
     (mut target_kv, mut draft_kv): (KvCache, Option<KvCache>),
 ) -> Result<Prefix, EngineError> {
@@ -124,7 +124,7 @@ fn fill(
             logits: Logits::None,
             ..Batch::causal(fresh)
         };
-        let out = target.forward(&batch, &mut target_kv, experts)?;
+        let out = target.forward(&batch, &mut target_kv, cache)?;
         if let (Some(drafter), Some(kv)) = (drafter, draft_kv.take()) {
             let h = target.config().hidden_size;
             let features = crate::spec::concat_taps(&out.taps, fresh.len(), h);

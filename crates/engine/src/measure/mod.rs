@@ -24,11 +24,11 @@ use crate::spec::{prefill, DraftState, Start};
 fn greedy_start(
     target: &Qwen3Moe,
     drafter: &Eagle3,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     prompt: &[u32],
 ) -> Result<(KvCache, u32, DraftState), EngineError> {
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let start = Start::Prompt(prompt);
-    let (kv, root, draft) = prefill(target, Some(drafter), experts, start, &mut sampler)?;
+    let (kv, root, draft) = prefill(target, Some(drafter), cache, start, &mut sampler)?;
     Ok((kv, root, draft.expect("prefilled with the drafter")))
 }

@@ -57,7 +57,7 @@ pub struct ProbeRow {
 /// Decodes after `prompt` for `cycles` cycles, verifying each cycle a random ancestor-closed
 /// subtree of the drafted pool whose size cycles through `0..=max_nodes` (a random subset of
 /// each size), and measures each verify forward. Committed tokens follow the target's greedy
-/// choices, as in real decoding. The forwards run on `experts`, the cache decoding keeps and
+/// choices, as in real decoding. The forwards run on `cache`, the cache decoding keeps and
 /// never empties (its steady state of hits and misses); with `emptied` (a cache in
 /// [`crate::experts::CacheMode::ClearEveryForward`]) every other one runs there instead, every
 /// expert a miss: both ends a calibration needs. (Emptying the decoding cache itself would leave
@@ -67,7 +67,7 @@ pub struct ProbeRow {
 pub fn probe(
     target: &Qwen3Moe,
     drafter: &Eagle3,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     mut emptied: Option<&mut ExpertCache>,
     prompt: &[u32],
     plan: &ProbePlan,
@@ -75,7 +75,7 @@ pub fn probe(
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
-    let (mut kv, mut root, mut draft) = greedy_start(target, drafter, experts, prompt)?;
+    let (mut kv, mut root, mut draft) = greedy_start(target, drafter, cache, prompt)?;
     let mut rows = Vec::with_capacity(cycles);
     for cycle in 0..cycles {
         let n = kv.len();
@@ -87,13 +87,13 @@ pub fn probe(
         let levels = pool_depth(&pool);
         let want = probe_size(cycle, plan.seed, cycles, max_nodes);
         let chosen = random_subtree(&pool, want, &mut rng);
-        let cache = every_other(experts, emptied.as_deref_mut(), cycle);
+        let run_on = every_other(cache, emptied.as_deref_mut(), cycle);
         let tree = Tree {
             root,
             pool: &pool,
             chosen: &chosen,
         };
-        let v = verify(target, drafter, cache, &mut kv, tree, &mut sampler)?;
+        let v = verify(target, drafter, run_on, &mut kv, tree, &mut sampler)?;
         rows.push(ProbeRow {
             nodes: chosen.len(),
             demand: v.demand,
@@ -114,8 +114,8 @@ pub fn probe(
     }
     let mut plain = Vec::with_capacity(plan.plain);
     for step in 0..plan.plain {
-        let cache = every_other(experts, emptied.as_deref_mut(), step);
-        let (row, next) = plain_step(target, cache, &mut kv, root)?;
+        let run_on = every_other(cache, emptied.as_deref_mut(), step);
+        let (row, next) = plain_step(target, run_on, &mut kv, root)?;
         plain.push(row);
         root = next;
     }
@@ -140,13 +140,13 @@ fn probe_size(cycle: usize, seed: u64, cycles: usize, max_nodes: usize) -> usize
 /// The cache forward `i` of a probe runs on: `emptied` for every odd `i` when there is one, the
 /// decoding cache otherwise.
 fn every_other<'a>(
-    experts: &'a mut ExpertCache,
+    cache: &'a mut ExpertCache,
     emptied: Option<&'a mut ExpertCache>,
     i: usize,
 ) -> &'a mut ExpertCache {
     match emptied {
         Some(empty) if i % 2 == 1 => empty,
-        _ => experts,
+        _ => cache,
     }
 }
 

@@ -56,10 +56,10 @@ impl SparseMoe {
         &self,
         x: &[f32],
         t: usize,
-        experts: &mut ExpertCache,
+        cache: &mut ExpertCache,
     ) -> Result<(Vec<f32>, Vec<Vec<u32>>), EngineError> {
         let routes = self.route(x, t);
-        let layout = experts.layout();
+        let layout = cache.layout();
         let h = layout.hidden;
         // (expert, token, k-th choice), grouped by expert in ascending id.
         let mut uses: Vec<(u32, usize, usize)> = routes
@@ -90,7 +90,7 @@ impl SparseMoe {
                 .collect();
             (range, xs)
         };
-        experts.with_experts(self.ordinal, &needed, |batch| {
+        cache.with_experts(self.ordinal, &needed, |batch| {
             run_experts(layout, batch, &rows, &mut outputs)
         })?;
         // Where each (token, k) output sits.
@@ -178,7 +178,7 @@ impl Qwen3Moe {
         &self,
         batch: &Batch,
         kv: &mut KvCache,
-        experts: &mut ExpertCache,
+        cache: &mut ExpertCache,
     ) -> Result<ForwardOutput, EngineError> {
         let (t, h, vocab) = (
             batch.tokens.len(),
@@ -200,8 +200,8 @@ impl Qwen3Moe {
         let cached = kv.len();
         let positions = crate::batch::resolve_positions(batch.positions, cached, t)?;
         let visible = batch.mask.visible(cached, t)?;
-        let before = experts.stats().clone();
-        experts.begin_forward();
+        let before = cache.stats().clone();
+        cache.begin_forward();
         // Token embeddings: T × H.
         let mut x: Vec<f32> = batch
             .tokens
@@ -244,7 +244,7 @@ impl Qwen3Moe {
                     m.forward(&normed, t)
                 }
                 Mlp::Sparse(m) => {
-                    let (out, ids) = m.forward(&normed, t, experts)?;
+                    let (out, ids) = m.forward(&normed, t, cache)?;
                     routes.push(Some(ids));
                     out
                 }
@@ -265,7 +265,7 @@ impl Qwen3Moe {
             vocab,
             routes,
             taps,
-            copies: experts.stats().since(&before),
+            copies: cache.stats().since(&before),
         })
     }
 

@@ -99,7 +99,7 @@ impl Start<'_> {
 /// draft), else by draft–verify cycles.
 pub fn generate(
     target: &Qwen3Moe,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     speculation: Option<Speculation<'_>>,
     start: Start<'_>,
     options: &DecodeOptions,
@@ -110,7 +110,7 @@ pub fn generate(
             ..DecodeStats::default()
         });
     }
-    let mut decoder = Decoder::start(target, experts, speculation, start, options)?;
+    let mut decoder = Decoder::start(target, cache, speculation, start, options)?;
     while !decoder.done() {
         decoder.step()?;
     }
@@ -120,7 +120,7 @@ pub fn generate(
 /// One generation in progress (see the module docs).
 pub struct Decoder<'a> {
     target: &'a Qwen3Moe,
-    experts: &'a mut ExpertCache,
+    cache: &'a mut ExpertCache,
     speculation: Option<Speculation<'a>>,
     options: &'a DecodeOptions,
     sampler: Sampler,
@@ -140,7 +140,7 @@ impl<'a> Decoder<'a> {
     /// Prefills from `start` and emits the first token.
     pub fn start(
         target: &'a Qwen3Moe,
-        experts: &'a mut ExpertCache,
+        cache: &'a mut ExpertCache,
         speculation: Option<Speculation<'a>>,
         start: Start<'_>,
         options: &'a DecodeOptions,
@@ -148,13 +148,13 @@ impl<'a> Decoder<'a> {
         let speculation = speculation.filter(|s| s.policy.drafts());
         check_feed(options, speculation.is_some())?;
         let mut sampler = Sampler::new(options.sampling, options.seed);
-        let (started, before) = (Instant::now(), experts.stats().clone());
+        let (started, before) = (Instant::now(), cache.stats().clone());
         let drafter = speculation.as_ref().map(|s| s.drafter);
-        let (kv, root, draft) = prefill(target, drafter, experts, start, &mut sampler)?;
+        let (kv, root, draft) = prefill(target, drafter, cache, start, &mut sampler)?;
         let mut stats = DecodeStats {
             prompt_tokens: start.prompt_tokens(),
             prefill_seconds: started.elapsed().as_secs_f64(),
-            prefill_copies: experts.stats().since(&before).total,
+            prefill_copies: cache.stats().since(&before).total,
             ..DecodeStats::default()
         };
         stats.tokens.push(root);
@@ -162,9 +162,9 @@ impl<'a> Decoder<'a> {
             (sink.0)(root);
         }
         Ok(Decoder {
-            copies_before: experts.stats().clone(),
+            copies_before: cache.stats().clone(),
             target,
-            experts,
+            cache,
             speculation,
             options,
             sampler,
@@ -229,7 +229,7 @@ impl<'a> Decoder<'a> {
                 logits: Logits::Last,
                 ..Batch::causal(&input)
             };
-            let out = self.target.forward(&batch, &mut self.kv, self.experts)?;
+            let out = self.target.forward(&batch, &mut self.kv, self.cache)?;
             let next = self.sampler.sample(out.row(0));
             self.stats.count_plain_step();
             self.emit(&[next]);
@@ -249,7 +249,7 @@ impl<'a> Decoder<'a> {
     pub fn finish(mut self) -> DecodeStats {
         let decode = self.decode_started.elapsed().as_secs_f64();
         self.stats.decode_seconds = decode - self.stats.atlas_seconds;
-        self.stats.copies = self.experts.stats().since(&self.copies_before).total;
+        self.stats.copies = self.cache.stats().since(&self.copies_before).total;
         self.stats
     }
 
@@ -271,7 +271,7 @@ impl<'a> Decoder<'a> {
         let draft = self.draft.as_mut().expect("speculating");
         let n = self.kv.len();
         let resident = match spec.policy.uses_residency() {
-            true => Some(resident_set(self.target, self.experts)?),
+            true => Some(resident_set(self.target, self.cache)?),
             false => None,
         };
         let mut chooser = Chooser {
@@ -321,7 +321,7 @@ impl<'a> Decoder<'a> {
     /// Starts reading the experts `routes` expects the verify forward to need (`read_ahead`).
     fn read_ahead(&mut self, routes: Option<&PoolRoutes>, chosen: &[usize]) {
         if let (true, Some(routes)) = (self.options.read_ahead, routes) {
-            self.experts.read_ahead(&expected_experts(routes, chosen));
+            self.cache.read_ahead(&expected_experts(routes, chosen));
         }
     }
 
@@ -335,7 +335,7 @@ impl<'a> Decoder<'a> {
             chosen,
         };
         let (kv, sampler) = (&mut self.kv, &mut self.sampler);
-        verify(self.target, drafter, self.experts, kv, tree, sampler)
+        verify(self.target, drafter, self.cache, kv, tree, sampler)
     }
 
     /// The drafter learns the committed tokens from the target's features along the path.
@@ -405,17 +405,17 @@ impl Chooser<'_, '_> {
     /// The selector's pool of `pool`: with routes when the policy needs them, else parent links
     /// and path probabilities over empty routes.
     fn selector_pool(&mut self, pool: &[DraftNode]) -> Result<Pool, EngineError> {
-        let experts = self.at.target.config().num_experts;
+        let num_experts = self.at.target.config().num_experts;
         if !self.policy.needs_routes() {
             let none: [&[u32]; 1] = [&[]];
-            let mut b = PoolBuilder::new(1, experts)?;
+            let mut b = PoolBuilder::new(1, num_experts)?;
             for node in pool {
                 b.push(node.parent, node.prob.clamp(0.0, 1.0), &none)?;
             }
             return Ok(b.build());
         }
         let routes = self.routes.route(&mut self.at, pool, self.latest.take())?;
-        let mut b = PoolBuilder::new(routes.root.len(), experts)?;
+        let mut b = PoolBuilder::new(routes.root.len(), num_experts)?;
         b.root_routes(&routes.root)?;
         for (node, r) in pool.iter().zip(&routes.nodes) {
             b.push(node.parent, node.prob.clamp(0.0, 1.0), r)?;
@@ -426,9 +426,9 @@ impl Chooser<'_, '_> {
 }
 
 /// The experts resident in each MoE layer's slots right now, as the selector reads them.
-fn resident_set(target: &Qwen3Moe, experts: &ExpertCache) -> Result<ResidentSet, EngineError> {
+fn resident_set(target: &Qwen3Moe, cache: &ExpertCache) -> Result<ResidentSet, EngineError> {
     let layers = target.config().moe_layers().len();
-    let lists: Vec<Vec<u32>> = (0..layers).map(|l| experts.resident(l)).collect();
+    let lists: Vec<Vec<u32>> = (0..layers).map(|l| cache.resident(l)).collect();
     Ok(ResidentSet::new(
         layers,
         target.config().num_experts,
@@ -482,7 +482,7 @@ fn check_feed(options: &DecodeOptions, speculating: bool) -> Result<(), EngineEr
 pub(crate) fn prefill(
     target: &Qwen3Moe,
     drafter: Option<&Eagle3>,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     start: Start<'_>,
     sampler: &mut Sampler,
 ) -> Result<(KvCache, u32, Option<DraftState>), EngineError> {
@@ -513,7 +513,7 @@ pub(crate) fn prefill(
         logits: Logits::Last,
         ..Batch::causal(fresh)
     };
-    let out = target.forward(&batch, &mut kv, experts)?;
+    let out = target.forward(&batch, &mut kv, cache)?;
     let root = sampler.sample(out.row(0));
     let draft = match (drafter, draft_kv) {
         (Some(drafter), Some(draft_kv)) => {

@@ -50,7 +50,7 @@ pub struct Verified {
 pub fn verify(
     target: &Qwen3Moe,
     drafter: &Eagle3,
-    experts: &mut ExpertCache,
+    cache: &mut ExpertCache,
     kv: &mut KvCache,
     tree: Tree<'_>,
     sampler: &mut Sampler,
@@ -74,7 +74,7 @@ pub fn verify(
         logits: Logits::None,
     };
     let start = Instant::now();
-    let mut out = target.forward(&batch, kv, experts)?;
+    let mut out = target.forward(&batch, kv, cache)?;
     let h = target.config().hidden_size;
     let residual = out.taps.pop().expect("the final tap");
     // At each node draw the target's next token exactly as plain decoding would (one draw per
@@ -104,7 +104,7 @@ pub fn verify(
         committed,
         features,
         demand,
-        read_rounds: out.copies.read_rounds(experts.read_width()),
+        read_rounds: out.copies.read_rounds(cache.read_width()),
         copies: out.copies.total,
         seconds,
     })

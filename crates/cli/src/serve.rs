@@ -167,7 +167,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let decoder = EngineDecoder::new(model, cache, speculation, args.policy.name())
         .reuse_prompts(!args.no_prompt_cache);
-    let served = served(args, &decoder, (tokenizer, template), context)?;
+    let served = served(args, &decoder, tokenizer, template, context)?;
     let options = ServeOptions {
         host: args.host.clone(),
         port: args.port,
@@ -215,7 +215,8 @@ fn context(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<usize> {
 fn served(
     args: &Args,
     decoder: &EngineDecoder,
-    (tokenizer, template): (Tokenizer, specfit_server::chat::ChatTemplate),
+    tokenizer: Tokenizer,
+    template: specfit_server::chat::ChatTemplate,
     context: usize,
 ) -> Result<Served> {
     let cfg = decoder.config();

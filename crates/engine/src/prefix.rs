@@ -36,7 +36,7 @@ impl Prefix {
     ) -> Result<Prefix, EngineError> {
         let target_kv = target.new_kv_cache();
         let draft_kv = drafter.map(Eagle3::new_kv_cache);
-        fill(target, drafter, cache, prompt, (target_kv, draft_kv))
+        fill(target, drafter, cache, prompt, target_kv, draft_kv)
     }
 
     /// The prefix of `prompt`, reusing this prefix's caches over the positions the two prompts
@@ -62,7 +62,7 @@ impl Prefix {
         if let Some(kv) = draft_kv.as_mut() {
             kv.truncate(keep)?;
         }
-        fill(target, drafter, cache, prompt, (target_kv, draft_kv))
+        fill(target, drafter, cache, prompt, target_kv, draft_kv)
     }
 
     /// Positions of `prompt`'s prefix that [`Prefix::extend`] takes from this one.
@@ -112,7 +112,8 @@ fn fill(
     drafter: Option<&Eagle3>,
     cache: &mut ExpertCache,
     prompt: &[u32],
-    (mut target_kv, mut draft_kv): (KvCache, Option<KvCache>),
+    mut target_kv: KvCache,
+    mut draft_kv: Option<KvCache>,
 ) -> Result<Prefix, EngineError> {
     let (&last, head) = prompt.split_last().ok_or(EngineError::EmptyPrompt)?;
     let done = target_kv.len();

@@ -80,7 +80,8 @@ impl App {
         served: Served,
         engine: Engine,
         metrics: Arc<Metrics>,
-        (limits, access): (Limits, Access),
+        limits: Limits,
+        access: Access,
     ) -> App {
         App {
             served,

@@ -81,7 +81,8 @@ pub async fn serve(
         served,
         engine,
         metrics,
-        (options.limits, options.access.clone()),
+        options.limits,
+        options.access.clone(),
     ));
     let (tx, rx) = tokio::sync::watch::channel(false);
     let draining = app.clone();

@@ -107,15 +107,26 @@ fn pool() -> &'static IoPool {
     })
 }
 
-/// Starts reading `(layer, expert)` from `store` into `slot`; the completion arrives on `done`
-/// tagged `tag`. Synchronous reads (no I/O threads) complete before this returns.
-pub(crate) fn start_read(
-    store: &Arc<dyn ExpertStore>,
-    (layer, expert): (usize, usize),
-    slot: SlotPtr,
-    (tag, urgency): (usize, Urgency),
-    done: &Sender<Completion>,
-) {
+/// One read: MoE layer `layer`'s expert `expert` into `slot`, its completion tagged `tag`, in
+/// the lane of `urgency`.
+pub(crate) struct Read {
+    pub(crate) layer: usize,
+    pub(crate) expert: usize,
+    pub(crate) slot: SlotPtr,
+    pub(crate) tag: usize,
+    pub(crate) urgency: Urgency,
+}
+
+/// Starts `read` from `store`; the completion arrives on `done` tagged `read.tag`. Synchronous
+/// reads (no I/O threads) complete before this returns.
+pub(crate) fn start_read(store: &Arc<dyn ExpertStore>, read: Read, done: &Sender<Completion>) {
+    let Read {
+        layer,
+        expert,
+        slot,
+        tag,
+        urgency,
+    } = read;
     let store = Arc::clone(store);
     let done = done.clone();
     let job: Job = Box::new(move || {

@@ -29,6 +29,15 @@ use crate::kernels::quant::QuantView;
 use crate::kernels::{WeightBuf, WeightDtype};
 use specfit_gguf::GgufFile;
 
+/// One expert matrix of the file: MoE layer `layer`'s expert `expert`, `which` = 0 gate, 1 up,
+/// 2 down.
+#[derive(Debug, Clone, Copy)]
+struct Matrix {
+    layer: usize,
+    expert: usize,
+    which: usize,
+}
+
 /// O_DIRECT needs offsets, lengths and buffers aligned to the logical block size.
 const ALIGN: u64 = 4096;
 
@@ -194,8 +203,16 @@ impl GgufStore {
                 let (layer, expert) = (at / self.experts, at % self.experts);
                 let good = (0..3).all(|which| {
                     self.check(
-                        (layer, expert, which),
-                        self.mapped_bytes((layer, expert, which)),
+                        Matrix {
+                            layer,
+                            expert,
+                            which,
+                        },
+                        self.mapped_bytes(Matrix {
+                            layer,
+                            expert,
+                            which,
+                        }),
                     )
                     .is_ok()
                 });
@@ -205,7 +222,12 @@ impl GgufStore {
     }
 
     /// The mapped bytes of MoE layer `layer`'s expert `expert`'s matrix `which`.
-    fn mapped_bytes(&self, (layer, expert, which): (usize, usize, usize)) -> &[u8] {
+    fn mapped_bytes(&self, m: Matrix) -> &[u8] {
+        let Matrix {
+            layer,
+            expert,
+            which,
+        } = m;
         let (file, _) = self.mapped.as_ref().expect("a mapped store");
         let part = self.parts[layer][which];
         let start = (part.offset + expert as u64 * part.per_expert) as usize;
@@ -214,13 +236,18 @@ impl GgufStore {
 
     /// The `elements` values of MoE layer `layer`'s expert `expert`'s matrix `which` (0 gate,
     /// 1 up, 2 down), read, checked and decoded.
-    fn read_part(
-        &self,
-        (layer, expert, which): (usize, usize, usize),
-        elements: usize,
-    ) -> Result<Vec<f32>, EngineError> {
+    fn read_part(&self, m: Matrix, elements: usize) -> Result<Vec<f32>, EngineError> {
+        let Matrix {
+            layer,
+            expert,
+            which,
+        } = m;
         let part = self.parts[layer][which];
-        let raw = self.read_raw((layer, expert, which))?;
+        let raw = self.read_raw(Matrix {
+            layer,
+            expert,
+            which,
+        })?;
         let mut out = vec![0.0f32; elements];
         specfit_gguf::dequant::dequantize(part.ty, raw.bytes(), &mut out)
             .expect("type checked at open");
@@ -228,7 +255,12 @@ impl GgufStore {
     }
 
     /// The GGUF bytes of MoE layer `layer`'s expert `expert`'s matrix `which`, read and checked.
-    fn read_raw(&self, (layer, expert, which): (usize, usize, usize)) -> Result<Raw, EngineError> {
+    fn read_raw(&self, m: Matrix) -> Result<Raw, EngineError> {
+        let Matrix {
+            layer,
+            expert,
+            which,
+        } = m;
         let part = self.parts[layer][which];
         let start = part.offset + expert as u64 * part.per_expert;
         let end = start + part.per_expert;
@@ -251,7 +283,14 @@ impl GgufStore {
             buf,
             range: (start - lo) as usize..(end - lo) as usize,
         };
-        self.check((layer, expert, which), raw.bytes())?;
+        self.check(
+            Matrix {
+                layer,
+                expert,
+                which,
+            },
+            raw.bytes(),
+        )?;
         Ok(raw)
     }
 
@@ -272,11 +311,12 @@ impl GgufStore {
     }
 
     /// Checks `bytes`, MoE layer `layer`'s expert `expert`'s matrix `which`, against its CRC32C.
-    fn check(
-        &self,
-        (layer, expert, which): (usize, usize, usize),
-        bytes: &[u8],
-    ) -> Result<(), EngineError> {
+    fn check(&self, m: Matrix, bytes: &[u8]) -> Result<(), EngineError> {
+        let Matrix {
+            layer,
+            expert,
+            which,
+        } = m;
         let want = self.checksums[(layer * self.experts + expert) * 3 + which];
         let got = crc32c::crc32c(bytes);
         if got != want {
@@ -398,13 +438,26 @@ impl ExpertStore for GgufStore {
                 let part = self.parts[layer][which];
                 let start = part.offset + expert as u64 * part.per_expert;
                 self.read_exact((start, start + part.per_expert), &mut dst[at..at + len])?;
-                self.check((layer, expert, which), &dst[at..at + len])?;
+                self.check(
+                    Matrix {
+                        layer,
+                        expert,
+                        which,
+                    },
+                    &dst[at..at + len],
+                )?;
             }
             return Ok(());
         }
         if self.layout.quant_bytes.is_some() {
             // Kept quantized: the GGUF rows as stored, no decoding.
-            let raw = [0, 1, 2].map(|w| self.read_raw((layer, expert, w)));
+            let raw = [0, 1, 2].map(|w| {
+                self.read_raw(Matrix {
+                    layer,
+                    expert,
+                    which: w,
+                })
+            });
             let [gate, up, down] = raw;
             let (gate, up, down) = (gate?, up?, down?);
             let ty = |w: usize| self.parts[layer][w].ty;
@@ -418,9 +471,30 @@ impl ExpertStore for GgufStore {
             );
             return Ok(());
         }
-        let gate = self.read_part((layer, expert, 0), i * h)?;
-        let up = self.read_part((layer, expert, 1), i * h)?;
-        let down = self.read_part((layer, expert, 2), h * i)?;
+        let gate = self.read_part(
+            Matrix {
+                layer,
+                expert,
+                which: 0,
+            },
+            i * h,
+        )?;
+        let up = self.read_part(
+            Matrix {
+                layer,
+                expert,
+                which: 1,
+            },
+            i * h,
+        )?;
+        let down = self.read_part(
+            Matrix {
+                layer,
+                expert,
+                which: 2,
+            },
+            h * i,
+        )?;
         let store = |v: Vec<f32>| match self.layout.dtype {
             WeightDtype::F32 => WeightBuf::F32(v),
             WeightDtype::Bf16 => WeightBuf::Bf16(
@@ -446,11 +520,24 @@ impl ExpertStore for GgufStore {
             });
         };
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
-        let bytes = |which: usize| self.mapped_bytes((layer, expert, which));
+        let bytes = |which: usize| {
+            self.mapped_bytes(Matrix {
+                layer,
+                expert,
+                which,
+            })
+        };
         let once = &checked[layer * self.experts + expert];
         if !once.load(Ordering::Acquire) {
             for which in 0..3 {
-                self.check((layer, expert, which), bytes(which))?;
+                self.check(
+                    Matrix {
+                        layer,
+                        expert,
+                        which,
+                    },
+                    bytes(which),
+                )?;
             }
             once.store(true, Ordering::Release);
         }

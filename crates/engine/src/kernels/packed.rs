@@ -410,20 +410,21 @@ impl<'a> PackedView<'a> {
 
     /// [`PackedView::gemm`] compiled for `isa`.
     pub fn gemm_with(&self, isa: Isa, x: &[f32], rows: usize, out: &mut [f32], parallel: bool) {
-        gemm_panels(isa, self.src(), (self.n, self.k), (x, rows), out, parallel);
+        gemm_panels(isa, self, x, rows, out, parallel);
     }
 }
 
-/// `out = x · Wᵀ` over the panels of `src` (an `n × k` matrix), split by panel across the
-/// worker pool when `parallel` and large enough (which never changes a bit).
-pub(crate) fn gemm_panels(
+/// `out = x · Wᵀ` over the panels of `w`, split by panel across the worker pool when `parallel`
+/// and large enough (which never changes a bit).
+fn gemm_panels(
     isa: Isa,
-    src: PanelSrc,
-    (n, k): (usize, usize),
-    (x, rows): (&[f32], usize),
+    w: &PackedView<'_>,
+    x: &[f32],
+    rows: usize,
     out: &mut [f32],
     parallel: bool,
 ) {
+    let (src, n, k) = (w.src(), w.n, w.k);
     assert!(isa.supported(), "{isa:?} not available");
     assert_eq!(x.len(), rows * k, "gemm: x is not rows × k");
     assert_eq!(out.len(), rows * n, "gemm: out is not rows × n");

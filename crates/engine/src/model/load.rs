@@ -196,7 +196,8 @@ fn quant_expert_bytes(
 fn write_quant_expert_block(
     ck: &Checkpoint,
     layout: &ExpertLayout,
-    (layer, e): (usize, usize),
+    layer: usize,
+    e: usize,
     out: &mut [u8],
 ) -> Result<(), EngineError> {
     let (h, i) = (layout.hidden, layout.intermediate);
@@ -231,7 +232,7 @@ fn load_experts(
             let layout = store.layout();
             let block = store.block_mut(ordinal, e);
             if layout.quant_bytes.is_some() {
-                write_quant_expert_block(ck, &layout, (layer, e), block)?;
+                write_quant_expert_block(ck, &layout, layer, e, block)?;
             } else {
                 block.copy_from_slice(&expert_block_bytes(ck, cfg, layer, e, ck.storage())?);
             }

@@ -17,7 +17,6 @@ mod arena;
 mod lru;
 mod reads;
 
-use std::collections::VecDeque;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +28,7 @@ use crate::experts::stats::{CopyStats, LayerStats};
 use crate::experts::store::{ExpertLayout, ExpertMatrices, ExpertStore};
 use arena::Arena;
 use lru::Slots;
+use reads::Waiting;
 
 /// When the slots are invalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,34 +287,30 @@ impl ExpertCache {
         }
         self.absorb_finished();
         let slot_count = self.slots[layer].holds.len();
-        // Slots whose expert this call still has to run (not evictable), and those it waits for.
-        let mut busy = vec![false; slot_count];
-        let mut awaited = vec![false; slot_count];
-        let mut queue: VecDeque<usize> = VecDeque::new();
+        let mut w = Waiting::new(slot_count);
         let mut hit = Vec::new();
-        let mut pending: VecDeque<u32> = VecDeque::new();
         let mut stats = LayerStats::default();
         for &e in needed {
             let slots = &mut self.slots[layer];
             let Some(s) = slots.slot_of[e as usize].map(|s| s as usize) else {
-                pending.push_back(e);
+                w.pending.push_back(e);
                 continue;
             };
-            busy[s] = true;
+            w.busy[s] = true;
             if std::mem::take(&mut slots.unused_ahead[s]) {
                 stats.ahead_used += 1;
             } else {
                 stats.hits += 1;
             }
             if slots.loading[s] {
-                awaited[s] = true;
-                queue.push_back(s);
+                w.awaited[s] = true;
+                w.queue.push_back(s);
             } else {
                 hit.push(e);
             }
         }
         let mut error = None;
-        stats.misses += self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
+        stats.misses += self.launch(layer, &mut w);
         // The resident experts run together (the caller may spread them over threads) while the
         // first misses are read.
         if !hit.is_empty() {
@@ -334,9 +330,9 @@ impl ExpertCache {
                 .collect();
             f(&views);
             for &(_, s) in &at {
-                busy[s] = false;
+                w.busy[s] = false;
             }
-            stats.misses += self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
+            stats.misses += self.launch(layer, &mut w);
         }
         let bytes = self.layout.bytes() as u64;
         // Awaited experts run in a fixed order (read-ahead ones as `needed` lists them, then
@@ -345,8 +341,8 @@ impl ExpertCache {
         let mut arrived: Vec<Option<Result<(), EngineError>>> =
             (0..slot_count).map(|_| None).collect();
         loop {
-            let next = queue.front().copied();
-            if next.is_none() && (error.is_some() || pending.is_empty()) {
+            let next = w.queue.front().copied();
+            if next.is_none() && (error.is_some() || w.pending.is_empty()) {
                 break;
             }
             if next.is_none_or(|s| arrived[s].is_none()) {
@@ -355,17 +351,16 @@ impl ExpertCache {
                 let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
                 stats.wait_seconds += wait.elapsed().as_secs_f64();
                 let (l, s) = self.finish(tag, result.is_err(), seconds);
-                if l == layer && awaited[s] {
+                if l == layer && w.awaited[s] {
                     arrived[s] = Some(result);
                 } else if error.is_none() {
-                    stats.misses +=
-                        self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
+                    stats.misses += self.launch(layer, &mut w);
                 }
                 continue;
             }
-            let s = queue.pop_front().expect("a next slot");
-            awaited[s] = false;
-            busy[s] = false;
+            let s = w.queue.pop_front().expect("a next slot");
+            w.awaited[s] = false;
+            w.busy[s] = false;
             match arrived[s].take().expect("arrived") {
                 Ok(()) if error.is_none() => {
                     self.clock += 1;
@@ -380,8 +375,7 @@ impl ExpertCache {
                 }
             }
             if error.is_none() {
-                stats.misses +=
-                    self.launch(layer, &mut pending, &mut busy, (&mut queue, &mut awaited));
+                stats.misses += self.launch(layer, &mut w);
             }
         }
         stats.bytes_copied = stats.misses * bytes;

@@ -6,27 +6,45 @@
 use std::collections::VecDeque;
 
 use super::ExpertCache;
-use crate::experts::io::{start_read, Urgency};
+use crate::experts::io::{start_read, Read, Urgency};
+
+/// What one call of [`ExpertCache::with_experts`] waits for in its layer.
+pub(super) struct Waiting {
+    /// Slots whose expert this call still has to run (not evictable).
+    pub(super) busy: Vec<bool>,
+    /// Slots whose read this call waits for.
+    pub(super) awaited: Vec<bool>,
+    /// Awaited slots in the order their experts run.
+    pub(super) queue: VecDeque<usize>,
+    /// Missing experts not yet given a slot.
+    pub(super) pending: VecDeque<u32>,
+}
+
+impl Waiting {
+    /// Nothing waited for yet, in a layer of `slots` slots.
+    pub(super) fn new(slots: usize) -> Waiting {
+        Waiting {
+            busy: vec![false; slots],
+            awaited: vec![false; slots],
+            queue: VecDeque::new(),
+            pending: VecDeque::new(),
+        }
+    }
+}
 
 impl ExpertCache {
-    /// Starts urgent reads for pending misses while a slot is free (neither busy in this call
-    /// nor being read into); the least recently used free slot is taken first (empty slots
+    /// Starts urgent reads for `w`'s pending misses while a slot is free (neither busy in this
+    /// call nor being read into); the least recently used free slot is taken first (empty slots
     /// before occupied ones). Returns how many it started.
-    pub(super) fn launch(
-        &mut self,
-        layer: usize,
-        pending: &mut VecDeque<u32>,
-        busy: &mut [bool],
-        (queue, awaited): (&mut VecDeque<usize>, &mut [bool]),
-    ) -> u64 {
+    pub(super) fn launch(&mut self, layer: usize, w: &mut Waiting) -> u64 {
         let mut started = 0;
-        while let Some(&e) = pending.front() {
-            let Some(victim) = self.slots[layer].victim(|s| !busy[s]) else {
+        while let Some(&e) = w.pending.front() {
+            let Some(victim) = self.slots[layer].victim(|s| !w.busy[s]) else {
                 return started;
             };
-            pending.pop_front();
-            (busy[victim], awaited[victim]) = (true, true);
-            queue.push_back(victim);
+            w.pending.pop_front();
+            (w.busy[victim], w.awaited[victim]) = (true, true);
+            w.queue.push_back(victim);
             self.start(layer, e, victim, Urgency::Now);
             started += 1;
         }
@@ -39,13 +57,14 @@ impl ExpertCache {
         let ptr = self.arena.slot_ptr(layer, s);
         let tag = layer * self.slots_per_layer() + s;
         self.in_flight += 1;
-        start_read(
-            &self.store,
-            (layer, e as usize),
-            ptr,
-            (tag, urgency),
-            &self.done_tx,
-        );
+        let read = Read {
+            layer,
+            expert: e as usize,
+            slot: ptr,
+            tag,
+            urgency,
+        };
+        start_read(&self.store, read, &self.done_tx);
     }
 
     /// Books the finished read tagged `tag` (`layer · S + slot`) and returns `(layer, slot)`:

@@ -75,7 +75,7 @@ pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
             let mins = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min));
             let lanes = |r: usize| k_row(&w, &scale, acts, r * acts.k + 256 * b, mins);
             let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
-            finish_rows(acc, (d, Some(dmin)), da, lanes);
+            finish_rows(acc, d, Some(dmin), da, lanes);
         }
     }
 }
@@ -147,7 +147,7 @@ pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
                 (_mm512_sub_epi32(sum, off), _mm512_setzero_si512())
             };
             let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
-            finish_rows(acc, (d, None), da, lanes);
+            finish_rows(acc, d, None, da, lanes);
         }
     }
 }
@@ -163,7 +163,8 @@ pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
 #[inline(always)]
 unsafe fn finish_rows(
     acc: &mut [f32],
-    (d, dmin): (f32, Option<f32>),
+    d: f32,
+    dmin: Option<f32>,
     da: impl Fn(usize) -> f32,
     lanes: impl Fn(usize) -> (__m512i, __m512i),
 ) {

@@ -19,12 +19,22 @@ use crate::kernels::WeightView;
 /// One training example: features and the true routes per MoE layer.
 pub type RouteSample = (Vec<f32>, Vec<Vec<u32>>);
 
+/// A head's shape: `layers` MoE layers of `experts` experts, `num_experts_per_tok` predicted per
+/// layer, from features of width `dim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    pub layers: usize,
+    pub experts: usize,
+    pub num_experts_per_tok: usize,
+    pub dim: usize,
+}
+
 /// The fitted head.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoutePredictor {
     layers: usize,
     experts: usize,
-    top_k: usize,
+    num_experts_per_tok: usize,
     dim: usize,
     /// `[L·E, D]` weights and `[L·E]` bias.
     w: Vec<f32>,
@@ -55,7 +65,7 @@ impl RoutePredictor {
         samples: &[RouteSample],
         layers: usize,
         experts: usize,
-        top_k: usize,
+        num_experts_per_tok: usize,
         ridge: f64,
     ) -> Result<RoutePredictor, EngineError> {
         let dim = samples
@@ -103,7 +113,16 @@ impl RoutePredictor {
             }
             bias[o] = sol[dim * outs + o] as f32;
         }
-        Ok(RoutePredictor::new((layers, experts, top_k, dim), w, bias))
+        Ok(RoutePredictor::new(
+            HeadShape {
+                layers,
+                experts,
+                num_experts_per_tok,
+                dim,
+            },
+            w,
+            bias,
+        ))
     }
 
     /// Feature width.
@@ -111,16 +130,18 @@ impl RoutePredictor {
         self.dim
     }
 
-    fn new(
-        (layers, experts, top_k, dim): (usize, usize, usize, usize),
-        w: Vec<f32>,
-        b: Vec<f32>,
-    ) -> RoutePredictor {
+    fn new(shape: HeadShape, w: Vec<f32>, b: Vec<f32>) -> RoutePredictor {
+        let HeadShape {
+            layers,
+            experts,
+            num_experts_per_tok,
+            dim,
+        } = shape;
         let packed = PackedMatrix::pack(WeightView::F32(&w), layers * experts, dim);
         RoutePredictor {
             layers,
             experts,
-            top_k,
+            num_experts_per_tok,
             dim,
             w,
             b,
@@ -128,7 +149,7 @@ impl RoutePredictor {
         }
     }
 
-    /// Predicted routes (the `top_k` best-scoring experts per layer, best first, ties to the
+    /// Predicted routes (the `num_experts_per_tok` best-scoring experts per layer, best first, ties to the
     /// lower id).
     pub fn predict(&self, x: &[f32]) -> Vec<Vec<u32>> {
         self.predict_rows(x, 1).pop().expect("one row")
@@ -146,7 +167,7 @@ impl RoutePredictor {
                 row.iter_mut().zip(&self.b).for_each(|(s, &b)| *s += b);
                 row.chunks_exact(self.experts)
                     .map(|layer| {
-                        top_k(layer, self.top_k)
+                        top_k(layer, self.num_experts_per_tok)
                             .into_iter()
                             .map(|(e, _)| e)
                             .collect()
@@ -172,13 +193,9 @@ impl RoutePredictor {
             .collect()
     }
 
-    /// A head from its parts: `(layers, experts, top_k, dim)`, weights `[L·E, D]` and bias
-    /// `[L·E]` (lengths as the shape says).
-    pub fn from_parts(
-        shape: (usize, usize, usize, usize),
-        w: Vec<f32>,
-        b: Vec<f32>,
-    ) -> RoutePredictor {
+    /// A head from its parts: its shape, weights `[L·E, D]` and bias `[L·E]` (lengths as the
+    /// shape says).
+    pub fn from_parts(shape: HeadShape, w: Vec<f32>, b: Vec<f32>) -> RoutePredictor {
         RoutePredictor::new(shape, w, b)
     }
 
@@ -207,7 +224,8 @@ impl RoutePredictor {
             ("format".to_string(), "specfit-route-predictor".to_string()),
             ("layers".to_string(), self.layers.to_string()),
             ("experts".to_string(), self.experts.to_string()),
-            ("top_k".to_string(), self.top_k.to_string()),
+            // The file's key for experts per token (kept for the files already written).
+            ("top_k".to_string(), self.num_experts_per_tok.to_string()),
         ]
         .into();
         let tmp = path.with_extension("tmp");
@@ -220,7 +238,7 @@ impl RoutePredictor {
         path: &Path,
         layers: usize,
         experts: usize,
-        top_k: usize,
+        num_experts_per_tok: usize,
         dim: usize,
     ) -> Result<RoutePredictor, EngineError> {
         let bytes = std::fs::read(path).map_err(EngineError::io(path))?;
@@ -250,7 +268,16 @@ impl RoutePredictor {
         };
         let w = take("weight", vec![outs, dim])?;
         let b = take("bias", vec![outs])?;
-        Ok(RoutePredictor::new((layers, experts, top_k, dim), w, b))
+        Ok(RoutePredictor::new(
+            HeadShape {
+                layers,
+                experts,
+                num_experts_per_tok,
+                dim,
+            },
+            w,
+            b,
+        ))
     }
 }
 
@@ -328,12 +355,21 @@ mod tests {
     #[test]
     fn routes_scored_in_a_batch_are_each_rows_routes_alone_and_the_naive_top_k() {
         let mut rng = specfit_selector::synth::Rng::new(7);
-        let (layers, experts, top_k, dim) = (3, 20, 4, 37);
+        let (layers, experts, num_experts_per_tok, dim) = (3, 20, 4, 37);
         let w: Vec<f32> = (0..layers * experts * dim)
             .map(|_| rng.unit() as f32 - 0.5)
             .collect();
         let b: Vec<f32> = (0..layers * experts).map(|_| rng.unit() as f32).collect();
-        let p = RoutePredictor::new((layers, experts, top_k, dim), w.clone(), b.clone());
+        let p = RoutePredictor::new(
+            HeadShape {
+                layers,
+                experts,
+                num_experts_per_tok,
+                dim,
+            },
+            w.clone(),
+            b.clone(),
+        );
         let rows = 19;
         let xs: Vec<f32> = (0..rows * dim).map(|_| rng.unit() as f32 - 0.5).collect();
         let batch = p.predict_rows(&xs, rows);
@@ -349,7 +385,11 @@ mod tests {
                     })
                     .collect();
                 naive.sort_by(|a, b| b.1.total_cmp(&a.1));
-                let want: Vec<u32> = naive.iter().take(top_k).map(|&(e, _)| e).collect();
+                let want: Vec<u32> = naive
+                    .iter()
+                    .take(num_experts_per_tok)
+                    .map(|&(e, _)| e)
+                    .collect();
                 assert_eq!(got, &want, "row {r} layer {l}");
             }
         }

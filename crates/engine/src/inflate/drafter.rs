@@ -23,7 +23,10 @@ use crate::weights::Checkpoint;
 fn padded_rows<'a>(
     name: &'static str,
     small: &'a [f32],
-    (inter, h, h0, i0): (usize, usize, usize, usize),
+    inter: usize,
+    h: usize,
+    h0: usize,
+    i0: usize,
 ) -> (&'static str, Vec<usize>, Matrix<'a>) {
     (
         name,
@@ -95,7 +98,7 @@ pub fn write(
     let small_query = |g: usize| (0..heads0).find(|&x| plan.query_head(x, heads0, kv0) == g);
     let q_scale = (plan.pair_factor() as f32).sqrt();
     let rotary = |r: usize| plan.rotary_dim(r % d);
-    let padded_rows = |name, small| padded_rows(name, small, (inter, h, h0, i0));
+    let padded_rows = |name, small| padded_rows(name, small, inter, h, h0, i0);
     let matrices: Vec<(&str, Vec<usize>, Matrix<'_>)> = vec![
         padded_rows("midlayer.mlp.gate_proj.weight", &gate),
         padded_rows("midlayer.mlp.up_proj.weight", &up),

@@ -231,11 +231,13 @@ fn inflate_predictor(
                 .copy_from_slice(&src[small_drafter_hidden..]);
         }
     }
-    Ok(RoutePredictor::from_parts(
-        (layers, experts, big.num_experts_per_tok, dim),
-        w,
-        b,
-    ))
+    let shape = crate::predictor::HeadShape {
+        layers,
+        experts,
+        num_experts_per_tok: big.num_experts_per_tok,
+        dim,
+    };
+    Ok(RoutePredictor::from_parts(shape, w, b))
 }
 
 /// Progress of a run: bytes of the current file written so far and its total.

@@ -108,7 +108,7 @@ impl TargetArgs {
         // No cache (`--clear-cache` or `--slots 0`): every expert fits, and the slots are emptied
         // before every forward.
         let mode = if self.no_cache() {
-            CacheMode::ClearEveryForward
+            CacheMode::NoCache
         } else {
             CacheMode::Lru
         };

@@ -104,7 +104,7 @@ pub enum EngineError {
     },
     #[error("expert store: {reason}")]
     ExpertStore { reason: String },
-    #[error("slots per layer = {slots}: need at least 1 (for no cache, empty the slots every forward: CacheMode::ClearEveryForward, `--slots 0`)")]
+    #[error("slots per layer = {slots}: need at least 1 (for no cache use CacheMode::NoCache, which `--slots 0` selects)")]
     TooFewSlots { slots: usize },
     #[error(
         "cannot allocate {:.1} GiB for {slots} expert slots in each of {layers} MoE layers; use fewer slots",

@@ -150,7 +150,7 @@ fn offloaded_experts_at_any_slot_count_equal_all_resident_bit_for_bit() {
             (1, CacheMode::Lru),
             (2, CacheMode::Lru),
             (experts / 2, CacheMode::Lru),
-            (experts, CacheMode::ClearEveryForward),
+            (experts, CacheMode::NoCache),
         ] {
             let (_, mut cache) = load(&dir, slots.max(1), mode);
             let (tokens, logits) = greedy(&model, &mut cache, &prompt, 6);
@@ -164,7 +164,7 @@ fn offloaded_experts_at_any_slot_count_equal_all_resident_bit_for_bit() {
                 assert_eq!(bits(a), bits(b), "{} slots {slots} {mode:?}", dir.display());
             }
             cache.verify_slots().unwrap();
-            if slots < experts || mode == CacheMode::ClearEveryForward {
+            if slots < experts || mode == CacheMode::NoCache {
                 assert!(cache.stats().total.misses > full.stats().total.misses);
             }
         }
@@ -179,7 +179,7 @@ fn the_cleared_cache_copies_every_routed_expert_of_every_forward() {
         .unwrap();
     // With one slot per layer the forward needs more experts than slots: each is still read once.
     for slots in [1, 8] {
-        let (model, mut cache) = load(&dir, slots, CacheMode::ClearEveryForward);
+        let (model, mut cache) = load(&dir, slots, CacheMode::NoCache);
         let mut kv = model.new_kv_cache();
         let tokens = [1u32, 5, 9];
         let out = model

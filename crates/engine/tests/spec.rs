@@ -133,7 +133,7 @@ fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decodi
         seed: 1,
     };
     let mut emptied = cache
-        .sibling(cache.slots_per_layer(), CacheMode::ClearEveryForward)
+        .sibling(cache.slots_per_layer(), CacheMode::NoCache)
         .unwrap();
     let prompt = [1, 243, 56, 119, 188, 74];
     let rows = probe(
@@ -509,7 +509,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
-    for mode in [CacheMode::Lru, CacheMode::ClearEveryForward] {
+    for mode in [CacheMode::Lru, CacheMode::NoCache] {
         let (_, mut disk) = specfit_engine::load_target(
             &tdir,
             &specfit_engine::Tier::Disk(file.clone()),

@@ -569,7 +569,7 @@ fn routing_cache(model: &std::path::Path, base: &ExpertCache) -> Result<ExpertCa
 /// The slots of configuration `c`'s cache.
 fn slots_of(c: &Config) -> (usize, CacheMode) {
     match c.slots {
-        Slots::None => (usize::MAX, CacheMode::ClearEveryForward),
+        Slots::None => (usize::MAX, CacheMode::NoCache),
         Slots::Count(n) => (n, CacheMode::Lru),
     }
 }

@@ -69,10 +69,7 @@ pub fn measure_rows(
     // expert copied tell the per-layer read latency apart from the per-copy cost) run on a
     // cache emptied before every forward. A few slots are enough (a larger verify reads in
     // waves), and a full cache's worth again would double the memory of a large model.
-    let mut cleared = cache.sibling(
-        cache.slots_per_layer().min(16),
-        CacheMode::ClearEveryForward,
-    )?;
+    let mut cleared = cache.sibling(cache.slots_per_layer().min(16), CacheMode::NoCache)?;
     for (i, prompt) in prompts.iter().enumerate() {
         let rows = probe(
             model,

@@ -59,7 +59,7 @@ pub struct ProbeRow {
 /// each size), and measures each verify forward. Committed tokens follow the target's greedy
 /// choices, as in real decoding. The forwards run on `cache`, the cache decoding keeps and
 /// never empties (its steady state of hits and misses); with `emptied` (a cache in
-/// [`crate::experts::CacheMode::ClearEveryForward`]) every other one runs there instead, every
+/// [`crate::experts::CacheMode::NoCache`]) every other one runs there instead, every
 /// expert a miss: both ends a calibration needs. (Emptying the decoding cache itself would leave
 /// the next cycle a nearly empty cache, never the steady state.) Then `plan.plain` greedy
 /// one-token forwards continue the same sequence, alternating between the two caches the same

@@ -1,6 +1,6 @@
 //! The per-layer slot cache: `S` expert-sized slots per MoE layer, filled from the store on a
 //! miss and evicted least-recently-used. Every hit, miss, copied byte and copy time is counted,
-//! per layer and in total ([`crate::experts::CopyStats`]). With [`CacheMode::ClearEveryForward`]
+//! per layer and in total ([`crate::experts::CopyStats`]). With [`CacheMode::NoCache`]
 //! the slots are emptied before each forward (the paper's "vanilla" baseline, where every routed
 //! expert is copied).
 //!
@@ -35,8 +35,9 @@ use reads::Waiting;
 pub enum CacheMode {
     /// Keep experts across forwards (LRU).
     Lru,
-    /// Empty every slot before each forward.
-    ClearEveryForward,
+    /// No cache (`--slots 0`; the paper's "vanilla" setting): every slot is emptied before each
+    /// forward, so every routed expert is copied every forward.
+    NoCache,
 }
 
 /// The fast-memory side of expert offload.
@@ -202,7 +203,7 @@ impl ExpertCache {
 
     /// Called at the start of every forward.
     pub fn begin_forward(&mut self) {
-        if self.mode == CacheMode::ClearEveryForward {
+        if self.mode == CacheMode::NoCache {
             self.clear();
         }
     }
@@ -220,7 +221,7 @@ impl ExpertCache {
     /// waiting for. Does nothing when the slots are emptied every forward. A read that fails is
     /// dropped (the forward that needs the expert reads it again and reports the error).
     pub fn read_ahead(&mut self, wanted: &[Vec<u32>]) {
-        if self.mode == CacheMode::ClearEveryForward || self.in_place {
+        if self.mode == CacheMode::NoCache || self.in_place {
             return;
         }
         let cap = (self.slots_per_layer() / 2).max(1);
@@ -520,7 +521,7 @@ mod tests {
     #[test]
     fn read_ahead_does_nothing_when_the_slots_are_emptied_every_forward() {
         let mut c = cache(4);
-        c.mode = CacheMode::ClearEveryForward;
+        c.mode = CacheMode::NoCache;
         c.read_ahead(&[vec![1, 2]]);
         assert_eq!(c.stats().total.misses, 0);
         assert!(c.resident(0).is_empty());

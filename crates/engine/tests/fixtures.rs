@@ -25,6 +25,14 @@ fn fixture_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// The fixture directory named `name`.
+fn fixture(name: &str) -> PathBuf {
+    let dirs = fixture_dirs();
+    dirs.into_iter()
+        .find(|d| d.ends_with(name))
+        .unwrap_or_else(|| panic!("no fixture {name}"))
+}
+
 fn reference(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
 }
@@ -118,10 +126,7 @@ fn logits_routes_and_greedy_tokens_match_transformers_on_every_fixture() {
 
 #[test]
 fn hidden_state_taps_match_the_residual_stream_entering_each_layer() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("eagle_target"))
-        .unwrap();
+    let dir = fixture("eagle_target");
     let r = reference(&dir);
     let (model, mut cache) = load(&dir, 4, CacheMode::Lru);
     let prompt = ints(&r["input_ids"]);
@@ -173,10 +178,7 @@ fn offloaded_experts_at_any_slot_count_equal_all_resident_bit_for_bit() {
 
 #[test]
 fn the_cleared_cache_copies_every_routed_expert_of_every_forward() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("topk_norm"))
-        .unwrap();
+    let dir = fixture("topk_norm");
     // With one slot per layer the forward needs more experts than slots: each is still read once.
     for slots in [1, 8] {
         let (model, mut cache) = load(&dir, slots, CacheMode::NoCache);
@@ -295,10 +297,7 @@ fn a_tree_masked_forward_equals_the_same_tokens_decoded_one_by_one() {
 
 #[test]
 fn truncating_or_compacting_the_kv_cache_then_continuing_equals_a_fresh_run() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("head_dim"))
-        .unwrap();
+    let dir = fixture("head_dim");
     let (model, mut cache) = load(&dir, 8, CacheMode::Lru);
     let prompt = [1u32, 40, 41, 42];
     let fresh = |cache: &mut ExpertCache, seq: &[u32], next: u32| {
@@ -367,10 +366,7 @@ fn truncating_or_compacting_the_kv_cache_then_continuing_equals_a_fresh_run() {
 
 #[test]
 fn bad_checkpoints_and_inputs_give_clear_errors() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("topk_norm"))
-        .unwrap();
+    let dir = fixture("topk_norm");
     let (model, mut cache) = load(&dir, 8, CacheMode::Lru);
     let mut kv = model.new_kv_cache();
     let err = model
@@ -505,10 +501,7 @@ fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
 #[test]
 fn a_corrupt_block_in_an_expert_file_is_an_error_naming_its_layer_and_expert() {
     let tmp = temp_dir("disk-corrupt");
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("topk_norm"))
-        .unwrap();
+    let dir = fixture("topk_norm");
     let file = tmp.join("a.specfit");
     specfit_engine::experts::convert(&dir, &file, None).unwrap();
     let mut bytes = std::fs::read(&file).unwrap();
@@ -542,10 +535,7 @@ fn a_corrupt_block_in_an_expert_file_is_an_error_naming_its_layer_and_expert() {
 
 #[test]
 fn bf16_storage_gives_the_bits_of_f32_storage_on_a_bf16_checkpoint_on_either_tier() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("bf16"))
-        .unwrap();
+    let dir = fixture("bf16");
     let r = reference(&dir);
     let prompt = ints(&r["input_ids"]);
     let run = |tier: &Tier, dtype| {
@@ -585,10 +575,7 @@ fn bf16_storage_gives_the_bits_of_f32_storage_on_a_bf16_checkpoint_on_either_tie
 
 #[test]
 fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
-    let dir = fixture_dirs()
-        .into_iter()
-        .find(|d| d.ends_with("topk_norm"))
-        .unwrap();
+    let dir = fixture("topk_norm");
     let r = reference(&dir);
     let (model, mut cache) =
         specfit_engine::load_target(&dir, &Tier::Ram, 8, CacheMode::Lru, Some(WeightDtype::Bf16))

@@ -60,9 +60,8 @@ pub struct Args {
     /// Probe forwards per prompt.
     #[arg(long, default_value_t = 32)]
     cycles: usize,
-    /// Largest verified subtree (K).
-    #[arg(long, default_value_t = 7)]
-    max_nodes: usize,
+    #[command(flatten)]
+    nodes: crate::tree::MaxNodesArg,
 }
 
 /// The default slot count of a model: a quarter of its experts per layer (at least one) — on
@@ -174,7 +173,7 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     prompts.truncate(limit);
     let plan = CalibrationPlan {
         cycles: args.cycles,
-        max_nodes: args.max_nodes,
+        max_nodes: args.nodes.max_nodes,
         shape: TreeShape::default(),
         seed: 0,
     };

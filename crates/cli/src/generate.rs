@@ -207,7 +207,7 @@ fn speculate(
         ),
         None => None,
     };
-    let max_nodes = args.tree.max_nodes;
+    let max_nodes = args.tree.nodes.max_nodes;
     let spec = PolicySpec::command(args.policy, max_nodes, args.lambda, calibration.as_ref());
     let mut policy = verify_policy(&spec, model.config())?;
     let route = RouteChoice::parse(&args.routes)?;

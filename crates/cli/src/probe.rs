@@ -28,9 +28,8 @@ pub struct Args {
     /// Probe forwards per prompt.
     #[arg(long, default_value_t = 32)]
     cycles: usize,
-    /// Largest verified subtree (K).
-    #[arg(long, default_value_t = 7)]
-    max_nodes: usize,
+    #[command(flatten)]
+    nodes: crate::tree::MaxNodesArg,
     #[arg(long, default_value_t = 2)]
     branching: usize,
     #[arg(long, default_value_t = 5)]
@@ -61,7 +60,7 @@ pub fn run(args: &Args) -> Result<()> {
     ensure!(prompts.iter().all(|p| !p.is_empty()), "empty prompt");
     let plan = specfit_engine::measure::CalibrationPlan {
         cycles: args.cycles,
-        max_nodes: args.max_nodes,
+        max_nodes: args.nodes.max_nodes,
         shape: TreeShape {
             branching: args.branching,
             levels: args.levels,

@@ -95,7 +95,10 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    ensure!(args.tree.max_nodes > 0, "--max-nodes must be positive");
+    ensure!(
+        args.tree.nodes.max_nodes > 0,
+        "--max-nodes must be positive"
+    );
     let shape = args.tree.shape()?;
     for (name, secs) in [
         ("--read-timeout", args.read_timeout),
@@ -155,7 +158,7 @@ pub fn run(args: &Args) -> Result<()> {
         } else {
             None
         };
-        let max_nodes = args.tree.max_nodes;
+        let max_nodes = args.tree.nodes.max_nodes;
         let spec = PolicySpec::command(args.policy, max_nodes, args.lambda, calibration.as_ref());
         Some(Speculation {
             policy: verify_policy(&spec, model.config())?,
@@ -264,5 +267,12 @@ fn calibration(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",
         path.display()
     );
-    crate::calibrate::measure_and_save(model, drafter, cache, tokenizer, args.tree.max_nodes, &path)
+    crate::calibrate::measure_and_save(
+        model,
+        drafter,
+        cache,
+        tokenizer,
+        args.tree.nodes.max_nodes,
+        &path,
+    )
 }

@@ -48,14 +48,8 @@ pub struct Args {
     /// Slots per MoE layer to simulate (0 = cleared every forward); default 100/50/25/12.5/0% of the experts.
     #[arg(long, value_delimiter = ',')]
     slots: Option<Vec<usize>>,
-    /// K: most draft nodes verified per cycle (`--budget` is accepted too).
-    #[arg(
-        long = "max-nodes",
-        alias = "budget",
-        value_name = "K",
-        default_value_t = 7
-    )]
-    max_nodes: usize,
+    #[command(flatten)]
+    nodes: crate::tree::MaxNodesArg,
     #[arg(long, default_value_t = 0)]
     seed: u64,
 }
@@ -76,11 +70,11 @@ pub fn run(args: &Args) -> Result<()> {
             (
                 machine,
                 cal.cost_model(false)?,
-                args.max_nodes.min(cal.max_nodes),
+                args.nodes.max_nodes.min(cal.max_nodes),
             )
         }
         (None, Some(name)) => {
-            let p = preset(name, args.max_nodes)
+            let p = preset(name, args.nodes.max_nodes)
                 .with_context(|| format!("--preset {name:?}: expected a100 or rtx4090"))?;
             eprintln!(
                 "preset {} (assumed intercepts and hit cost: see specfit_sim::preset)",
@@ -89,7 +83,7 @@ pub fn run(args: &Args) -> Result<()> {
             (
                 SimConfig::verify_only(0, p.true_cost),
                 p.believed,
-                args.max_nodes,
+                args.nodes.max_nodes,
             )
         }
         (None, None) => bail!("give --calibration FILE or --preset NAME"),
@@ -176,7 +170,7 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
         "summarization" => 1.54,
         "gsm8k" => 3.35,
         other => match other.strip_prefix("accept:").map(str::parse::<f64>) {
-            Some(Ok(x)) if x >= 0.0 && x <= args.max_nodes as f64 => x,
+            Some(Ok(x)) if x >= 0.0 && x <= args.nodes.max_nodes as f64 => x,
             _ => bail!(
                 "--synthetic {other:?}: expected summarization, gsm8k or accept:X with 0 <= X <= K"
             ),
@@ -191,7 +185,7 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
         share: args.share,
         ..SynthParams::paper(0.5, args.seed)
     };
-    let confidence = fit_confidence(&base, args.max_nodes, target);
+    let confidence = fit_confidence(&base, args.nodes.max_nodes, target);
     eprintln!("synthetic {profile}: drafter confidence {confidence:.3} for {target} accepted tokens per cycle");
     Ok(synth::trace(&SynthParams { confidence, ..base }))
 }

@@ -5,8 +5,9 @@
 use anyhow::{ensure, Result};
 use specfit_engine::spec::TreeShape;
 
-#[derive(Debug, clap::Args)]
-pub struct TreeArgs {
+/// `--max-nodes K`, which every command that drafts, calibrates or simulates takes.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct MaxNodesArg {
     /// K: draft nodes verified per cycle by the eagle3 policy, at most by the specfit ones
     /// (`--budget` is accepted too).
     #[arg(
@@ -16,6 +17,12 @@ pub struct TreeArgs {
         default_value_t = 7
     )]
     pub max_nodes: usize,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TreeArgs {
+    #[command(flatten)]
+    pub nodes: MaxNodesArg,
     /// Children per expanded draft node, and nodes expanded per level.
     #[arg(long, default_value_t = 2)]
     pub branching: usize,

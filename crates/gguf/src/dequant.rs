@@ -96,6 +96,18 @@ pub struct IntGroups {
     pub offset: bool,
 }
 
+/// Every type with an integer form ([`int_groups`]).
+pub const INTEGER_TYPES: [GgmlType; 8] = [
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
 /// The integer form of `ty`'s blocks, if it has one (the quantized types [`dequantize`] decodes).
 pub fn int_groups(ty: GgmlType) -> Option<IntGroups> {
     use GgmlType::*;
@@ -435,16 +447,7 @@ mod tests {
             state ^= state << 17;
             state as u8
         };
-        for ty in [
-            GgmlType::Q8_0,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in INTEGER_TYPES {
             let form = int_groups(ty).unwrap();
             let (elems, bytes) = ty.block();
             for _ in 0..200 {

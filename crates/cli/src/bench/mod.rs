@@ -79,15 +79,8 @@ pub struct Args {
     /// configurations' slots together need more than half of the available memory.
     #[arg(long)]
     one_at_a_time: bool,
-    /// K: draft nodes verified per cycle by eagle3 and at most by specfit (`--budget` is
-    /// accepted too).
-    #[arg(
-        long = "max-nodes",
-        alias = "budget",
-        value_name = "K",
-        default_value_t = 7
-    )]
-    max_nodes: usize,
+    #[command(flatten)]
+    nodes: crate::tree::MaxNodesArg,
     /// A short run: 8 prompts per set, at most 32 new tokens, the main policies at the default and no-cache
     /// points only.
     #[arg(long)]
@@ -351,7 +344,7 @@ fn run_order(n: usize, seed: u64) -> Vec<usize> {
 /// sets and configurations.
 fn setup(args: &Args) -> Result<Setup> {
     ensure!(args.max_tokens > 0, "--max-tokens must be positive");
-    ensure!(args.max_nodes > 0, "--max-nodes must be positive");
+    ensure!(args.nodes.max_nodes > 0, "--max-nodes must be positive");
     ensure!(
         args.max_prompt_tokens != Some(0),
         "--max-prompt-tokens must be positive"
@@ -455,7 +448,7 @@ fn setup(args: &Args) -> Result<Setup> {
         } else {
             args.max_tokens
         },
-        max_nodes: args.max_nodes,
+        max_nodes: args.nodes.max_nodes,
     })
 }
 
@@ -512,8 +505,14 @@ fn calibration(
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"
     );
-    let cal =
-        crate::calibrate::measure_and_save(model, drafter, base, tokenizer, args.max_nodes, &path)?;
+    let cal = crate::calibrate::measure_and_save(
+        model,
+        drafter,
+        base,
+        tokenizer,
+        args.nodes.max_nodes,
+        &path,
+    )?;
     Ok((cal, path))
 }
 

@@ -408,16 +408,7 @@ mod tests {
         out
     }
 
-    const TYPES: [GgmlType; 8] = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
+    const TYPES: [GgmlType; 8] = specfit_gguf::dequant::INTEGER_TYPES;
 
     /// The module docs' formula written out naively: dequantization-free integer sums in i64.
     fn naive(ty: GgmlType, w: &[u8], n: usize, k: usize, x: &[f32], rows: usize) -> Vec<f32> {

@@ -21,15 +21,9 @@ pub enum TypeArg {
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Small Qwen3-MoE target (Hugging Face directory; default: the shipped target).
-    #[arg(long, default_value_os_t = crate::paths::target())]
-    model: PathBuf,
-    /// Its EAGLE-3 drafter (default: the shipped drafter).
-    #[arg(long, default_value_os_t = crate::paths::drafter())]
-    drafter: PathBuf,
-    /// Its route predictor, carried over when the file exists (default: the shipped one).
-    #[arg(long, default_value_os_t = crate::paths::predictor())]
-    predictor: PathBuf,
+    /// The small pair to inflate (its predictor is carried over when the file exists).
+    #[command(flatten)]
+    pair: crate::paths::PairArgs,
     /// Output directory: DIR/target-TYPE.gguf, DIR/drafter/, DIR/route-predictor.safetensors,
     /// DIR/inflate.json.
     #[arg(long)]
@@ -91,11 +85,11 @@ pub fn run(args: &Args) -> Result<()> {
         .expect("a valid template")
         .progress_chars("=> "),
     );
-    let small = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
+    let small = specfit_engine::Qwen3MoeConfig::load(&args.pair.model)?;
     let target = parse_target(&args.router_target, small.num_experts)?;
     let routing = match target {
         Some(target) => {
-            let tokenizer = specfit_engine::Tokenizer::load(&args.model)?;
+            let tokenizer = specfit_engine::Tokenizer::load(&args.pair.model)?;
             Some(Routing {
                 prompts: crate::calibrate::default_prompts(&tokenizer)?,
                 target,
@@ -104,9 +98,9 @@ pub fn run(args: &Args) -> Result<()> {
         None => None,
     };
     let opts = Options {
-        model: args.model.clone(),
-        drafter: args.drafter.clone(),
-        predictor: Some(args.predictor.clone()),
+        model: args.pair.model.clone(),
+        drafter: args.pair.drafter.clone(),
+        predictor: Some(args.pair.predictor.clone()),
         out: args.out.clone(),
         types,
         shape: Shape::qwen3_30b_a3b(),
@@ -117,7 +111,7 @@ pub fn run(args: &Args) -> Result<()> {
         bar.set_position(p.written);
         bar.set_message(p.file.display().to_string());
     })
-    .with_context(|| format!("inflating {}", args.model.display()))?;
+    .with_context(|| format!("inflating {}", args.pair.model.display()))?;
     bar.finish_and_clear();
     let plan = &manifest.plan;
     eprintln!(

@@ -38,3 +38,18 @@ pub fn calibration(model: &Path, tier: &str) -> PathBuf {
     }
     model.join(format!("specfit-calibration.{tier}.json"))
 }
+
+/// The target, drafter and route predictor a command runs on (default: the shipped ones).
+#[derive(Debug, Clone, clap::Args)]
+pub struct PairArgs {
+    /// Target checkpoint (a Hugging Face directory, or a qwen3moe GGUF file where the command
+    /// reads one; default: the shipped target).
+    #[arg(long, default_value_os_t = target())]
+    pub model: PathBuf,
+    /// Its EAGLE-3 drafter (default: the shipped drafter).
+    #[arg(long, default_value_os_t = drafter())]
+    pub drafter: PathBuf,
+    /// Its route predictor, used when the file exists (default: the shipped one).
+    #[arg(long, default_value_os_t = predictor())]
+    pub predictor: PathBuf,
+}

@@ -29,16 +29,9 @@ use report::{Outcome, Tally};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Target checkpoint (default: the shipped target).
-    #[arg(long, default_value_os_t = crate::paths::target())]
-    model: PathBuf,
-    /// EAGLE-3 drafter (default: the shipped drafter).
-    #[arg(long, default_value_os_t = crate::paths::drafter())]
-    drafter: PathBuf,
-    /// Route predictor head for the `specfit[predictor]` row (default: the shipped one; the row
-    /// is skipped when the file does not exist).
-    #[arg(long, default_value_os_t = crate::paths::predictor())]
-    predictor: PathBuf,
+    /// The pair (its predictor runs the `specfit[predictor]` rows, skipped without the file).
+    #[command(flatten)]
+    pair: crate::paths::PairArgs,
     /// Where routed experts rest (disk: the expert file, converted first when missing).
     #[arg(long, value_enum, default_value = "disk")]
     store: StoreArg,
@@ -300,7 +293,7 @@ pub fn run(args: &Args) -> Result<()> {
         sets: &sets,
         configs: &configs,
         tallies: &tallies,
-        model: &args.model,
+        model: &args.pair.model,
         tier: crate::target::tier_key(&s.base),
         default_slots: s.default_slots,
         experts: s.model.config().num_experts,
@@ -349,7 +342,7 @@ fn setup(args: &Args) -> Result<Setup> {
         args.max_prompt_tokens != Some(0),
         "--max-prompt-tokens must be positive"
     );
-    let cfg = specfit_engine::Qwen3MoeConfig::load(&args.model)?;
+    let cfg = specfit_engine::Qwen3MoeConfig::load(&args.pair.model)?;
     let mut default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
     if in_place(args) {
         // Every expert is used where it rests in the mapped file: all of them resident.
@@ -358,7 +351,7 @@ fn setup(args: &Args) -> Result<Setup> {
     if let Some(path) = args.calibration.as_ref().filter(|p| !p.exists()) {
         bail!("--calibration {} does not exist", path.display());
     }
-    let tokenizer = Tokenizer::load(&args.model)?;
+    let tokenizer = Tokenizer::load(&args.pair.model)?;
     let limit = |name: &str| {
         let paper = plan::DEFAULT_SETS
             .iter()
@@ -395,7 +388,11 @@ fn setup(args: &Args) -> Result<Setup> {
     let mut configs = plan::configs(&plan::Sweep {
         experts: cfg.num_experts,
         default_slots,
-        predictor: args.predictor.exists().then(|| args.predictor.clone()),
+        predictor: args
+            .pair
+            .predictor
+            .exists()
+            .then(|| args.pair.predictor.clone()),
         quick: args.quick,
         points: sweep_points(args, &cfg, default_slots)?,
     });
@@ -414,16 +411,20 @@ fn setup(args: &Args) -> Result<Setup> {
         }
     }
     let (model, base) =
-        TargetArgs::prepared(&args.model, args.store, default_slots, None)?.load()?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
-    let mut stop = crate::target::eos_tokens(&args.model, model.config())?;
+        TargetArgs::prepared(&args.pair.model, args.store, default_slots, None)?.load()?;
+    let drafter = Eagle3::load(&args.pair.drafter, model.config())?;
+    let mut stop = crate::target::eos_tokens(&args.pair.model, model.config())?;
     stop.extend(tokenizer.token_id("<|im_end|>"));
-    let predictor = if args.predictor.exists() {
-        Some(policy::load_predictor(&args.predictor, &model, &drafter)?)
+    let predictor = if args.pair.predictor.exists() {
+        Some(policy::load_predictor(
+            &args.pair.predictor,
+            &model,
+            &drafter,
+        )?)
     } else {
         eprintln!(
             "no route predictor at {}: the specfit[predictor] row is skipped",
-            args.predictor.display()
+            args.pair.predictor.display()
         );
         None
     };
@@ -435,7 +436,7 @@ fn setup(args: &Args) -> Result<Setup> {
         base,
         atlas: None,
         corrupt: None,
-        model_path: args.model.clone(),
+        model_path: args.pair.model.clone(),
         predictor,
         calibration,
         calibration_path,
@@ -454,7 +455,7 @@ fn setup(args: &Args) -> Result<Setup> {
 
 /// Whether the experts are used in place (a GGUF file mapped in RAM): no slots, no copies.
 fn in_place(args: &Args) -> bool {
-    args.store == StoreArg::Ram && specfit_engine::gguf::is_gguf(&args.model)
+    args.store == StoreArg::Ram && specfit_engine::gguf::is_gguf(&args.pair.model)
 }
 
 /// `--sweep` as slot points, each checked against the model.
@@ -498,7 +499,7 @@ fn calibration(
         // (A missing --calibration file was refused in `setup`.)
         return Ok((load_calibration(path, model.config())?, path.clone()));
     }
-    let path = crate::paths::calibration(&args.model, crate::target::tier_key(base));
+    let path = crate::paths::calibration(&args.pair.model, crate::target::tier_key(base));
     if args.reuse_calibration && path.exists() {
         return Ok((load_calibration(&path, model.config())?, path));
     }

@@ -131,18 +131,13 @@ impl RoutePredictor {
     }
 
     fn new(shape: HeadShape, w: Vec<f32>, b: Vec<f32>) -> RoutePredictor {
-        let HeadShape {
-            layers,
-            experts,
-            num_experts_per_tok,
-            dim,
-        } = shape;
-        let packed = PackedMatrix::pack(WeightView::F32(&w), layers * experts, dim);
+        let packed =
+            PackedMatrix::pack(WeightView::F32(&w), shape.layers * shape.experts, shape.dim);
         RoutePredictor {
-            layers,
-            experts,
-            num_experts_per_tok,
-            dim,
+            layers: shape.layers,
+            experts: shape.experts,
+            num_experts_per_tok: shape.num_experts_per_tok,
+            dim: shape.dim,
             w,
             b,
             packed,

@@ -221,49 +221,32 @@ impl GgufStore {
         });
     }
 
-    /// The mapped bytes of MoE layer `layer`'s expert `expert`'s matrix `which`.
-    fn mapped_bytes(&self, m: Matrix) -> &[u8] {
-        let Matrix {
-            layer,
-            expert,
-            which,
-        } = m;
-        let (file, _) = self.mapped.as_ref().expect("a mapped store");
-        let part = self.parts[layer][which];
-        let start = (part.offset + expert as u64 * part.per_expert) as usize;
-        &file.raw()[start..start + part.per_expert as usize]
+    /// Matrix `m`'s part (its type and stride) and its bytes' range in the file.
+    fn span(&self, m: Matrix) -> (Part, std::ops::Range<u64>) {
+        let part = self.parts[m.layer][m.which];
+        let start = part.offset + m.expert as u64 * part.per_expert;
+        (part, start..start + part.per_expert)
     }
 
-    /// The `elements` values of MoE layer `layer`'s expert `expert`'s matrix `which` (0 gate,
-    /// 1 up, 2 down), read, checked and decoded.
+    /// The mapped bytes of matrix `m`.
+    fn mapped_bytes(&self, m: Matrix) -> &[u8] {
+        let (file, _) = self.mapped.as_ref().expect("a mapped store");
+        let (_, range) = self.span(m);
+        &file.raw()[range.start as usize..range.end as usize]
+    }
+
+    /// The `elements` values of matrix `m`, read, checked and decoded.
     fn read_part(&self, m: Matrix, elements: usize) -> Result<Vec<f32>, EngineError> {
-        let Matrix {
-            layer,
-            expert,
-            which,
-        } = m;
-        let part = self.parts[layer][which];
-        let raw = self.read_raw(Matrix {
-            layer,
-            expert,
-            which,
-        })?;
+        let raw = self.read_raw(m)?;
         let mut out = vec![0.0f32; elements];
-        specfit_gguf::dequant::dequantize(part.ty, raw.bytes(), &mut out)
+        specfit_gguf::dequant::dequantize(self.span(m).0.ty, raw.bytes(), &mut out)
             .expect("type checked at open");
         Ok(out)
     }
 
-    /// The GGUF bytes of MoE layer `layer`'s expert `expert`'s matrix `which`, read and checked.
+    /// The GGUF bytes of matrix `m`, read and checked.
     fn read_raw(&self, m: Matrix) -> Result<Raw, EngineError> {
-        let Matrix {
-            layer,
-            expert,
-            which,
-        } = m;
-        let part = self.parts[layer][which];
-        let start = part.offset + expert as u64 * part.per_expert;
-        let end = start + part.per_expert;
+        let (_, std::ops::Range { start, end }) = self.span(m);
         let (lo, hi) = (start / ALIGN * ALIGN, end.div_ceil(ALIGN) * ALIGN);
         let mut buf = AlignedBuf::zeroed((hi - lo) as usize);
         let got = read_at_most(&self.file, buf.as_mut_slice(), lo).map_err(|e| {
@@ -283,19 +266,12 @@ impl GgufStore {
             buf,
             range: (start - lo) as usize..(end - lo) as usize,
         };
-        self.check(
-            Matrix {
-                layer,
-                expert,
-                which,
-            },
-            raw.bytes(),
-        )?;
+        self.check(m, raw.bytes())?;
         Ok(raw)
     }
 
     /// Reads file bytes `start..end` into `buf` (as long), through the page cache.
-    fn read_exact(&self, (start, end): (u64, u64), buf: &mut [u8]) -> Result<(), EngineError> {
+    fn read_exact(&self, start: u64, end: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         let got = read_at_most(&self.file, buf, start).map_err(|e| EngineError::ExpertStore {
             reason: format!("{}: reading bytes {start}..{end}: {e}", self.path.display()),
         })?;
@@ -437,7 +413,7 @@ impl ExpertStore for GgufStore {
             for (which, (at, len)) in self.layout.quant_parts(types).into_iter().enumerate() {
                 let part = self.parts[layer][which];
                 let start = part.offset + expert as u64 * part.per_expert;
-                self.read_exact((start, start + part.per_expert), &mut dst[at..at + len])?;
+                self.read_exact(start, start + part.per_expert, &mut dst[at..at + len])?;
                 self.check(
                     Matrix {
                         layer,

@@ -285,7 +285,6 @@ fn random_drafter() -> PathBuf {
 
 #[test]
 fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
-    use specfit_engine::DecodeOptions;
     use specfit_engine::Eagle3;
     let drafter_dir = random_drafter();
     for name in QUANTS {
@@ -312,12 +311,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
                 None,
             )
             .unwrap();
-            let options = DecodeOptions {
-                max_tokens: 24,
-                sampling,
-                seed,
-                ..DecodeOptions::default()
-            };
+            let options = decode_options(24, sampling, seed);
             let got = top_k_spec(
                 &model,
                 &drafter,

@@ -11,8 +11,8 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 use specfit_engine::inflate::{inflate, manifest_path, FileType, Options, Routing, Shape};
+use specfit_engine::Start;
 use specfit_engine::{load_target, Batch, CacheMode, Eagle3, Logits, Sampling, Tier};
-use specfit_engine::{DecodeOptions, Start};
 
 fn shape() -> Shape {
     Shape {
@@ -151,10 +151,7 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
         let (mut cycles, mut committed) = (0, 0);
         for prompt in prompts() {
             let plain = plain_tokens(&m, &mut c, &prompt, Sampling::Greedy, 0, 24);
-            let options = DecodeOptions {
-                max_tokens: 24,
-                ..Default::default()
-            };
+            let options = decode_options(24, Sampling::Greedy, 0);
             let r = top_k_spec(&m, &d, &mut c, Start::Prompt(&prompt), 7, &options);
             assert_eq!(
                 r.tokens,

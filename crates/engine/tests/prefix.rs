@@ -6,9 +6,7 @@ mod common;
 use common::*;
 
 use specfit_engine::spec::{Routes, Start};
-use specfit_engine::{
-    generate, CacheMode, DecodeOptions, EngineError, Prefix, Sampling, VerifyPolicy,
-};
+use specfit_engine::{generate, CacheMode, EngineError, Prefix, Sampling, VerifyPolicy};
 
 const PROMPTS: [&[u32]; 3] = [
     &[1, 243, 56, 119, 188, 74, 255, 15],
@@ -27,12 +25,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 top_p: 0.95,
             },
         ] {
-            let options = DecodeOptions {
-                max_tokens: 24,
-                sampling,
-                seed: 3,
-                ..Default::default()
-            };
+            let options = decode_options(24, sampling, 3);
             let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
             let want =
                 generate(&target, &mut fresh, None, Start::Prompt(prompt), &options).unwrap();
@@ -66,12 +59,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 top_p: 0.9,
             },
         ] {
-            let options = DecodeOptions {
-                max_tokens: 24,
-                sampling,
-                seed: 11,
-                ..DecodeOptions::default()
-            };
+            let options = decode_options(24, sampling, 11);
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
             let want = top_k_spec(
                 &target,
@@ -116,10 +104,7 @@ fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
     let (target, mut all) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
-    let options = DecodeOptions {
-        max_tokens: 4,
-        ..DecodeOptions::default()
-    };
+    let options = decode_options(4, Sampling::Greedy, 0);
     let mut policy = VerifyPolicy::top_k(5);
     let start = Start::Prefix(&prefix);
     let err = speculate(
@@ -140,10 +125,7 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
     let (target, mut all) = fixture_target(usize::MAX);
     let err = Prefix::new(&target, None, &mut all, &[]).unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
-    let options = DecodeOptions {
-        max_tokens: 3,
-        ..Default::default()
-    };
+    let options = decode_options(3, Sampling::Greedy, 0);
     let err = generate(&target, &mut all, None, Start::Prompt(&[]), &options).unwrap_err();
     assert!(matches!(err, EngineError::EmptyPrompt), "{err}");
 }
@@ -170,12 +152,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             temperature: 0.9,
             top_p: 0.95,
         };
-        let options = DecodeOptions {
-            max_tokens: 12,
-            sampling,
-            seed: 5,
-            ..Default::default()
-        };
+        let options = decode_options(12, sampling, 5);
         let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
         let want = plain_tokens(&target, &mut fresh, prompt, sampling, 5, 12);
         let old = Prefix::new(&target, None, &mut all, earlier).unwrap();
@@ -197,12 +174,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
         let got = generate(&target, &mut cache, None, start, &options).unwrap();
         assert_eq!(got.tokens, want, "plain: {earlier:?} then {prompt:?}");
         // Speculative decoding: the drafter's cache is extended too.
-        let options = DecodeOptions {
-            max_tokens: 12,
-            sampling,
-            seed: 5,
-            ..DecodeOptions::default()
-        };
+        let options = decode_options(12, sampling, 5);
         let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
         let want = top_k_spec(
             &target,

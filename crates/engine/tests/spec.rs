@@ -75,10 +75,7 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
-    let options = DecodeOptions {
-        max_tokens: 40,
-        ..DecodeOptions::default()
-    };
+    let options = decode_options(40, Sampling::Greedy, 0);
     let mut fewer_levels = 0;
     for k in [0, 1, 2, 3, 5, 7, 12] {
         let early = top_k_spec(
@@ -272,12 +269,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         let mut policy = specfit_policy(cost).residency(residency);
         let (_, mut cache) = load(2);
         let mut atlas = Atlas::new(load(usize::MAX).1);
-        let options = DecodeOptions {
-            shape: TreeShape::default(),
-            max_tokens: 24,
-            stop: vec![],
-            ..DecodeOptions::default()
-        };
+        let options = decode_options(24, Sampling::Greedy, 0);
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
         let wall = std::time::Instant::now();
@@ -316,12 +308,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
     let mut policy = specfit_policy(cost);
     let (_, mut cache) = load(2);
-    let options = DecodeOptions {
-        shape: TreeShape::default(),
-        max_tokens: 4,
-        stop: vec![],
-        ..DecodeOptions::default()
-    };
+    let options = decode_options(4, Sampling::Greedy, 0);
     let start = Start::Prompt(&prompt);
     let err = speculate(
         &target,
@@ -355,12 +342,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
         let sampling = Sampling::TopP { temperature, top_p };
         let want = plain_tokens(&target, &mut cache, &prompt, sampling, seed, 20);
         let (_, mut c) = load(2);
-        let options = DecodeOptions {
-            max_tokens: 20,
-            sampling,
-            seed,
-            ..DecodeOptions::default()
-        };
+        let options = decode_options(20, sampling, seed);
         let got = top_k_spec(
             &target,
             &drafter,
@@ -413,12 +395,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let n = 1200;
     let mut counts = vec![0usize; vocab];
     for seed in 0..n {
-        let options = DecodeOptions {
-            max_tokens: 2,
-            sampling,
-            seed,
-            ..DecodeOptions::default()
-        };
+        let options = decode_options(2, sampling, seed);
         let got = top_k_spec(
             &target,
             &drafter,
@@ -518,10 +495,7 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
             None,
         )
         .unwrap();
-        let options = DecodeOptions {
-            max_tokens: 20,
-            ..DecodeOptions::default()
-        };
+        let options = decode_options(20, Sampling::Greedy, 0);
         let got = top_k_spec(
             &target,
             &drafter,
@@ -609,12 +583,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
             let cost = CostModel::paper(vec![1.0; 8], beta).unwrap();
             let mut policy = specfit_policy(cost).plain_bursts(true);
             let mut atlas = Atlas::new(load(usize::MAX).1);
-            let options = DecodeOptions {
-                max_tokens: 40,
-                sampling,
-                seed: 7,
-                ..DecodeOptions::default()
-            };
+            let options = decode_options(40, sampling, 7);
             let routes = Routes::Atlas(&mut atlas);
             let start = Start::Prompt(prompt);
             let got = speculate(

@@ -109,6 +109,17 @@ pub fn forward_all(
         .unwrap()
 }
 
+/// Options of a decode of at most `max_tokens` tokens drawn by `sampling` from `seed` (the rest
+/// default: the default tree shape, no stop token).
+pub fn decode_options(max_tokens: usize, sampling: Sampling, seed: u64) -> DecodeOptions {
+    DecodeOptions {
+        max_tokens,
+        sampling,
+        seed,
+        ..DecodeOptions::default()
+    }
+}
+
 /// A KV cache holding `prompt` (one forward, no logits).
 pub fn prefilled(target: &Qwen3Moe, cache: &mut ExpertCache, prompt: &[u32]) -> KvCache {
     let mut kv = target.new_kv_cache();
@@ -130,12 +141,7 @@ pub fn plain_tokens(
     seed: u64,
     max_tokens: usize,
 ) -> Vec<u32> {
-    let options = DecodeOptions {
-        max_tokens,
-        sampling,
-        seed,
-        ..Default::default()
-    };
+    let options = decode_options(max_tokens, sampling, seed);
     generate(target, cache, None, Start::Prompt(prompt), &options)
         .unwrap()
         .tokens

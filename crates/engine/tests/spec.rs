@@ -480,21 +480,13 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 
 #[test]
 fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
-    let tdir = target_dir();
     let file = fixture_expert_file("spec-disk");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for mode in [CacheMode::Lru, CacheMode::NoCache] {
-        let (_, mut disk) = specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Disk(file.clone()),
-            2,
-            mode,
-            None,
-        )
-        .unwrap();
+        let mut disk = fixture_disk_cache(&file, 2, mode);
         let options = decode_options(20, Sampling::Greedy, 0);
         let got = top_k_spec(
             &target,
@@ -515,21 +507,13 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
 fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens() {
     use specfit_engine::spec::Atlas;
     use specfit_selector::CostModel;
-    let tdir = target_dir();
     let file = fixture_expert_file("spec-ahead");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for slots in [2, 4] {
-        let (_, mut disk) = specfit_engine::load_target(
-            &tdir,
-            &specfit_engine::Tier::Disk(file.clone()),
-            slots,
-            CacheMode::Lru,
-            None,
-        )
-        .unwrap();
+        let mut disk = fixture_disk_cache(&file, slots, CacheMode::Lru);
         let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
         let mut policy = specfit_policy(cost);
         let mut atlas = Atlas::new(fixture_target(usize::MAX).1);

@@ -92,6 +92,15 @@ pub fn fixture_target(slots: usize) -> (Qwen3Moe, ExpertCache) {
     specfit_engine::load_target(&target_dir(), &Tier::Ram, slots, CacheMode::Lru, None).unwrap()
 }
 
+/// The fixture target's expert cache on the disk tier (expert file `file`): `slots` slots per
+/// layer in `mode`.
+pub fn fixture_disk_cache(file: &Path, slots: usize, mode: CacheMode) -> ExpertCache {
+    let tier = Tier::Disk(file.to_path_buf());
+    specfit_engine::load_target(&target_dir(), &tier, slots, mode, None)
+        .unwrap()
+        .1
+}
+
 /// The tiny drafter, loaded for `target`.
 pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()

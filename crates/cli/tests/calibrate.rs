@@ -150,14 +150,10 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
         ],
     ]
     .concat());
-    assert_eq!(
-        String::from_utf8_lossy(&spec.stdout).trim(),
-        String::from_utf8_lossy(&plain.stdout).trim()
-    );
+    same_output(&spec, &plain, "");
     assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
     // The calibration is stamped with the target's shape: another target refuses it.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let other = root.join("fixtures/qwen3moe/topk_norm");
+    let other = other_target();
     let wrong = specfit(
         &[
             "generate",

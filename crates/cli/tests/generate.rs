@@ -9,7 +9,7 @@ use std::process::Output;
 
 #[test]
 fn forward_writes_the_transformers_logits_and_greedy_tokens() {
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe/topk_norm");
+    let model = other_target();
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(model.join("reference.json")).unwrap())
             .unwrap();
@@ -105,10 +105,7 @@ fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
         &[
             "generate",
             "--model",
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../fixtures/qwen3moe/topk_norm")
-                .to_str()
-                .unwrap(),
+            other_target().to_str().unwrap(),
             "--prompt",
             "x",
         ],
@@ -141,10 +138,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     let spec = specfit(&spec_args, None);
     let stderr = String::from_utf8_lossy(&spec.stderr);
     assert!(spec.status.success(), "{stderr}");
-    assert_eq!(
-        String::from_utf8_lossy(&spec.stdout).trim(),
-        String::from_utf8_lossy(&plain.stdout).trim()
-    );
+    same_output(&spec, &plain, "");
     assert!(stderr.contains("draft nodes verified"), "{stderr}");
     // SpecFit policies with a calibration stay lossless too.
     let probes = temp("spec-probes.jsonl");
@@ -185,11 +179,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
             "{policy}: {}",
             String::from_utf8_lossy(&run.stderr)
         );
-        assert_eq!(
-            String::from_utf8_lossy(&run.stdout).trim(),
-            String::from_utf8_lossy(&plain.stdout).trim(),
-            "{policy}"
-        );
+        same_output(&run, &plain, policy);
     }
     let corrupt = ok(&[
         &spec_args[..],
@@ -203,10 +193,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
         ],
     ]
     .concat());
-    assert_eq!(
-        String::from_utf8_lossy(&corrupt.stdout).trim(),
-        String::from_utf8_lossy(&plain.stdout).trim()
-    );
+    same_output(&corrupt, &plain, "");
     let missing = specfit(&[&spec_args[..], &["--policy", "specfit"]].concat(), None);
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("needs --calibration"));
@@ -214,10 +201,7 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
     let sampling = ["--temperature", "0.8", "--top-p", "0.9", "--seed", "11"];
     let plain_sampled = specfit(&[&base[..], &sampling[..]].concat(), None);
     let spec_sampled = ok(&[&spec_args[..], &sampling[..]].concat());
-    assert_eq!(
-        String::from_utf8_lossy(&spec_sampled.stdout).trim(),
-        String::from_utf8_lossy(&plain_sampled.stdout).trim()
-    );
+    same_output(&spec_sampled, &plain_sampled, "");
 }
 
 #[test]

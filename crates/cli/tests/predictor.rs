@@ -4,8 +4,6 @@
 mod common;
 use common::*;
 
-use std::path::PathBuf;
-
 #[test]
 fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     // On the shipped target and drafter, trained on a few calibration questions and scored on
@@ -69,13 +67,9 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
         ],
     ]
     .concat());
-    assert_eq!(
-        String::from_utf8_lossy(&spec.stdout).trim(),
-        String::from_utf8_lossy(&plain.stdout).trim()
-    );
+    same_output(&spec, &plain, "");
     // A predictor for another shape is refused.
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let other = root.join("fixtures/qwen3moe/topk_norm");
+    let other = other_target();
     let wrong = specfit(
         &[
             "generate",

@@ -30,6 +30,20 @@ pub fn fit_probes(probes: &Path, model: Option<&str>, out: &Path) {
     ok(&args);
 }
 
+/// Panics unless two runs printed the same tokens (their standard output, trimmed).
+pub fn same_output(got: &Output, want: &Output, what: &str) {
+    assert_eq!(
+        String::from_utf8_lossy(&got.stdout).trim(),
+        String::from_utf8_lossy(&want.stdout).trim(),
+        "{what}"
+    );
+}
+
+/// A fixture target of another shape than the shipped one (`fixtures/qwen3moe/topk_norm`).
+pub fn other_target() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3moe/topk_norm")
+}
+
 pub fn specfit(args: &[&str], stdin: Option<&str>) -> Output {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_specfit"));

@@ -116,11 +116,6 @@ impl VerifyPolicy {
         self.residency && self.needs_routes()
     }
 
-    /// Whether each decision runs the exact search (and is worth timing).
-    pub fn searches(&self) -> bool {
-        self.needs_routes()
-    }
-
     /// Tokens to decode plainly before the next speculative cycle (then 0 until a cycle again
     /// verifies nothing).
     pub fn take_burst(&mut self) -> usize {

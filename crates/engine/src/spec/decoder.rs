@@ -24,8 +24,8 @@ use crate::prefix::Prefix;
 use crate::sampling::{Sampler, Sampling};
 
 use super::draft::{
-    advance_drafter, concat_taps, draft_tree, feed_drafter, pool_depth, DraftNode, DraftState,
-    TreeShape,
+    advance_drafter, concat_taps, draft_tree, feed_drafter, learn, pool_depth, DraftNode,
+    DraftState, TreeShape,
 };
 use super::routes::{CycleAt, PoolRoutes, Routes};
 use super::stats::{Clock, DecodeStats, Phase};
@@ -233,12 +233,10 @@ impl<'a> Decoder<'a> {
             let next = self.sampler.sample(out.row(0));
             self.stats.count_plain_step();
             self.emit(&[next]);
-            let last = step + 1 == burst || self.done_after(next);
+            let last = step + 1 == burst || self.done();
             if let (true, Some(s), Some(draft)) = (last, &self.speculation, self.draft.as_mut()) {
                 let features = concat_taps(&out.taps, 1, h);
-                draft.kv.truncate(draft.committed)?;
-                let cache = std::mem::replace(&mut draft.kv, KvCache::new(0, 0, 0));
-                *draft = feed_drafter(self.target, s.drafter, cache, &[next], &features, at)?;
+                learn(self.target, s.drafter, draft, &[next], &features, at)?;
             }
         }
         clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
@@ -251,11 +249,6 @@ impl<'a> Decoder<'a> {
         self.stats.decode_seconds = decode - self.stats.atlas_seconds;
         self.stats.copies = self.cache.stats().since(&self.copies_before).total;
         self.stats
-    }
-
-    /// Whether emitting `next` ended the generation (max tokens or a stop token).
-    fn done_after(&self, next: u32) -> bool {
-        self.stats.tokens.len() >= self.options.max_tokens || self.options.stop.contains(&next)
     }
 
     fn outside_clock_seconds(&self) -> f64 {
@@ -393,7 +386,8 @@ impl Chooser<'_, '_> {
         let p = self.selector_pool(pool)?;
         let searched = Instant::now();
         let decision = self.policy.decide(&p, self.resident.as_ref(), more)?;
-        if self.policy.searches() {
+        if self.policy.needs_routes() {
+            // The policies that need routes are those that search.
             let us = searched.elapsed().as_secs_f64() * 1e6;
             self.stats.select_us.push(us);
         }

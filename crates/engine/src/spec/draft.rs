@@ -59,9 +59,22 @@ pub(crate) fn advance_drafter(
     n: usize,
     v: &Verified,
 ) -> Result<(), EngineError> {
+    learn(target, drafter, draft, &v.committed, &v.features, n)
+}
+
+/// Drops the drafter's uncommitted (tree) entries and feeds it `tokens` with the target's
+/// features `feats`, at positions `first..`.
+pub(crate) fn learn(
+    target: &Qwen3Moe,
+    drafter: &Eagle3,
+    draft: &mut DraftState,
+    tokens: &[u32],
+    feats: &[f32],
+    first: usize,
+) -> Result<(), EngineError> {
     draft.kv.truncate(draft.committed)?;
     let kv = std::mem::replace(&mut draft.kv, KvCache::new(0, 0, 0));
-    *draft = feed_drafter(target, drafter, kv, &v.committed, &v.features, n)?;
+    *draft = feed_drafter(target, drafter, kv, tokens, feats, first)?;
     Ok(())
 }
 

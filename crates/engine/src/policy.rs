@@ -117,19 +117,18 @@ pub fn verify_policy(
     cfg: &Qwen3MoeConfig,
 ) -> Result<VerifyPolicy, EngineError> {
     let name = spec.name;
-    let objective = match name {
+    match name {
         PolicyName::Ar => return Ok(VerifyPolicy::plain()),
         PolicyName::Eagle3 => return Ok(VerifyPolicy::top_k(spec.max_nodes)),
-        PolicyName::SpecfitLambda => Objective::Lambda { lambda: 0.0 },
-        _ => Objective::Ratio,
-    };
+        _ => {}
+    }
     let cal = spec
         .calibration
         .ok_or(EngineError::NoCalibration { policy: name })?;
-    let objective = match (objective, spec.lambda) {
-        (Objective::Lambda { .. }, Some(lambda)) => Objective::lambda(lambda)?,
-        (Objective::Lambda { .. }, None) => Objective::lambda(default_lambda(cal, cfg)?)?,
-        (o, _) => o,
+    let objective = match (name, spec.lambda) {
+        (PolicyName::SpecfitLambda, Some(lambda)) => Objective::lambda(lambda)?,
+        (PolicyName::SpecfitLambda, None) => Objective::lambda(default_lambda(cal, cfg)?)?,
+        _ => Objective::Ratio,
     };
     let residency = name == PolicyName::SpecfitResident;
     let cost = scale_beta(&cal.cost_model(residency)?, spec.beta_scale)?;

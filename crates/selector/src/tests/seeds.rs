@@ -1,4 +1,4 @@
-//! The seed table: tiny hand-checked pools with the subtree each objective must pick (the
+//! The seed table (`seeds.json`): tiny hand-checked pools with the subtree each objective must pick (the
 //! arithmetic is in each seed's comment), expanded by `generate` into variants that must not
 //! change the pick: expert relabelling, extra layers no token routes in, and an appended
 //! zero-probability leaf. Every variant is checked against both the search and the oracle.
@@ -11,219 +11,68 @@ use crate::search::Selector;
 
 const E: usize = 16;
 
+/// One hand-checked pool from `seeds.json`: `root` routes and `nodes` as (parent, prob,
+/// experts) in one layer; `beta` is the paper form's β (used when `residency` is null, else
+/// `[hit, miss]` prices the residency form); `k` is the node budget, capped by the intercepts
+/// given; `want` is the subtree every variant must pick; `why` holds the arithmetic.
 struct Seed {
-    name: &'static str,
-    /// Root routes (one layer) and nodes as (parent, prob, experts) in one layer.
-    root: &'static [u32],
-    nodes: &'static [(i64, f64, &'static [u32])],
-    intercepts: &'static [f64],
-    /// β of the paper form (used when `residency` is `None`).
+    name: String,
+    root: Vec<u32>,
+    nodes: Vec<(i64, f64, Vec<u32>)>,
+    intercepts: Vec<f64>,
     beta: f64,
-    /// `None` = the paper form with `beta`; `Some((hit, miss))` = the residency form.
     residency: Option<(f64, f64)>,
-    resident: &'static [u32],
+    resident: Vec<u32>,
     objective: Objective,
-    /// Node budget, capped by the intercepts given.
     k: usize,
-    want: &'static [usize],
+    want: Vec<usize>,
 }
 
-const SEEDS: &[Seed] = &[
-    // none: 1/11 = .091; {0}: 1.5/11 = .136 (expert 0 is already the root's).
-    Seed {
-        name: "single cheap node",
-        root: &[0],
-        nodes: &[(-1, 0.5, &[0])],
-        intercepts: &[10.0, 10.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0],
-    },
-    // none: 1/11 = .091; {0}: 1.1/14 = .079.
-    Seed {
-        name: "single costly node",
-        root: &[0],
-        nodes: &[(-1, 0.1, &[1, 2, 3])],
-        intercepts: &[10.0, 10.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[],
-    },
-    // sizes 0..3: 1/11, 1.9/12, 2.7/13, 3.4/14 = .243 (best).
-    Seed {
-        name: "chain",
-        root: &[0],
-        nodes: &[(-1, 0.9, &[1]), (0, 0.8, &[2]), (1, 0.7, &[3])],
-        intercepts: &[10.0; 4],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1, 2],
-    },
-    // the same chain under K = 2 stops at 2.7/13.
-    Seed {
-        name: "chain under a budget",
-        root: &[0],
-        nodes: &[(-1, 0.9, &[1]), (0, 0.8, &[2]), (1, 0.7, &[3])],
-        intercepts: &[10.0; 4],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 2,
-        want: &[0, 1],
-    },
-    // {0}: 1.5/12 = .125; {0,1}: 1.9/13 = .146; {0,1,2}: 1.95/14 = .139.
-    Seed {
-        name: "star",
-        root: &[0],
-        nodes: &[(-1, 0.5, &[1]), (-1, 0.4, &[2]), (-1, 0.05, &[3])],
-        intercepts: &[10.0; 4],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1],
-    },
-    // identical routes: every extra node is free after the first; all three: 1.9/12.
-    Seed {
-        name: "identical routes",
-        root: &[0],
-        nodes: &[(-1, 0.3, &[5]), (-1, 0.3, &[5]), (-1, 0.3, &[5])],
-        intercepts: &[10.0; 4],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1, 2],
-    },
-    // everything resident and hits free: time is a[n] = 10, so take all: 1.3/10.
-    Seed {
-        name: "everything resident",
-        root: &[0],
-        nodes: &[(-1, 0.2, &[1]), (0, 0.1, &[2])],
-        intercepts: &[10.0; 3],
-        beta: 0.0,
-        residency: Some((0.0, 5.0)),
-        resident: &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1],
-    },
-    // nothing resident: none 1/15 = .067 beats {0} 1.2/20 = .06.
-    Seed {
-        name: "nothing resident",
-        root: &[0],
-        nodes: &[(-1, 0.2, &[1]), (0, 0.1, &[2])],
-        intercepts: &[10.0; 3],
-        beta: 0.0,
-        residency: Some((0.0, 5.0)),
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[],
-    },
-    Seed {
-        name: "budget zero",
-        root: &[0],
-        nodes: &[(-1, 0.9, &[0]), (0, 0.9, &[0])],
-        intercepts: &[10.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 0,
-        want: &[],
-    },
-    // {0} and {1} tie at 1.5/12; the smaller index wins. {0,1}: 2/22.
-    Seed {
-        name: "tie broken by index",
-        root: &[0],
-        nodes: &[(-1, 0.5, &[1]), (-1, 0.5, &[1])],
-        intercepts: &[10.0, 10.0, 20.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0],
-    },
-    // a zero-probability node on the root's experts ties with none (1/11); fewer nodes win.
-    Seed {
-        name: "tie broken by size",
-        root: &[0],
-        nodes: &[(-1, 0.0, &[0])],
-        intercepts: &[10.0, 10.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[],
-    },
-    // lambda 0.5: none 1 - 5.5 = -4.5; {0} 1.9 - 6 = -4.1; {0,1} 2.0 - 6.5 = -4.5.
-    Seed {
-        name: "lambda rule",
-        root: &[0],
-        nodes: &[(-1, 0.9, &[1]), (0, 0.1, &[2])],
-        intercepts: &[10.0; 3],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Lambda { lambda: 0.5 },
-        k: 7,
-        want: &[0],
-    },
-    // intercepts that are not monotone: {0}: 1.3/30; {0,1}: 1.6/10 (the bound must look past m=1).
-    Seed {
-        name: "non-monotone intercepts",
-        root: &[0],
-        nodes: &[(-1, 0.3, &[0]), (-1, 0.3, &[0])],
-        intercepts: &[10.0, 30.0, 10.0],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1],
-    },
-    // a child more probable than its parent: {0,1} 2.0/11 beats {0} 1.1/11.
-    Seed {
-        name: "child outranks parent",
-        root: &[0],
-        nodes: &[(-1, 0.1, &[0]), (0, 0.9, &[0])],
-        intercepts: &[10.0; 3],
-        beta: 1.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::Ratio,
-        k: 7,
-        want: &[0, 1],
-    },
-    // topk takes the K most probable regardless of cost.
-    Seed {
-        name: "topk baseline",
-        root: &[0],
-        nodes: &[(-1, 0.5, &[1]), (-1, 0.4, &[2]), (0, 0.45, &[3])],
-        intercepts: &[10.0; 3],
-        beta: 100.0,
-        residency: None,
-        resident: &[],
-        objective: Objective::TopK,
-        k: 2,
-        want: &[0, 2],
-    },
-];
+fn seeds() -> Vec<Seed> {
+    let table: serde_json::Value = serde_json::from_str(include_str!("seeds.json")).unwrap();
+    table
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(Seed::from_json)
+        .collect()
+}
+
+fn numbers<T>(
+    v: &serde_json::Value,
+    field: &str,
+    from: impl Fn(&serde_json::Value) -> T,
+) -> Vec<T> {
+    v[field].as_array().unwrap().iter().map(from).collect()
+}
+
+fn id(v: &serde_json::Value) -> u32 {
+    u32::try_from(v.as_u64().unwrap()).unwrap()
+}
+
+impl Seed {
+    fn from_json(v: &serde_json::Value) -> Seed {
+        let node = |n: &serde_json::Value| {
+            let experts = n[2].as_array().unwrap().iter().map(id).collect();
+            (n[0].as_i64().unwrap(), n[1].as_f64().unwrap(), experts)
+        };
+        let residency = v["residency"]
+            .as_array()
+            .map(|hm| (hm[0].as_f64().unwrap(), hm[1].as_f64().unwrap()));
+        Seed {
+            name: v["name"].as_str().unwrap().to_owned(),
+            root: numbers(v, "root", id),
+            nodes: numbers(v, "nodes", node),
+            intercepts: numbers(v, "intercepts", |x| x.as_f64().unwrap()),
+            beta: v["beta"].as_f64().unwrap(),
+            residency,
+            resident: numbers(v, "resident", id),
+            objective: Objective::parse(v["objective"].as_str().unwrap()).unwrap(),
+            k: usize::try_from(v["k"].as_u64().unwrap()).unwrap(),
+            want: numbers(v, "want", |x| usize::try_from(x.as_u64().unwrap()).unwrap()),
+        }
+    }
+}
 
 /// A pool, cost and resident set ready to run.
 struct Variant {
@@ -238,10 +87,10 @@ impl Seed {
         let nodes = self
             .nodes
             .iter()
-            .map(|&(parent, prob, experts)| NodeSpec {
-                parent: usize::try_from(parent).ok(),
-                prob,
-                routes: vec![experts.to_vec()],
+            .map(|(parent, prob, experts)| NodeSpec {
+                parent: usize::try_from(*parent).ok(),
+                prob: *prob,
+                routes: vec![experts.clone()],
             })
             .collect();
         let spec = PoolSpec {
@@ -331,7 +180,9 @@ fn map_routes(v: &mut Variant, f: impl Fn(&Vec<u32>) -> Vec<u32>) {
 
 #[test]
 fn every_seed_and_variant_picks_the_hand_checked_subtree() {
-    for seed in SEEDS {
+    let seeds = seeds();
+    assert!(seeds.len() >= 15, "the seed table lost entries");
+    for seed in &seeds {
         for v in seed.generate() {
             let pool = v.spec.build().unwrap();
             let resident = ResidentSet::new(v.spec.layers, E, &v.resident).unwrap();

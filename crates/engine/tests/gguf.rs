@@ -301,6 +301,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
             let (model, mut cache) =
                 load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
             let drafter = Eagle3::load(&drafter_dir, model.config()).unwrap();
+            let pair = Pair::new(&model, &drafter);
             let prompt = [1u32, 45, 300, 17, 999, 5];
             let want = plain_tokens(&model, &mut cache, &prompt, sampling, seed, 24);
             let (_, mut disk) = load_target(
@@ -312,9 +313,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
             )
             .unwrap();
             let options = decode_options(24, sampling, seed);
-            let got = top_k_spec(
-                &model,
-                &drafter,
+            let got = pair.top_k(
                 &mut disk,
                 specfit_engine::Start::Prompt(&prompt),
                 7,

@@ -148,11 +148,12 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
     ] {
         let (m, mut c) = in_ram(&target);
         let d = Eagle3::load(&drafter, m.config()).unwrap();
+        let pair = Pair::new(&m, &d);
         let (mut cycles, mut committed) = (0, 0);
         for prompt in prompts() {
             let plain = plain_tokens(&m, &mut c, &prompt, Sampling::Greedy, 0, 24);
             let options = decode_options(24, Sampling::Greedy, 0);
-            let r = top_k_spec(&m, &d, &mut c, Start::Prompt(&prompt), 7, &options);
+            let r = pair.top_k(&mut c, Start::Prompt(&prompt), 7, &options);
             assert_eq!(
                 r.tokens,
                 plain,

@@ -51,6 +51,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let (target, mut all) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     for prompt in PROMPTS {
         for sampling in [
             Sampling::Greedy,
@@ -61,14 +62,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
         ] {
             let options = decode_options(24, sampling, 11);
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-            let want = top_k_spec(
-                &target,
-                &drafter,
-                &mut fresh,
-                Start::Prompt(prompt),
-                5,
-                &options,
-            );
+            let want = pair.top_k(&mut fresh, Start::Prompt(prompt), 5, &options);
             let prefix = Prefix::new(&target, Some(&drafter), &mut all, prompt).unwrap();
             assert!(prefix.has_drafter());
             for (slots, mode) in [
@@ -77,14 +71,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
                 (usize::MAX, CacheMode::NoCache),
             ] {
                 let mut cache = all.sibling(slots, mode).unwrap();
-                let got = top_k_spec(
-                    &target,
-                    &drafter,
-                    &mut cache,
-                    Start::Prefix(&prefix),
-                    5,
-                    &options,
-                );
+                let got = pair.top_k(&mut cache, Start::Prefix(&prefix), 5, &options);
                 assert_eq!(
                     got.tokens, want.tokens,
                     "prompt {prompt:?} {sampling:?} slots {slots}"
@@ -103,20 +90,14 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
     let (target, mut all) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
     let options = decode_options(4, Sampling::Greedy, 0);
     let mut policy = VerifyPolicy::top_k(5);
     let start = Start::Prefix(&prefix);
-    let err = speculate(
-        &target,
-        &drafter,
-        &mut all,
-        &mut policy,
-        Routes::None,
-        start,
-        &options,
-    )
-    .unwrap_err();
+    let err = pair
+        .speculate(&mut all, &mut policy, Routes::None, start, &options)
+        .unwrap_err();
     assert!(matches!(err, EngineError::PrefixWithoutDrafter), "{err}");
 }
 
@@ -134,6 +115,7 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
 fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
     let (target, mut all) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let base: &[u32] = &[1, 243, 56, 119, 188, 74, 255, 15];
     // (earlier prompt, new prompt): the same, a longer turn, a shorter one, a change in the
     // middle, at the start, at the last token, one-token prompts.
@@ -176,14 +158,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
         // Speculative decoding: the drafter's cache is extended too.
         let options = decode_options(12, sampling, 5);
         let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
-        let want = top_k_spec(
-            &target,
-            &drafter,
-            &mut fresh,
-            Start::Prompt(prompt),
-            5,
-            &options,
-        );
+        let want = pair.top_k(&mut fresh, Start::Prompt(prompt), 5, &options);
         let old = Prefix::new(&target, Some(&drafter), &mut all, earlier).unwrap();
         assert_eq!(old.reusable(prompt), keep.min(common.saturating_sub(1)));
         let prefix = old
@@ -196,14 +171,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
             "with drafter: {earlier:?} then {prompt:?}"
         );
         let mut cache = all.sibling(3, CacheMode::Lru).unwrap();
-        let got = top_k_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Start::Prefix(&prefix),
-            5,
-            &options,
-        );
+        let got = pair.top_k(&mut cache, Start::Prefix(&prefix), 5, &options);
         assert_eq!(
             got.tokens, want.tokens,
             "speculative: {earlier:?} then {prompt:?}"

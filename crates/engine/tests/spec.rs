@@ -18,6 +18,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     for prompt in prompts {
         let (target, mut cache) = fixture_target(usize::MAX);
         let drafter = tiny_drafter(&target);
+        let pair = Pair::new(&target, &drafter);
         let want = plain_tokens(&target, &mut cache, prompt, Sampling::Greedy, 0, 30);
         for (budget, slots, shape) in [
             (7, usize::MAX, TreeShape::default()),
@@ -47,14 +48,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
                 stop: vec![],
                 ..DecodeOptions::default()
             };
-            let got = top_k_spec(
-                &target,
-                &drafter,
-                &mut cache,
-                Start::Prompt(prompt),
-                budget,
-                &options,
-            );
+            let got = pair.top_k(&mut cache, Start::Prompt(prompt), budget, &options);
             assert_eq!(
                 got.tokens, want,
                 "prompt {prompt:?}, budget {budget}, slots {slots}, {shape:?}"
@@ -74,31 +68,18 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
 fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
     let options = decode_options(40, Sampling::Greedy, 0);
     let mut fewer_levels = 0;
     for k in [0, 1, 2, 3, 5, 7, 12] {
-        let early = top_k_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Start::Prompt(&prompt),
-            k,
-            &options,
-        );
+        let early = pair.top_k(&mut cache, Start::Prompt(&prompt), k, &options);
         // Top-K drafting every level (vanilla EAGLE-3 without the settled-top-K stop).
         let mut every = VerifyPolicy::top_k(k).stop_rule(false);
         let start = Start::Prompt(&prompt);
-        let full = speculate(
-            &target,
-            &drafter,
-            &mut cache,
-            &mut every,
-            Routes::None,
-            start,
-            &options,
-        )
-        .unwrap();
+        let full = pair
+            .speculate(&mut cache, &mut every, Routes::None, start, &options)
+            .unwrap();
         assert_eq!(early.tokens, full.tokens, "k = {k}");
         assert_eq!(
             (early.cycles, early.verified_nodes, early.committed),
@@ -256,6 +237,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188, 74];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 24);
     let costs = [
@@ -273,16 +255,9 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
         let wall = std::time::Instant::now();
-        let got = speculate(
-            &target,
-            &drafter,
-            &mut cache,
-            &mut policy,
-            routes,
-            start,
-            &options,
-        )
-        .unwrap();
+        let got = pair
+            .speculate(&mut cache, &mut policy, routes, start, &options)
+            .unwrap();
         let wall = wall.elapsed().as_secs_f64();
         assert_eq!(got.tokens, want, "cost {i}");
         // Every cycle searched at least once (the stop rule may search after each level).
@@ -310,16 +285,9 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let (_, mut cache) = load(2);
     let options = decode_options(4, Sampling::Greedy, 0);
     let start = Start::Prompt(&prompt);
-    let err = speculate(
-        &target,
-        &drafter,
-        &mut cache,
-        &mut policy,
-        Routes::None,
-        start,
-        &options,
-    )
-    .unwrap_err();
+    let err = pair
+        .speculate(&mut cache, &mut policy, Routes::None, start, &options)
+        .unwrap_err();
     assert!(
         matches!(err, specfit_engine::EngineError::NoRoutes { .. }),
         "{err}"
@@ -331,6 +299,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
     let load = fixture_target;
     let (target, mut cache) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119];
     for (seed, temperature, top_p, budget) in [
         (0, 0.7, 1.0, 7),
@@ -343,14 +312,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
         let want = plain_tokens(&target, &mut cache, &prompt, sampling, seed, 20);
         let (_, mut c) = load(2);
         let options = decode_options(20, sampling, seed);
-        let got = top_k_spec(
-            &target,
-            &drafter,
-            &mut c,
-            Start::Prompt(&prompt),
-            budget,
-            &options,
-        );
+        let got = pair.top_k(&mut c, Start::Prompt(&prompt), budget, &options);
         assert_eq!(
             got.tokens, want,
             "seed {seed}, T {temperature}, top-p {top_p}, budget {budget}"
@@ -363,6 +325,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     use specfit_engine::{Batch, Logits};
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 17, 9];
     let sampling = Sampling::TopP {
         temperature: 1.0,
@@ -396,14 +359,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let mut counts = vec![0usize; vocab];
     for seed in 0..n {
         let options = decode_options(2, sampling, seed);
-        let got = top_k_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Start::Prompt(&prompt),
-            7,
-            &options,
-        );
+        let got = pair.top_k(&mut cache, Start::Prompt(&prompt), 7, &options);
         counts[got.tokens[1] as usize] += 1;
     }
     // Pearson chi-square over tokens expected at least 5 times, the rest pooled.
@@ -483,19 +439,13 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let file = fixture_expert_file("spec-disk");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for mode in [CacheMode::Lru, CacheMode::NoCache] {
         let mut disk = fixture_disk_cache(&file, 2, mode);
         let options = decode_options(20, Sampling::Greedy, 0);
-        let got = top_k_spec(
-            &target,
-            &drafter,
-            &mut disk,
-            Start::Prompt(&prompt),
-            7,
-            &options,
-        );
+        let got = pair.top_k(&mut disk, Start::Prompt(&prompt), 7, &options);
         assert_eq!(got.tokens, want, "{mode:?}");
         assert!(got.copies.misses > 0);
         disk.verify_slots().unwrap();
@@ -510,6 +460,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
     let file = fixture_expert_file("spec-ahead");
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
     for slots in [2, 4] {
@@ -524,16 +475,9 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
         };
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
-        let got = speculate(
-            &target,
-            &drafter,
-            &mut disk,
-            &mut policy,
-            routes,
-            start,
-            &options,
-        )
-        .unwrap();
+        let got = pair
+            .speculate(&mut disk, &mut policy, routes, start, &options)
+            .unwrap();
         assert_eq!(got.tokens, want, "{slots} slots");
         let c = got.copies;
         assert!(c.read_ahead > 0 && c.ahead_used > 0, "{slots} slots: {c:?}");
@@ -550,6 +494,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     let load = fixture_target;
     let (target, _) = load(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     for (prompt, sampling) in [
         (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),
         (
@@ -570,16 +515,9 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
             let options = decode_options(40, sampling, 7);
             let routes = Routes::Atlas(&mut atlas);
             let start = Start::Prompt(prompt);
-            let got = speculate(
-                &target,
-                &drafter,
-                &mut load(2).1,
-                &mut policy,
-                routes,
-                start,
-                &options,
-            )
-            .unwrap();
+            let got = pair
+                .speculate(&mut load(2).1, &mut policy, routes, start, &options)
+                .unwrap();
             assert_eq!(got.tokens, want, "β {beta} {sampling:?}");
             assert!(got.plain_steps < got.cycles);
             bursts.push(got.plain_steps);
@@ -622,6 +560,7 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
 fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_output() {
     let (target, mut cache) = fixture_target(usize::MAX);
     let drafter = tiny_drafter(&target);
+    let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188, 74];
     let full = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 30);
     // Plain decoding stops right after the token during which the flag went up.
@@ -663,14 +602,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
             ))),
             ..DecodeOptions::default()
         };
-        let got = top_k_spec(
-            &target,
-            &drafter,
-            &mut cache,
-            Start::Prompt(&prompt),
-            7,
-            &options,
-        );
+        let got = pair.top_k(&mut cache, Start::Prompt(&prompt), 7, &options);
         assert!(
             got.tokens.len() >= at && got.tokens.len() < 30,
             "{at}: {got:?}"

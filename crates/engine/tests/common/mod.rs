@@ -156,49 +156,52 @@ pub fn plain_tokens(
         .tokens
 }
 
-/// Speculative decoding of `prompt` under `policy` on `routes`.
-pub fn speculate(
-    target: &Qwen3Moe,
-    drafter: &Eagle3,
-    cache: &mut ExpertCache,
-    policy: &mut VerifyPolicy,
-    routes: Routes<'_>,
-    start: Start<'_>,
-    options: &DecodeOptions,
-) -> Result<DecodeStats, specfit_engine::EngineError> {
-    let speculation = Speculation {
-        drafter,
-        policy,
-        routes,
-    };
-    generate(target, cache, Some(speculation), start, options)
+/// The fixture target with a drafter for it: what every speculative test decodes with.
+#[derive(Clone, Copy)]
+pub struct Pair<'a> {
+    pub target: &'a Qwen3Moe,
+    pub drafter: &'a Eagle3,
+}
+
+impl<'a> Pair<'a> {
+    pub fn new(target: &'a Qwen3Moe, drafter: &'a Eagle3) -> Pair<'a> {
+        Pair { target, drafter }
+    }
+
+    /// Speculative decoding from `start` under `policy` on `routes`.
+    pub fn speculate(
+        self,
+        cache: &mut ExpertCache,
+        policy: &mut VerifyPolicy,
+        routes: Routes<'_>,
+        start: Start<'_>,
+        options: &DecodeOptions,
+    ) -> Result<DecodeStats, specfit_engine::EngineError> {
+        let speculation = Speculation {
+            drafter: self.drafter,
+            policy,
+            routes,
+        };
+        generate(self.target, cache, Some(speculation), start, options)
+    }
+
+    /// Speculative decoding from `start` with the top-`k` verify policy and no route source
+    /// (the setup most engine tests compare with plain decoding).
+    pub fn top_k(
+        self,
+        cache: &mut ExpertCache,
+        start: Start<'_>,
+        k: usize,
+        options: &DecodeOptions,
+    ) -> DecodeStats {
+        let mut policy = VerifyPolicy::top_k(k);
+        self.speculate(cache, &mut policy, Routes::None, start, options)
+            .unwrap()
+    }
 }
 
 /// SpecFit's verify policy (ratio objective, K = 7, the draft-stop rule) believing `cost`.
 pub fn specfit_policy(cost: specfit_selector::CostModel) -> VerifyPolicy {
     let selector = specfit_selector::Selector::new(cost, 7, specfit_selector::Objective::Ratio);
     VerifyPolicy::specfit(selector.unwrap())
-}
-
-/// Speculative decoding from `start` with the top-`k` verify policy and no route source (the
-/// setup most engine tests compare with plain decoding).
-pub fn top_k_spec(
-    target: &Qwen3Moe,
-    drafter: &Eagle3,
-    cache: &mut ExpertCache,
-    start: Start<'_>,
-    k: usize,
-    options: &DecodeOptions,
-) -> DecodeStats {
-    let mut policy = VerifyPolicy::top_k(k);
-    speculate(
-        target,
-        drafter,
-        cache,
-        &mut policy,
-        Routes::None,
-        start,
-        options,
-    )
-    .unwrap()
 }

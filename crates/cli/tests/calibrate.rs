@@ -138,40 +138,16 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     assert!(file["replay"]["plain"].is_object(), "{file}");
     let base = [&GREEDY_20[..], &["--model", m]].concat();
     let plain = specfit(&base, None);
-    let spec = ok(&[
-        &base[..],
-        &[
-            "--drafter",
-            d,
-            "--policy",
-            "specfit",
-            "--calibration",
-            cal.to_str().unwrap(),
-        ],
-    ]
-    .concat());
+    let spec = ok(&[&base[..], &specfit_flags(d, &cal)].concat());
     same_output(&spec, &plain, "");
     assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
     // The calibration is stamped with the target's shape: another target refuses it.
     let other = other_target();
-    let wrong = specfit(
-        &[
-            "generate",
-            "--model",
-            other.to_str().unwrap(),
-            "--prompt-ids",
-            "1,2",
-            "--max-tokens",
-            "8",
-            "--drafter",
-            d,
-            "--policy",
-            "specfit",
-            "--calibration",
-            cal.to_str().unwrap(),
-        ],
-        None,
+    let generate_other = line(
+        "generate --prompt-ids 1,2 --max-tokens 8 --model",
+        &[other.to_str().unwrap()],
     );
+    let wrong = specfit(&[generate_other, specfit_flags(d, &cal)].concat(), None);
     assert_eq!(wrong.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("was measured on a target of shape"));
 }

@@ -238,46 +238,22 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
     );
     // The fixture has 128 positions: 2 prompt tokens + 127 is one too many, 126 fit.
     let too_long = specfit(
-        &[
-            "generate",
-            "--model",
-            model,
-            "--prompt-ids",
-            "1,2",
-            "--max-tokens",
-            "127",
-        ],
+        &line(
+            "generate --prompt-ids 1,2 --max-tokens 127 --model",
+            &[model],
+        ),
         None,
     );
     one_line(&too_long, "max_position_embeddings");
     // With a drafter the draft tree's levels (as given) need positions too: 2 + 100 + 26 > 128.
-    let deep = specfit(
-        &[
-            "generate",
-            "--model",
-            model,
-            "--drafter",
-            "fixtures/eagle3/tiny",
-            "--prompt-ids",
-            "1,2",
-            "--max-tokens",
-            "100",
-            "--levels",
-            "27",
-        ],
-        None,
-    );
+    let text =
+        "generate --drafter fixtures/eagle3/tiny --prompt-ids 1,2 --max-tokens 100 --levels 27";
+    let deep = specfit(&line(&format!("{text} --model"), &[model]), None);
     one_line(&deep, "27-level draft tree");
-    ok(&[
-        "generate",
-        "--model",
-        model,
-        "--prompt-ids",
-        "1,2",
-        "--max-tokens",
-        "126",
-        "--ignore-eos",
-    ]);
+    ok(&line(
+        "generate --prompt-ids 1,2 --max-tokens 126 --ignore-eos --model",
+        &[model],
+    ));
 }
 
 /// Plain decoding of 6 tokens of a 3-token prompt on the tiny EAGLE-3 target.

@@ -53,40 +53,15 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     let base = GREEDY_20;
     let plain = specfit(&base, None);
     let routes = format!("predictor:{}", pred.display());
-    let spec = ok(&[
-        &base[..],
-        &[
-            "--drafter",
-            d,
-            "--policy",
-            "specfit",
-            "--routes",
-            &routes,
-            "--calibration",
-            cal.to_str().unwrap(),
-        ],
-    ]
-    .concat());
+    let with_routes = [&specfit_flags(d, &cal)[..], &["--routes", &routes]].concat();
+    let spec = ok(&[&base[..], &with_routes].concat());
     same_output(&spec, &plain, "");
     // A predictor for another shape is refused.
     let other = other_target();
-    let wrong = specfit(
-        &[
-            "generate",
-            "--model",
-            other.to_str().unwrap(),
-            "--prompt-ids",
-            "1,2",
-            "--drafter",
-            d,
-            "--policy",
-            "specfit",
-            "--routes",
-            &routes,
-            "--calibration",
-            cal.to_str().unwrap(),
-        ],
-        None,
+    let generate_other = line(
+        "generate --prompt-ids 1,2 --model",
+        &[other.to_str().unwrap()],
     );
+    let wrong = specfit(&[generate_other, with_routes].concat(), None);
     assert_eq!(wrong.status.code(), Some(2));
 }

@@ -290,13 +290,7 @@ fn speculative_decoding_on_a_quantized_target_gives_plain_decodings_tokens() {
     for name in QUANTS {
         for (sampling, seed) in [
             (Sampling::Greedy, 0),
-            (
-                Sampling::TopP {
-                    temperature: 0.8,
-                    top_p: 0.9,
-                },
-                5,
-            ),
+            (Sampling::from_temperature(0.8, 0.9), 5),
         ] {
             let (model, mut cache) =
                 load_target(&gguf(name), &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();

@@ -18,13 +18,7 @@ const PROMPTS: [&[u32]; 3] = [
 fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let (target, mut all) = fixture_target(usize::MAX);
     for prompt in PROMPTS {
-        for sampling in [
-            Sampling::Greedy,
-            Sampling::TopP {
-                temperature: 0.9,
-                top_p: 0.95,
-            },
-        ] {
+        for sampling in [Sampling::Greedy, Sampling::from_temperature(0.9, 0.95)] {
             let options = decode_options(24, sampling, 3);
             let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
             let want =
@@ -53,13 +47,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
     let drafter = tiny_drafter(&target);
     let pair = Pair::new(&target, &drafter);
     for prompt in PROMPTS {
-        for sampling in [
-            Sampling::Greedy,
-            Sampling::TopP {
-                temperature: 0.8,
-                top_p: 0.9,
-            },
-        ] {
+        for sampling in [Sampling::Greedy, Sampling::from_temperature(0.8, 0.9)] {
             let options = decode_options(24, sampling, 11);
             let mut fresh = all.sibling(3, CacheMode::Lru).unwrap();
             let want = pair.top_k(&mut fresh, Start::Prompt(prompt), 5, &options);
@@ -130,10 +118,7 @@ fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
     ];
     for (earlier, prompt) in pairs {
         // Plain decoding.
-        let sampling = Sampling::TopP {
-            temperature: 0.9,
-            top_p: 0.95,
-        };
+        let sampling = Sampling::from_temperature(0.9, 0.95);
         let options = decode_options(12, sampling, 5);
         let mut fresh = all.sibling(2, CacheMode::Lru).unwrap();
         let want = plain_tokens(&target, &mut fresh, prompt, sampling, 5, 12);

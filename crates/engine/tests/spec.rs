@@ -327,10 +327,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let drafter = tiny_drafter(&target);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 17, 9];
-    let sampling = Sampling::TopP {
-        temperature: 1.0,
-        top_p: 1.0,
-    };
+    let sampling = Sampling::from_temperature(1.0, 1.0);
     // Exact marginal of the second generated token: Σ_x1 p(x1) p(x2 | x1).
     let mut kv = target.new_kv_cache();
     let first = target
@@ -497,13 +494,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     let pair = Pair::new(&target, &drafter);
     for (prompt, sampling) in [
         (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),
-        (
-            &[1u32, 5][..],
-            Sampling::TopP {
-                temperature: 0.8,
-                top_p: 0.9,
-            },
-        ),
+        (&[1u32, 5][..], Sampling::from_temperature(0.8, 0.9)),
     ] {
         let want = plain_tokens(&target, &mut load(2).1, prompt, sampling, 7, 40);
         // Cheap experts (verifies nodes, few bursts) and dear ones (mostly empty subtrees: bursts).

@@ -26,10 +26,7 @@ fn job(max_tokens: usize) -> (Job, UnboundedReceiver<Event>, Cancel) {
     let request = DecodeRequest {
         prompt: vec![1, 100, 200, 300],
         max_tokens,
-        sampling: Sampling::TopP {
-            temperature: 0.9,
-            top_p: 0.95,
-        },
+        sampling: Sampling::from_temperature(0.9, 0.95),
         seed: 1,
         stop: vec![],
     };

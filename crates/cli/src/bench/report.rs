@@ -13,8 +13,9 @@ use specfit_selector::json::CalibrationJson;
 
 use super::plan::{Config, PromptSet, Slots};
 
-/// What one decode of one prompt produced and cost.
-#[derive(Debug, Clone)]
+/// What one decode of one prompt produced and cost (in a [`Tally`], summed over prompts, with
+/// no tokens).
+#[derive(Debug, Clone, Default)]
 pub struct Outcome {
     pub tokens: Vec<u32>,
     pub decode_seconds: f64,
@@ -48,33 +49,9 @@ impl Outcome {
             read_seconds: g.copies.copy_seconds,
         }
     }
-}
 
-/// Outcomes of one configuration on one prompt set, summed.
-#[derive(Debug, Clone, Default)]
-pub struct Tally {
-    pub prompts: usize,
-    pub decoded: usize,
-    pub decode_seconds: f64,
-    pub cycles: usize,
-    pub verified: usize,
-    pub committed: usize,
-    pub atlas_seconds: f64,
-    pub misses: u64,
-    pub hits: u64,
-    pub bytes: u64,
-    pub wait_seconds: f64,
-    pub read_seconds: f64,
-    pub select_us: Vec<f64>,
-    pub lossless: usize,
-    /// Question ids whose output differed from plain decoding.
-    pub mismatched: Vec<u64>,
-}
-
-impl Tally {
-    pub fn add(&mut self, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
-        self.prompts += 1;
-        self.decoded += o.tokens.len().saturating_sub(1);
+    /// Adds `o`'s counts and times to these (not its tokens).
+    fn accumulate(&mut self, o: &Outcome) {
         self.decode_seconds += o.decode_seconds;
         self.cycles += o.cycles;
         self.verified += o.verified;
@@ -85,6 +62,27 @@ impl Tally {
         self.bytes += o.bytes;
         self.wait_seconds += o.wait_seconds;
         self.read_seconds += o.read_seconds;
+    }
+}
+
+/// Outcomes of one configuration on one prompt set, summed.
+#[derive(Debug, Clone, Default)]
+pub struct Tally {
+    pub prompts: usize,
+    pub decoded: usize,
+    /// The outcomes' counts and times, summed.
+    pub sum: Outcome,
+    pub select_us: Vec<f64>,
+    pub lossless: usize,
+    /// Question ids whose output differed from plain decoding.
+    pub mismatched: Vec<u64>,
+}
+
+impl Tally {
+    pub fn add(&mut self, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
+        self.prompts += 1;
+        self.decoded += o.tokens.len().saturating_sub(1);
+        self.sum.accumulate(o);
         self.select_us.extend_from_slice(select_us);
         if same {
             self.lossless += 1;
@@ -94,7 +92,7 @@ impl Tally {
     }
 
     pub fn tokens_per_second(&self) -> f64 {
-        ratio(self.decoded as f64, self.decode_seconds)
+        ratio(self.decoded as f64, self.sum.decode_seconds)
     }
 }
 
@@ -501,7 +499,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
             let eagle = find(PolicyName::Eagle3, c.slots);
             let mut us = t.select_us.clone();
             us.sort_by(f64::total_cmp);
-            let cycles = t.cycles as f64;
+            let cycles = t.sum.cycles as f64;
             Row {
                 label: c.label.clone(),
                 policy: c.policy.name(),
@@ -512,17 +510,17 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 tok_s,
                 speedup_vs_ar: ratio(tok_s, ar),
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),
-                nodes_per_cycle: ratio(t.verified as f64, cycles),
-                tokens_per_cycle: ratio(t.committed as f64, cycles),
-                cycle_ms: 1e3 * ratio(t.decode_seconds, cycles),
-                copies_per_token: ratio(t.misses as f64, t.decoded as f64),
-                mb_per_token: ratio(t.bytes as f64, t.decoded as f64) / 1e6,
-                copy_wait_share: ratio(t.wait_seconds, t.decode_seconds),
-                read_us: 1e6 * ratio(t.read_seconds, t.misses as f64),
+                nodes_per_cycle: ratio(t.sum.verified as f64, cycles),
+                tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
+                cycle_ms: 1e3 * ratio(t.sum.decode_seconds, cycles),
+                copies_per_token: ratio(t.sum.misses as f64, t.decoded as f64),
+                mb_per_token: ratio(t.sum.bytes as f64, t.decoded as f64) / 1e6,
+                copy_wait_share: ratio(t.sum.wait_seconds, t.sum.decode_seconds),
+                read_us: 1e6 * ratio(t.sum.read_seconds, t.sum.misses as f64),
                 select_us_median: us.get(us.len() / 2).copied(),
-                atlas_ms_per_cycle: 1e3 * ratio(t.atlas_seconds, cycles),
+                atlas_ms_per_cycle: 1e3 * ratio(t.sum.atlas_seconds, cycles),
                 decoded_tokens: t.decoded,
-                decode_seconds: t.decode_seconds,
+                decode_seconds: t.sum.decode_seconds,
                 prompts: t.prompts,
                 lossless_prompts: t.lossless,
                 mismatched_question_ids: t.mismatched.clone(),

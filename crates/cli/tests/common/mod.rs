@@ -19,6 +19,21 @@ pub const GREEDY_20: [&str; 8] = [
     "2",
 ];
 
+/// A command line written as one string, split at white space, then `more` (paths and other
+/// values that may hold spaces go there, never into `text`).
+pub fn line<'a>(text: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    text.split_whitespace()
+        .chain(more.iter().copied())
+        .collect()
+}
+
+/// `--policy specfit --drafter DRAFTER --calibration CAL`: SpecFit with `drafter` believing
+/// calibration `cal` (append to a `generate` line).
+pub fn specfit_flags<'a>(drafter: &'a str, cal: &'a Path) -> Vec<&'a str> {
+    let values = [drafter, "--calibration", cal.to_str().unwrap()];
+    line("--policy specfit --drafter", &values)
+}
+
 /// `specfit calibrate --probes PROBES [--model MODEL] --out OUT`: fits a calibration from probe
 /// rows (stamped with MODEL's shape when given).
 pub fn fit_probes(probes: &Path, model: Option<&str>, out: &Path) {

@@ -49,7 +49,8 @@ import sys
 import unicodedata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from common import REPO, add_eval_arguments, read_jsonl, render
+
 SHARED = REPO.parent / "shared" / "data"
 
 CNN_PREFIX = "###\nArticle: "
@@ -68,15 +69,6 @@ def norm(s):
 def ngrams(normalised, n):
     w = normalised.split()
     return {" ".join(w[i:i + n]) for i in range(len(w) - n + 1)}
-
-
-def render(messages):
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def sha256(path):
@@ -101,8 +93,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gsm8k-train", type=Path, default=SHARED / "gsm8k" / "train.jsonl")
     ap.add_argument("--cnn-dm", type=Path, default=SHARED / "cnn_dm" / "cnn_dailymail_0shot.jsonl")
-    ap.add_argument("--eval-summarization", type=Path, default=REPO / "data" / "spec_bench" / "summarization.jsonl")
-    ap.add_argument("--eval-math", type=Path, default=REPO / "data" / "spec_bench" / "math_reasoning.jsonl")
+    add_eval_arguments(ap)
     ap.add_argument("--eval-extra-gsm8k", type=Path, default=SHARED / "gsm8k" / "eagle_gsm8k_question.jsonl",
                     help="an extra GSM8K question set to decontaminate against (EAGLE's 80); '' to skip")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out" / "corpus")
@@ -162,25 +153,31 @@ def main():
     seen = {"gsm8k": {}, "cnn_dm": {}}
     counts = {s: collections.Counter() for s in docs}
 
+    def kept(src, did, t, head, m):
+        """Counts a document of src (normalised text t) and says whether it stays: not when it matches an
+        eval prompt (m, from match) or repeats an earlier document of src; removed records either."""
+        counts[src]["input"] += 1
+        if m:
+            counts[src][f"removed_{m[0]}"] += 1
+            removed.append({"id": did, "source": src, "reason": f"eval_{m[0]}", "matched": m[1],
+                            "shared_ngrams": m[2], "prompt_head": head[:100]})
+            return False
+        if t in seen[src]:
+            counts[src]["duplicate"] += 1
+            removed.append({"id": did, "source": src, "reason": "duplicate", "matched": [seen[src][t]],
+                            "shared_ngrams": None, "prompt_head": head[:100]})
+            return False
+        seen[src][t] = did
+        return True
+
     for i, r in enumerate(read_jsonl(args.gsm8k_train)):
         did = f"gsm8k-train-{i:05d}"
         q, a = r["question"], r["answer"]
         if args.gsm8k_strip_calc:
             a = CALC_RE.sub("", a)
         t = norm(q)
-        counts["gsm8k"]["input"] += 1
-        m = match(t, q_exact, None, q_grams, use_prefix=False)
-        if m:
-            counts["gsm8k"][f"removed_{m[0]}"] += 1
-            removed.append({"id": did, "source": "gsm8k", "reason": f"eval_{m[0]}", "matched": m[1],
-                            "shared_ngrams": m[2], "prompt_head": q[:100]})
+        if not kept("gsm8k", did, t, q, match(t, q_exact, None, q_grams, use_prefix=False)):
             continue
-        if t in seen["gsm8k"]:
-            counts["gsm8k"]["duplicate"] += 1
-            removed.append({"id": did, "source": "gsm8k", "reason": "duplicate", "matched": [seen["gsm8k"][t]],
-                            "shared_ngrams": None, "prompt_head": q[:100]})
-            continue
-        seen["gsm8k"][t] = did
         docs["gsm8k"].append({"id": did, "source": "gsm8k", "source_index": i,
                               "messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]})
 
@@ -190,19 +187,8 @@ def main():
         assert art.startswith(CNN_PREFIX) and art.endswith(CNN_SUFFIX), did
         art = art[len(CNN_PREFIX):-len(CNN_SUFFIX)].strip()
         t = norm(art)
-        counts["cnn_dm"]["input"] += 1
-        m = match(t, a_exact, a_prefix, a_grams, use_prefix=True)
-        if m:
-            counts["cnn_dm"][f"removed_{m[0]}"] += 1
-            removed.append({"id": did, "source": "cnn_dm", "reason": f"eval_{m[0]}", "matched": m[1],
-                            "shared_ngrams": m[2], "prompt_head": art[:100]})
+        if not kept("cnn_dm", did, t, art, match(t, a_exact, a_prefix, a_grams, use_prefix=True)):
             continue
-        if t in seen["cnn_dm"]:
-            counts["cnn_dm"]["duplicate"] += 1
-            removed.append({"id": did, "source": "cnn_dm", "reason": "duplicate", "matched": [seen["cnn_dm"][t]],
-                            "shared_ngrams": None, "prompt_head": art[:100]})
-            continue
-        seen["cnn_dm"][t] = did
         docs["cnn_dm"].append({"id": did, "source": "cnn_dm", "source_index": i,
                                "messages": [{"role": "user", "content": SB_SUM_PREFIX + art},
                                             {"role": "assistant", "content": highlights_to_reference(r["summary_gt"])}]})

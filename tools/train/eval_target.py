@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from common import read_jsonl
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 OUT = HERE / "out"
@@ -45,11 +47,6 @@ def parse_args():
     p.add_argument("--max-docs", type=int, default=0, help="score only the first N documents of each source (0 = all)")
     p.add_argument("--threads", type=int, default=2)
     return p.parse_args()
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def router_summary(counts, num_experts):

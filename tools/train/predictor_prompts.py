@@ -17,11 +17,13 @@ import json
 import random
 from pathlib import Path
 
+from common import read_jsonl
+
 OUT = Path(__file__).resolve().parent / "out"
 
 
 def pick(path: Path, gsm8k: int, cnn: int, chars: int, rng: random.Random):
-    docs = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+    docs = read_jsonl(path)
     by = {"gsm8k": [], "cnn_dm": []}
     for d in docs:
         by[d["source"]].append(d)

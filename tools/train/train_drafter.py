@@ -54,9 +54,6 @@ import copy
 import hashlib
 import json
 import math
-import os
-import signal
-import shutil
 import sys
 import time
 from collections import Counter
@@ -66,9 +63,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
-REPO = HERE.parents[1]
+from common import REPO, read_jsonl
+from training import (OUT, add_output_arguments, add_run_arguments, add_schedule_arguments, adamw, fresh_dir,
+                      jsonable, load_state, log, lr_at, optimizer_step, process_info, resume, save_state_atomic,
+                      set_threads_and_seed, stop_flag)
+
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 ASSISTANT_TAG = "<|im_start|>assistant\n"
 
@@ -83,10 +82,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=Path, default=OUT / "target", help="exported target (HF dir, bf16)")
     p.add_argument("--corpus", type=Path, default=OUT / "corpus")
-    p.add_argument("--ckpt-dir", type=Path, default=OUT / "drafter_ckpt")
-    p.add_argument("--log", type=Path, default=OUT / "drafter_log.jsonl")
-    p.add_argument("--export-dir", type=Path, default=OUT / "drafter")
-    p.add_argument("--info", type=Path, default=OUT / "drafter_train_info.json")
+    add_output_arguments(p, "drafter")
     # drafter
     p.add_argument("--draft-vocab", type=int, default=4096,
                    help="draft vocabulary: the most frequent target ids in the training responses "
@@ -110,22 +106,14 @@ def parse_args(argv=None):
                         "With 0 (as EAGLE-3) the unroll steps > 0 only run on the positions that carry loss")
     p.add_argument("--min-assistant", type=int, default=16,
                    help="with --prompt-weight 0, skip chunks with fewer assistant tokens than this")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=0.5)
+    add_schedule_arguments(p, warmup=50, weight_decay=0.01, clip=0.5)
     # evaluation / bookkeeping
     p.add_argument("--eval-gsm8k", type=int, default=12)
     p.add_argument("--eval-cnn", type=int, default=4)
     p.add_argument("--eval-new-tokens", type=int, default=96)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=5)
-    p.add_argument("--ckpt-minutes", type=float, default=5.0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--export-only", action="store_true", help="export the latest checkpoint and exit")
-    p.add_argument("--bench", type=int, default=0, metavar="N", help="time N steps, print tokens/s, write nothing")
+    add_run_arguments(p, bench_help="time N steps, print tokens/s, write nothing")
     return p.parse_args(argv)
 
 
@@ -303,11 +291,6 @@ def drafter_config(a, tcfg):
 # ---------------------------------------------------------------- data
 
 
-def load_docs(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def encode_docs(tok, docs):
     """Token ids of each document's `text` and, per token, 1 if it is part of the assistant answer (the answer
     and its closing <|im_end|>), else 0."""
@@ -426,7 +409,7 @@ def ttt_loss(model, feats, logits_t, x, weights, used, t2d, n, decay):
 def make_eval_set(target, tok, a):
     """Greedy target continuations of held-out prompts: the first --eval-gsm8k GSM8K and --eval-cnn CNN/DM
     documents of valid.jsonl (corpus order), rendered with the generation prompt."""
-    docs = load_docs(a.corpus / "valid.jsonl")
+    docs = read_jsonl(a.corpus / "valid.jsonl")
     picked = [d for d in docs if d["source"] == "gsm8k"][: a.eval_gsm8k] + \
              [d for d in docs if d["source"] == "cnn_dm"][: a.eval_cnn]
     items = []
@@ -485,31 +468,10 @@ def evaluate(model, target, items, taps, used, t2d, n):
 # ---------------------------------------------------------------- state / export
 
 
-def lr_at(step, a):
-    if step < a.warmup:
-        return a.lr * (step + 1) / a.warmup
-    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-def jsonable(a):
-    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
-
-
 def save_state(path, model, opt, step, tokens, train_seconds, a, vocab, target_sha):
-    tmp = path.with_suffix(".tmp")
-    torch.save({"target_sha": target_sha, "model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                "tokens": tokens, "train_seconds": train_seconds, "args": jsonable(a), "vocab": vocab,
-                "torch_rng": torch.get_rng_state()}, tmp)
-    os.replace(tmp, path)
-
-
-def log(a, rec):
-    rec = {"t": round(time.time(), 1), **rec}
-    print(json.dumps(rec), flush=True)
-    if not a.bench:
-        with open(a.log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+    save_state_atomic(path, {"target_sha": target_sha, "model": model.state_dict(), "opt": opt.state_dict(),
+                             "step": step, "tokens": tokens, "train_seconds": train_seconds, "args": jsonable(a),
+                             "vocab": vocab, "torch_rng": torch.get_rng_state()})
 
 
 def param_counts(model):
@@ -559,10 +521,7 @@ def export(model, cfg, vocab, target, taps, a, extra, check_ids):
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    d = a.export_dir
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
+    d = fresh_dir(a.export_dir)
     dt = torch.bfloat16 if a.export_dtype == "bf16" else torch.float32
     tensors = {k: v.detach().to(dt).contiguous() for k, v in model.state_dict().items()}
     tensors["d2t"] = vocab["d2t"].to(torch.int64).contiguous()
@@ -594,9 +553,7 @@ def export(model, cfg, vocab, target, taps, a, extra, check_ids):
 
 def main():
     a = parse_args()
-    torch.set_num_threads(a.threads)
-    torch.set_num_interop_threads(1)
-    torch.manual_seed(a.seed)
+    set_threads_and_seed(a)
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -620,15 +577,14 @@ def main():
     model = Eagle3Head(cfg, embed)
 
     state_path = a.ckpt_dir / "state.pt"
-    state = None
-    if not a.bench and state_path.exists():
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
+    state = load_state(state_path, a.bench)
+    if state is not None:
         if state.get("target_sha") != target_sha:
             sys.exit(f"{state_path} was trained on another target (model.safetensors sha256 differs); "
                      "use a fresh --ckpt-dir")
         model.load_state_dict(state["model"])
 
-    train_docs = load_docs(a.corpus / "train.jsonl")
+    train_docs = read_jsonl(a.corpus / "train.jsonl")
     enc = encode_docs(tok, train_docs)
     if state is not None:
         vocab = state["vocab"]
@@ -662,16 +618,8 @@ def main():
     tokens_per_step = a.batch * a.seq_len
     counts = param_counts(model)
 
-    opt_groups = [
-        {"params": [p for n, p in model.named_parameters() if p.ndim >= 2], "weight_decay": a.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(opt_groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8)
-    step, tokens, train_seconds = 0, 0, 0.0
-    if state is not None:
-        opt.load_state_dict(state["opt"])
-        step, tokens, train_seconds = state["step"], state["tokens"], state["train_seconds"]
-        torch.set_rng_state(state["torch_rng"])
+    opt = adamw(model, a)
+    step, tokens, train_seconds = resume(opt, state)
 
     items = []
     if not a.bench:
@@ -695,14 +643,9 @@ def main():
             "chunks_dropped": n_all - n_chunks, "seq_len": a.seq_len, "tokens_per_step": tokens_per_step,
             "epochs_planned": round(a.steps * a.batch / n_chunks, 3), "target": str(a.target),
             "target_sha256": target_sha, "selftest": selftest, "setup_s": round(time.time() - t0, 1),
-            "threads": torch.get_num_threads(), "nice": os.nice(0), "pid": os.getpid()})
+            **process_info()})
 
-    stop = {"flag": False}
-
-    def on_signal(signum, frame):
-        stop["flag"] = True
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_flag()
 
     end = a.bench if a.bench else a.steps
     model.train()
@@ -713,17 +656,12 @@ def main():
     last_eval = None
     while step < end and not stop["flag"]:
         ts = time.time()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
         x, r = batch_at(stream, roles, starts, step, a.batch, a.seq_len, a.seed)
         w = torch.where(r > 0, torch.tensor(1.0), torch.tensor(a.prompt_weight))
         feats, logits_t = target_features(target, x[:, :-1], taps)
         tt = time.time()
         loss, losses, accs = ttt_loss(model, feats, logits_t, x, w, used, t2d, a.ttt, a.decay)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip).item()
-        opt.step()
+        gnorm = optimizer_step(model, opt, loss, lr_at(step, a), a.clip)
         step += 1
         tokens += tokens_per_step
         dt = time.time() - ts

@@ -31,9 +31,7 @@ import argparse
 import copy
 import json
 import math
-import os
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -41,8 +39,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "out"
+from common import read_jsonl
+from training import (OUT, add_output_arguments, add_run_arguments, add_schedule_arguments, adamw, fresh_dir,
+                      jsonable, load_state, log, lr_at, optimizer_step, process_info, resume, save_state_atomic,
+                      set_threads_and_seed, stop_flag)
+
 EOT_ID, IM_START_ID, IM_END_ID = 0, 1, 2
 
 # Chosen from the throughput measured on this machine at nice 19 (README "Target model"): ~1,600 tokens/s
@@ -57,10 +58,7 @@ def parse_args():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--corpus", type=Path, default=OUT / "corpus")
     p.add_argument("--tokenizer", type=Path, default=OUT / "tokenizer")
-    p.add_argument("--ckpt-dir", type=Path, default=OUT / "target_ckpt")
-    p.add_argument("--log", type=Path, default=OUT / "target_log.jsonl")
-    p.add_argument("--export-dir", type=Path, default=OUT / "target")
-    p.add_argument("--info", type=Path, default=OUT / "target_train_info.json")
+    add_output_arguments(p, "target")
     # model
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
@@ -76,22 +74,13 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=2048,
                    help="2048 so the model sees the positions of the bench's CNN/DM prompts (up to ~1,900 tokens)")
     p.add_argument("--batch", type=int, default=2, help="sequences per step")
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine decays to lr * this")
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--beta2", type=float, default=0.95)
-    p.add_argument("--clip", type=float, default=1.0)
+    add_schedule_arguments(p, warmup=30, weight_decay=0.1, clip=1.0, min_lr_help="cosine decays to lr * this")
     p.add_argument("--aux-coef", type=float, default=0.01, help="load-balancing loss weight (router_aux_loss_coef)")
     # bookkeeping
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--eval-seqs", type=int, default=12, help="validation sequences of --seq-len per periodic eval")
-    p.add_argument("--ckpt-minutes", type=float, default=5.0)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--export-only", action="store_true", help="export the latest checkpoint and exit")
-    p.add_argument("--bench", type=int, default=0, metavar="N",
-                   help="time N steps of a fresh model, print tokens/s, write nothing")
+    add_run_arguments(p, bench_help="time N steps of a fresh model, print tokens/s, write nothing")
     return p.parse_args()
 
 
@@ -122,8 +111,7 @@ def param_counts(model, cfg):
 
 def load_stream(path, tok, seed):
     """Token stream: documents in a seeded order, <|endoftext|> between them (and at the end)."""
-    with open(path, encoding="utf-8") as f:
-        docs = [json.loads(line) for line in f if line.strip()]
+    docs = read_jsonl(path)
     g = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(docs), generator=g).tolist()
     ids = tok([docs[i]["text"] for i in order], add_special_tokens=False)["input_ids"]
@@ -187,36 +175,14 @@ def evaluate(model, vseqs, cfg):
 
 # ---------------------------------------------------------------- state
 
-def lr_at(step, a):
-    if step < a.warmup:
-        return a.lr * (step + 1) / a.warmup
-    t = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
-    return a.lr * (a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def save_state(path, model, opt, step, tokens, train_seconds, a):
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
-                "train_seconds": train_seconds, "args": {k: str(v) if isinstance(v, Path) else v
-                                                         for k, v in vars(a).items()},
-                "torch_rng": torch.get_rng_state()}, tmp)
-    os.replace(tmp, path)
-
-
-def log(a, rec):
-    rec = {"t": round(time.time(), 1), **rec}
-    print(json.dumps(rec), flush=True)
-    if not a.bench:
-        with open(a.log, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec) + "\n")
+    save_state_atomic(path, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "tokens": tokens,
+                             "train_seconds": train_seconds, "args": jsonable(a), "torch_rng": torch.get_rng_state()})
 
 
 def export(model, cfg, a, counts, extra):
     from transformers import GenerationConfig
-    d = a.export_dir
-    if d.exists():
-        shutil.rmtree(d)
-    d.mkdir(parents=True)
+    d = fresh_dir(a.export_dir)
     m = copy.deepcopy(model).to(torch.bfloat16)  # the training model stays f32
     m.config.output_router_logits = False
     m.config.use_cache = True
@@ -248,8 +214,7 @@ def export(model, cfg, a, counts, extra):
            "reload_weights_identical": same, "bf16_vs_f32_max_abs_logit_diff": round(diff, 4),
            "bf16_vs_f32_argmax_agree": round(agree, 4), "tokenizer_len": len(tok), "eos_token_id": tok.eos_token_id, **extra}
     log(a, rec)
-    info = {"config": cfg.to_dict(), "params": counts, "args": {k: str(v) if isinstance(v, Path) else v
-                                                                 for k, v in vars(a).items()}, "export": rec}
+    info = {"config": cfg.to_dict(), "params": counts, "args": jsonable(a), "export": rec}
     a.info.write_text(json.dumps(info, indent=1) + "\n")
     if not same:
         sys.exit("export check failed: reloaded weights differ")
@@ -259,9 +224,7 @@ def export(model, cfg, a, counts, extra):
 
 def main():
     a = parse_args()
-    torch.set_num_threads(a.threads)
-    torch.set_num_interop_threads(1)
-    torch.manual_seed(a.seed)
+    set_threads_and_seed(a)
     from transformers import AutoTokenizer, Qwen3MoeForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error()
@@ -270,9 +233,8 @@ def main():
     model = Qwen3MoeForCausalLM._from_config(cfg, attn_implementation="sdpa", torch_dtype=torch.float32)
     counts = param_counts(model, cfg)
     state_path = a.ckpt_dir / "state.pt"
-    state = None
-    if not a.bench and state_path.exists():
-        state = torch.load(state_path, map_location="cpu", weights_only=False)
+    state = load_state(state_path, a.bench)
+    if state is not None:
         model.load_state_dict(state["model"])
 
     if a.export_only:
@@ -292,28 +254,15 @@ def main():
     vseqs = chunk(vstream, a.seq_len)[: a.eval_seqs]
     tokens_per_step = a.batch * a.seq_len
 
-    opt_groups = [
-        {"params": [p for n, p in model.named_parameters() if p.ndim >= 2], "weight_decay": a.weight_decay},
-        {"params": [p for n, p in model.named_parameters() if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    opt = torch.optim.AdamW(opt_groups, lr=a.lr, betas=(0.9, a.beta2), eps=1e-8, fused=False)
-    step, tokens, train_seconds = 0, 0, 0.0
-    if state is not None:
-        opt.load_state_dict(state["opt"])
-        step, tokens, train_seconds = state["step"], state["tokens"], state["train_seconds"]
-        torch.set_rng_state(state["torch_rng"])
+    opt = adamw(model, a, fused=False)
+    step, tokens, train_seconds = resume(opt, state)
     log(a, {"type": "resume" if state else ("bench" if a.bench else "start"), "step": step, "steps": a.steps,
             "params": counts, "train_docs": ndocs, "train_tokens": len(tstream), "train_seqs": seqs.shape[0],
             "seq_len": a.seq_len, "tokens_per_step": tokens_per_step, "epochs_planned":
             round(a.steps * a.batch / seqs.shape[0], 3), "eval_tokens": vseqs.numel(), "data_s": round(time.time() - t0, 1),
-            "threads": torch.get_num_threads(), "nice": os.nice(0), "pid": os.getpid()})
+            **process_info()})
 
-    stop = {"flag": False}
-
-    def on_signal(signum, frame):
-        stop["flag"] = True
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_flag()
 
     if a.bench:
         a.steps = max(a.steps, a.bench)
@@ -326,14 +275,9 @@ def main():
     bench_times = []
     while step < end and not stop["flag"]:
         ts = time.time()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, a)
         x = batch_at(seqs, step, a.batch, a.seed)
         loss, ce, aux = forward_loss(model, x, cfg, a.aux_coef)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip).item()
-        opt.step()
+        gnorm = optimizer_step(model, opt, loss, lr_at(step, a), a.clip)
         step += 1
         tokens += tokens_per_step
         dt = time.time() - ts

@@ -28,8 +28,9 @@ import statistics
 import sys
 from pathlib import Path
 
+from common import add_eval_arguments, read_jsonl, render
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # The Qwen2 / Qwen2.5 / Qwen3 pre-tokenizer split pattern (tokenizer.json of those models).
@@ -49,15 +50,6 @@ AWKWARD = [
     "numbers 1234567890 3.14 -5 1,000,000 $12.50 50%", "<<48/2=24>>24\n#### 72", "a\u00a0nbsp \u2212 minus \u2013 dash",
     "literal <|im_end|> inside text", "<|im_start|>user\nhi<|im_end|>\n", "\x00\x01 control", "'s 't 're 've 'm 'll 'd",
 ]
-
-
-def read_jsonl(path):
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def render(messages):
-    return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
 def pct(xs, q):
@@ -97,8 +89,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", type=Path, default=HERE / "out" / "corpus")
     ap.add_argument("--out", type=Path, default=HERE / "out" / "tokenizer")
-    ap.add_argument("--eval-summarization", type=Path, default=REPO / "data" / "spec_bench" / "summarization.jsonl")
-    ap.add_argument("--eval-math", type=Path, default=REPO / "data" / "spec_bench" / "math_reasoning.jsonl")
+    add_eval_arguments(ap)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--min-frequency", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="RAYON_NUM_THREADS for the trainer (results do not depend on it)")

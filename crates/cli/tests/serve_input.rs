@@ -40,26 +40,34 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
         "{{\"prompt\":[{}],\"max_tokens\":4}}",
         vec!["5"; 5000].join(",")
     );
-    let cases: Vec<(&str, String, u16, &str)> = vec![
-        (&chat, "{not json".into(), 400, "not valid JSON"),
+    // Good messages with one bad field: (field, status, what the error says).
+    let bad_fields = [
+        (r#""max_tokens":"10""#, 400, "integer"),
+        (r#""model":"no-such-model""#, 404, "does not exist"),
+        (r#""max_tokens":0"#, 400, "at least 1"),
+        (r#""max_tokens":-3"#, 400, "at least 1"),
+        (
+            r#""max_tokens":100000"#,
+            400,
+            "exceeds this model's context",
+        ),
+        (r#""temperature":-1"#, 400, "between 0 and 2"),
+        (r#""top_p":0"#, 400, "(0, 1]"),
+        (r#""top_p":1.5"#, 400, "(0, 1]"),
+    ];
+    let mut cases: Vec<(&str, String, u16, &str)> = bad_fields
+        .iter()
+        .map(|&(field, status, says)| (chat.as_str(), format!("{{{msgs},{field}}}"), status, says))
+        .collect();
+    let huge_prompt = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(70_000));
+    cases.extend([
+        (chat.as_str(), "{not json".into(), 400, "not valid JSON"),
         (&chat, "[]".into(), 400, "JSON object"),
         (
             &chat,
             r#"{"messages":"hi"}"#.into(),
             400,
             "must be an array",
-        ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"max_tokens":"10"}}"#),
-            400,
-            "integer",
-        ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"model":"no-such-model"}}"#),
-            404,
-            "does not exist",
         ),
         (&chat, r#"{"messages":[]}"#.into(), 400, "must not be empty"),
         (
@@ -68,32 +76,6 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             400,
             "unknown role",
         ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"max_tokens":0}}"#),
-            400,
-            "at least 1",
-        ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"max_tokens":-3}}"#),
-            400,
-            "at least 1",
-        ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"max_tokens":100000}}"#),
-            400,
-            "exceeds this model's context",
-        ),
-        (
-            &chat,
-            format!(r#"{{{msgs},"temperature":-1}}"#),
-            400,
-            "between 0 and 2",
-        ),
-        (&chat, format!(r#"{{{msgs},"top_p":0}}"#), 400, "(0, 1]"),
-        (&chat, format!(r#"{{{msgs},"top_p":1.5}}"#), 400, "(0, 1]"),
         (&completions, long_prompt, 400, "context"),
         (
             &completions,
@@ -101,14 +83,9 @@ async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
             400,
             "outside the vocabulary",
         ),
-        (
-            &completions,
-            format!(r#"{{"prompt":"{}"}}"#, "x".repeat(70_000)),
-            413,
-            "larger than",
-        ),
+        (&completions, huge_prompt, 413, "larger than"),
         (&nowhere, "{}".into(), 404, "no route"),
-    ];
+    ]);
     for (url, body, status, says) in cases {
         let (got, v) = post(url, &body).await;
         let shown = &body[..body.len().min(80)];

@@ -59,9 +59,10 @@ import subprocess
 import sys
 import time
 
-from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, convert_gguf, fits_in_memory,
-                      flash_probe, guarded, llama_settings, machine, mark_process_tree, rel, rotation, rounds_arg,
-                      run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env, write_report)
+from protocol import (DRIVER, GUARD, ROOT, add_worker_arguments, binary_info, command_line, convert_gguf, fits_in_memory,
+                      flash_probe, guarded, llama_context, llama_model, llama_settings, machine, mark_process_tree, rel,
+                      rotation, rounds_arg, run_json_worker, set_guard, setting_name, specfit_commit, spread,
+                      thread_env, write_report)
 
 DTYPES = ("f32", "bf16")
 ENGINES = ("specfit", "llama")
@@ -106,34 +107,14 @@ def llama_worker(args: argparse.Namespace) -> dict:
     L.llama_backend_init()
     gguf = args.gguf
     kv_name = KV_TYPE[args.dtype]
-    kv = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[kv_name]
     cfg = json.loads(args.worker_config)
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    mp.use_extra_bufts = cfg["repack"]
-    mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK if cfg["mlock"] else L.LLAMA_LOAD_MODE_MMAP
-    model = L.llama_model_load_from_file(str(gguf).encode(), mp)
-    if not model:
-        raise SystemExit(f"llama.cpp could not load {gguf}")
+    model = llama_model(gguf, cfg)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     if n_vocab != VOCAB:
         raise SystemExit(f"{gguf} has {n_vocab} tokens, expected {VOCAB}")
 
-    cp = L.llama_context_default_params()
-    cp.n_ctx = 2048
-    cp.n_batch = 512
-    cp.n_ubatch = 512
-    cp.n_seq_max = 1
-    cp.n_threads = args.threads
-    cp.n_threads_batch = args.threads
-    cp.type_k = kv
-    cp.type_v = kv
     fa = cfg["flash"]
-    cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[fa]
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        raise SystemExit("llama.cpp could not create a context")
+    ctx, cp = llama_context(model, 2048, args.threads, kv_name, fa)
     capture[0] = False
     context_log = [ln.strip() for ln in log if ln.startswith(("llama_context", "llama_kv_cache"))
                    or "Flash Attention" in ln]
@@ -380,10 +361,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="llama.cpp source tree, to convert missing GGUFs")
     ap.add_argument("--specfit-bin", type=pathlib.Path, default=ROOT / "target/release/examples/forward_time")
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/forward_time.json")
-    add_guard_arguments(ap)
-    ap.add_argument("--verbose", action="store_true")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-config", default=None, help=argparse.SUPPRESS)
+    add_worker_arguments(ap)
     ap.set_defaults(run=run)
 
 

@@ -20,22 +20,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     cfg = Qwen3MoeConfig(
-        vocab_size=8192,
-        hidden_size=512,
-        intermediate_size=1024,
-        moe_intermediate_size=256,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        num_experts=32,
-        num_experts_per_tok=4,
-        norm_topk_prob=True,
-        max_position_embeddings=4096,
-        rope_theta=1e6,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
+        vocab_size=8192, hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
+        num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+        num_experts=32, num_experts_per_tok=4, norm_topk_prob=True,
+        max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2,
     )
     model = Qwen3MoeForCausalLM(cfg).eval()
     with torch.no_grad():

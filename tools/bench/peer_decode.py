@@ -52,10 +52,10 @@ import subprocess
 import sys
 import time
 
-from protocol import (DRIVER, GUARD, ROOT, add_guard_arguments, binary_info, command_line, convert_gguf, cpu_snapshot,
-                      flash_probe, llama_settings, machine, mark_process_tree, others_seconds, rel, rotation,
-                      rounds_arg, run_json_worker, set_guard, setting_name, specfit_commit, spread, thread_env,
-                      wait_quiet, write_report)
+from protocol import (DRIVER, GUARD, ROOT, add_worker_arguments, binary_info, command_line, convert_gguf, cpu_snapshot,
+                      flash_probe, llama_context, llama_model, llama_settings, machine, mark_process_tree,
+                      others_seconds, rel, rotation, rounds_arg, run_json_worker, set_guard, setting_name,
+                      specfit_commit, spread, thread_env, wait_quiet, write_report)
 
 # key -> (engine, weights, description of the compute)
 ENGINES = {
@@ -126,32 +126,12 @@ def llama_worker(args: argparse.Namespace) -> dict:
     L.llama_backend_init()
     cfg = json.loads(args.worker_config)
     gguf = gguf_path(args, args.worker)
-    kv = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[KV_TYPE[args.worker]]
-    mp = L.llama_model_default_params()
-    mp.n_gpu_layers = 0
-    mp.use_extra_bufts = cfg["repack"]
-    mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK if cfg["mlock"] else L.LLAMA_LOAD_MODE_MMAP
-    model = L.llama_model_load_from_file(str(gguf).encode(), mp)
-    if not model:
-        raise SystemExit(f"llama.cpp could not load {gguf}")
+    model = llama_model(gguf, cfg)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     prompt = (L.llama_token * len(args.prompt_ids))(*args.prompt_ids)
 
     def run() -> tuple[list[int], float, float]:
-        cp = L.llama_context_default_params()
-        cp.n_ctx = 512
-        cp.n_batch = 512
-        cp.n_ubatch = 512
-        cp.n_seq_max = 1
-        cp.n_threads = args.threads
-        cp.n_threads_batch = args.threads
-        cp.type_k = kv
-        cp.type_v = kv
-        cp.flash_attn_type = (L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg["flash"] == "on"
-                              else L.LLAMA_FLASH_ATTN_TYPE_DISABLED)
-        ctx = L.llama_init_from_model(model, cp)
-        if not ctx:
-            raise SystemExit("llama.cpp could not create a context")
+        ctx, _ = llama_context(model, 512, args.threads, KV_TYPE[args.worker], cfg["flash"])
 
         def argmax() -> int:
             ptr = L.llama_get_logits_ith(ctx, -1)
@@ -305,10 +285,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs per engine row and round")
     ap.add_argument("--engines", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench-results/peer_decode.json")
-    add_guard_arguments(ap)
-    ap.add_argument("--verbose", action="store_true")
-    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--worker-config", default=None, help=argparse.SUPPRESS)
+    add_worker_arguments(ap)
     ap.set_defaults(run=run)
 
 

@@ -3,9 +3,10 @@ specfit-vs-llama.cpp comparison in tools/bench/ does the same way.
 
 It owns the page cache (drop, warm, measure), running and watching one process, the rotating
 rounds and their statistics, llama.cpp's settings under the protocol (weight repacking, mlock, the
-flash-attention probe), the noise guard, the machine description and writing a report. It owns no
-comparison (gguf_decode.py, forward_time.py, peer_decode.py, serve_load.py) and no command line
-(peer_protocol.py).
+flash-attention probe) and a model and context made under them through the low-level API, the noise
+guard and the options it shares with the worker subprocesses, the machine description and writing a
+report. It owns no comparison (gguf_decode.py, forward_time.py, peer_decode.py, serve_load.py) and
+no command line (peer_protocol.py).
 
 The protocol:
 - the same compute threads: llama.cpp `n_threads` = `n_threads_batch` (llama-server `-t`/`-tb`)
@@ -188,6 +189,44 @@ def setting_name(setting: dict) -> str:
     return f"repack {'on' if setting['repack'] else 'off'}{', mlock' if setting['mlock'] else ''}"
 
 
+def llama_model(gguf: pathlib.Path, setting: dict):
+    """`gguf` loaded on the CPU through llama-cpp-python's low-level API under one of
+    llama_settings (weight repacking, mlock); SystemExit where llama.cpp cannot load it."""
+    import llama_cpp as L
+
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = 0
+    mp.use_extra_bufts = setting["repack"]
+    mp.load_mode = L.LLAMA_LOAD_MODE_MMAP_MLOCK if setting["mlock"] else L.LLAMA_LOAD_MODE_MMAP
+    model = L.llama_model_load_from_file(str(gguf).encode(), mp)
+    if not model:
+        raise SystemExit(f"llama.cpp could not load {gguf}")
+    return model
+
+
+def llama_context(model, n_ctx: int, threads: int, kv_cache: str, flash: str):
+    """A context on a llama_model, and its parameters: n_ctx positions, batches of 512 tokens
+    (`n_batch` = `n_ubatch`), one sequence, `threads` threads for single tokens and batches alike
+    (`n_threads` = `n_threads_batch`), a `kv_cache` ("f32" or "f16") KV cache and flash attention
+    `flash` ("auto", "on" or "off"); SystemExit where llama.cpp cannot make it."""
+    import llama_cpp as L
+
+    cp = L.llama_context_default_params()
+    cp.n_ctx = n_ctx
+    cp.n_batch = 512
+    cp.n_ubatch = 512
+    cp.n_seq_max = 1
+    cp.n_threads = threads
+    cp.n_threads_batch = threads
+    cp.type_k = cp.type_v = {"f32": L.GGML_TYPE_F32, "f16": L.GGML_TYPE_F16}[kv_cache]
+    cp.flash_attn_type = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                          "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash]
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise SystemExit("llama.cpp could not create a context")
+    return ctx, cp
+
+
 def convert_gguf(path: pathlib.Path, model: pathlib.Path, dtype: str, llama_cpp_src: pathlib.Path | None,
                  how: str, tokenizer_pre: str | None = None) -> None:
     """Converts the checkpoint `model` to the GGUF `path` (`dtype` weights) with llama.cpp's own
@@ -244,6 +283,15 @@ def add_guard_arguments(ap: argparse.ArgumentParser) -> None:
                     help="seconds to wait for a quiet machine before measuring anyway")
     ap.add_argument("--max-retries", type=int, default=GUARD["max_retries"],
                     help="noisy measurements thrown away before keeping a noisy one")
+
+
+def add_worker_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of a comparison whose engines run in worker subprocesses: the guard's, --verbose
+    (llama.cpp's log on stderr) and the hidden --worker and --worker-config a worker is started with."""
+    add_guard_arguments(ap)
+    ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker-config", default=None, help=argparse.SUPPRESS)
 
 
 def set_guard(args: argparse.Namespace) -> list[str]:

@@ -90,10 +90,10 @@ def parse_args(argv=None):
     p.add_argument("--no-route-sync", action="store_true",
                    help="skip the per-layer device-to-host copy of the router's top-k ids (a "
                         "real offloading engine needs them on the host to decide its copies)")
-    p.add_argument("--max-pinned-gib", type=float, default=8.0,
-                   help="refuse host pools larger than this (GiB, after allocator rounding)")
-    p.add_argument("--max-gpu-gib", type=float, default=40.0,
-                   help="refuse slot caches plus dense weights larger than this (GiB)")
+    for flag, gib, refused in (
+            ("--max-pinned-gib", 8.0, "host pools larger than this (GiB, after allocator rounding)"),
+            ("--max-gpu-gib", 40.0, "slot caches plus dense weights larger than this (GiB)")):
+        p.add_argument(flag, type=float, default=gib, help="refuse " + refused)
     p.add_argument("--seed", type=int, default=0, help="seed of weights and probe plan")
     return p.parse_args(argv)
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use specfit_engine::policy::PolicyName;
-use specfit_engine::predictor::RoutePredictor;
+use specfit_engine::predictor::{HeadShape, RoutePredictor};
 use specfit_engine::spec::Atlas;
 use specfit_engine::{Eagle3, Qwen3Moe};
 
@@ -59,15 +59,8 @@ impl RouteChoice {
 
 /// Loads a route predictor head for this target and drafter.
 pub fn load_predictor(path: &Path, model: &Qwen3Moe, drafter: &Eagle3) -> Result<RoutePredictor> {
-    let cfg = model.config();
-    let dim = drafter.config().hidden_size + cfg.hidden_size;
-    Ok(RoutePredictor::load(
-        path,
-        cfg.moe_layers().len(),
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-        dim,
-    )?)
+    let shape = HeadShape::for_pair(model.config(), drafter.config().hidden_size);
+    Ok(RoutePredictor::load(path, shape)?)
 }
 
 /// Turns an atlas into the one `route` names (corrupting it when asked); predictors load

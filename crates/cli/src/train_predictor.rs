@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Result};
 use specfit_engine::measure::PoolWalk;
-use specfit_engine::predictor::{RoutePredictor, RouteSample};
+use specfit_engine::predictor::{HeadShape, RoutePredictor, RouteSample};
 use specfit_engine::spec::TreeShape;
 use specfit_engine::{Eagle3, Tokenizer};
 
@@ -81,13 +81,9 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let train_samples = collect(&train)?;
     let held_samples = collect(&held)?;
-    let cfg = model.config();
-    let (layers, experts, k) = (
-        cfg.moe_layers().len(),
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-    );
-    let predictor = RoutePredictor::fit(&train_samples, layers, experts, k, args.ridge)?;
+    let shape = HeadShape::for_pair(model.config(), drafter.config().hidden_size);
+    let (experts, k) = (shape.experts, shape.num_experts_per_tok);
+    let predictor = RoutePredictor::fit(&train_samples, shape, args.ridge)?;
     let held_acc = predictor.accuracy(&held_samples);
     let train_acc = predictor.accuracy(&train_samples);
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;

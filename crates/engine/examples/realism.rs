@@ -24,7 +24,7 @@ use std::time::Instant;
 use serde_json::json;
 use specfit_engine::inflate::routers::{lru_hits, previous_overlap};
 use specfit_engine::measure::PoolWalk;
-use specfit_engine::predictor::RoutePredictor;
+use specfit_engine::predictor::{HeadShape, RoutePredictor};
 use specfit_engine::spec::{Atlas, Start, TreeShape};
 use specfit_engine::{
     generate, load_target, Batch, CacheMode, DecodeOptions, Eagle3, Logits, Qwen3Moe, Tier,
@@ -344,15 +344,8 @@ fn main() {
     // training data), inflated pair beside the shipped pair.
     if a.positions > 0 {
         let predictor_of = |path: &PathBuf, m: &Qwen3Moe, d: &Eagle3| {
-            let c = m.config();
-            RoutePredictor::load(
-                path,
-                c.moe_layers().len(),
-                c.num_experts,
-                c.num_experts_per_tok,
-                d.config().hidden_size + c.hidden_size,
-            )
-            .unwrap()
+            let shape = HeadShape::for_pair(m.config(), d.config().hidden_size);
+            RoutePredictor::load(path, shape).unwrap()
         };
         let big_drafter = Eagle3::load(a.drafter.as_ref().unwrap(), bc).unwrap();
         let small_drafter = Eagle3::load(&a.small_drafter, sc).unwrap();

@@ -31,6 +31,7 @@ pub mod tokenizer;
 mod weights;
 
 use std::path::Path;
+use std::sync::Arc;
 
 pub use batch::{Batch, ForwardOutput, Logits, Mask};
 pub use cancel::Cancel;
@@ -70,23 +71,23 @@ pub fn load_target(
     mode: CacheMode,
     dtype: Option<WeightDtype>,
 ) -> Result<(Qwen3Moe, ExpertCache), EngineError> {
-    let (model, store): (Qwen3Moe, Box<dyn ExpertStore>) = match tier {
+    let (model, store): (Qwen3Moe, Arc<dyn ExpertStore>) = match tier {
         // A GGUF file is its own expert store, no conversion: in RAM, its quantized experts
         // are used in place from the mapped file (no slots, no copies); on disk, they stream
         // from it into the slots.
         Tier::Ram | Tier::Disk(_) if gguf::is_gguf(dir) => {
             let (model, store) = Qwen3Moe::load_gguf(dir, dtype, *tier == Tier::Ram)?;
-            (model, Box::new(store))
+            (model, Arc::new(store))
         }
         Tier::Ram => {
             let (model, store) = Qwen3Moe::load(dir, dtype)?;
-            (model, Box::new(store))
+            (model, Arc::new(store))
         }
         Tier::Disk(path) => {
             let (model, fingerprint) = Qwen3Moe::load_dense(dir, dtype)?;
             let store =
                 experts::DiskStore::open(path, model.config(), fingerprint, model.weight_dtype())?;
-            (model, Box::new(store))
+            (model, Arc::new(store))
         }
     };
     let cfg = model.config();

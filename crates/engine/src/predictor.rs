@@ -11,6 +11,7 @@ use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 
+use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::kernels::math::top_k;
 use crate::kernels::packed::PackedMatrix;
@@ -27,6 +28,19 @@ pub struct HeadShape {
     pub experts: usize,
     pub num_experts_per_tok: usize,
     pub dim: usize,
+}
+
+impl HeadShape {
+    /// The head of `target`'s routing fed by a drafter of hidden width `drafter_hidden`: its
+    /// features are the drafter's hidden state beside the token's target embedding.
+    pub fn for_pair(target: &Qwen3MoeConfig, drafter_hidden: usize) -> HeadShape {
+        HeadShape {
+            layers: target.moe_layers().len(),
+            experts: target.num_experts,
+            num_experts_per_tok: target.num_experts_per_tok,
+            dim: drafter_hidden + target.hidden_size,
+        }
+    }
 }
 
 /// The fitted head.
@@ -61,17 +75,21 @@ fn bad(reason: String) -> EngineError {
 
 impl RoutePredictor {
     /// Fits `[w | b]` minimising `‖X w + b − Y‖² + ridge · ‖w‖²` with `Y` the one-hot routes.
+    /// Every sample's features must be `shape.dim` wide and its routes `shape.layers` long.
     pub fn fit(
         samples: &[RouteSample],
-        layers: usize,
-        experts: usize,
-        num_experts_per_tok: usize,
+        shape: HeadShape,
         ridge: f64,
     ) -> Result<RoutePredictor, EngineError> {
-        let dim = samples
-            .first()
-            .map(|s| s.0.len())
-            .ok_or_else(|| bad("no training samples".into()))?;
+        if samples.is_empty() {
+            return Err(bad("no training samples".into()));
+        }
+        let HeadShape {
+            layers,
+            experts,
+            dim,
+            ..
+        } = shape;
         let (d1, outs) = (dim + 1, layers * experts);
         // Normal equations with a constant feature for the bias: A = XᵀX + ridge·I, B = XᵀY.
         let mut a = vec![0.0f64; d1 * d1];
@@ -113,16 +131,7 @@ impl RoutePredictor {
             }
             bias[o] = sol[dim * outs + o] as f32;
         }
-        Ok(RoutePredictor::new(
-            HeadShape {
-                layers,
-                experts,
-                num_experts_per_tok,
-                dim,
-            },
-            w,
-            bias,
-        ))
+        Ok(RoutePredictor::new(shape, w, bias))
     }
 
     /// Feature width.
@@ -229,13 +238,13 @@ impl RoutePredictor {
     }
 
     /// Reads a predictor and checks it against the target's shape and the feature width.
-    pub fn load(
-        path: &Path,
-        layers: usize,
-        experts: usize,
-        num_experts_per_tok: usize,
-        dim: usize,
-    ) -> Result<RoutePredictor, EngineError> {
+    pub fn load(path: &Path, shape: HeadShape) -> Result<RoutePredictor, EngineError> {
+        let HeadShape {
+            layers,
+            experts,
+            dim,
+            ..
+        } = shape;
         let bytes = std::fs::read(path).map_err(EngineError::io(path))?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
             EngineError::Safetensors {
@@ -263,16 +272,7 @@ impl RoutePredictor {
         };
         let w = take("weight", vec![outs, dim])?;
         let b = take("bias", vec![outs])?;
-        Ok(RoutePredictor::new(
-            HeadShape {
-                layers,
-                experts,
-                num_experts_per_tok,
-                dim,
-            },
-            w,
-            b,
-        ))
+        Ok(RoutePredictor::new(shape, w, b))
     }
 }
 
@@ -332,15 +332,21 @@ mod tests {
                 (x, vec![vec![best], vec![3 - best]])
             })
             .collect();
-        let p = RoutePredictor::fit(&samples[..300], 2, 4, 1, 1e-6).unwrap();
+        let shape = |layers| HeadShape {
+            layers,
+            experts: 4,
+            num_experts_per_tok: 1,
+            dim: 4,
+        };
+        let p = RoutePredictor::fit(&samples[..300], shape(2), 1e-6).unwrap();
         let acc = p.accuracy(&samples[300..]);
         assert!(acc.iter().all(|&a| a > 0.7), "{acc:?}");
         let dir = std::env::temp_dir().join(format!("specfit-predictor-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("p.safetensors");
         p.save(&path).unwrap();
-        assert_eq!(RoutePredictor::load(&path, 2, 4, 1, 4).unwrap(), p);
-        let e = RoutePredictor::load(&path, 3, 4, 1, 4)
+        assert_eq!(RoutePredictor::load(&path, shape(2)).unwrap(), p);
+        let e = RoutePredictor::load(&path, shape(3))
             .unwrap_err()
             .to_string();
         assert!(e.contains("3"), "{e}");

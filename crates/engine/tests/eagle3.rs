@@ -75,7 +75,7 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
     let (target, store) = Qwen3Moe::load(&tdir, None).unwrap();
     let cfg = target.config().clone();
     let mut cache = specfit_engine::ExpertCache::new(
-        Box::new(store),
+        std::sync::Arc::new(store),
         cfg.moe_layers().len(),
         cfg.num_experts,
         2,

@@ -43,7 +43,7 @@ fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {
     let cfg = model.config();
     let layers = cfg.moe_layers().len();
     let experts = cfg.num_experts;
-    let cache = ExpertCache::new(Box::new(store), layers, experts, slots, mode).unwrap();
+    let cache = ExpertCache::new(std::sync::Arc::new(store), layers, experts, slots, mode).unwrap();
     (model, cache)
 }
 

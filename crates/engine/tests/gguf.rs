@@ -246,8 +246,14 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
         let (model, store) = Qwen3Moe::load(&path, None).unwrap();
         let cfg = model.config();
         let layers = cfg.moe_layers().len();
-        let mut cache =
-            ExpertCache::new(Box::new(store), layers, cfg.num_experts, 2, CacheMode::Lru).unwrap();
+        let mut cache = ExpertCache::new(
+            std::sync::Arc::new(store),
+            layers,
+            cfg.num_experts,
+            2,
+            CacheMode::Lru,
+        )
+        .unwrap();
         assert_eq!(
             greedy(&model, &mut cache, &prompt, 12),
             want,

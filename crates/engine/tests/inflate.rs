@@ -11,6 +11,7 @@ use common::*;
 use std::path::{Path, PathBuf};
 
 use specfit_engine::inflate::{inflate, manifest_path, FileType, Options, Routing, Shape};
+use specfit_engine::predictor::{HeadShape, RoutePredictor};
 use specfit_engine::Start;
 use specfit_engine::{load_target, Batch, CacheMode, Eagle3, Logits, Sampling, Tier};
 
@@ -204,15 +205,8 @@ fn the_carried_over_route_predictor_loads_for_the_inflated_pair() {
     let dir = inflated();
     let (m, _) = in_ram(&FileType::Q8_0.target_path(&dir));
     let d = Eagle3::load(&dir.join("drafter"), m.config()).unwrap();
-    let cfg = m.config();
-    let p = specfit_engine::predictor::RoutePredictor::load(
-        &dir.join("route-predictor.safetensors"),
-        cfg.moe_layers().len(),
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-        d.config().hidden_size + cfg.hidden_size,
-    )
-    .unwrap();
+    let shape = HeadShape::for_pair(m.config(), d.config().hidden_size);
+    let p = RoutePredictor::load(&dir.join("route-predictor.safetensors"), shape).unwrap();
     assert_eq!(p.dim(), 1024);
 }
 

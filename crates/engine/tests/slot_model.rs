@@ -30,7 +30,7 @@ proptest! {
         let layout = ExpertLayout { hidden: 16, intermediate: 16, dtype: WeightDtype::F32, quant_bytes: None };
         let store = RamStore::new(layout, layers, experts);
         let mut cache =
-            ExpertCache::new(Box::new(store), layers, experts, slots, CacheMode::Lru).unwrap();
+            ExpertCache::new(std::sync::Arc::new(store), layers, experts, slots, CacheMode::Lru).unwrap();
         let mut model = SlotLru::new(layers, slots);
         for (f, forward) in forwards.iter().enumerate() {
             for (layer, needed) in forward.iter().enumerate() {

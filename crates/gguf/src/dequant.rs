@@ -314,15 +314,20 @@ fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// Scale and min of sub-blocks `2·chunk` and `2·chunk + 1` of a Q4_K or Q5_K block.
+fn chunk_scales(d: f32, dmin: f32, scales: &[u8], chunk: usize) -> [(f32, f32); 2] {
+    [2 * chunk, 2 * chunk + 1].map(|j| {
+        let (sc, m) = scale_min(j, scales);
+        (d * sc as f32, dmin * m as f32)
+    })
+}
+
 fn q4_k(x: &[u8], y: &mut [f32]) {
     let (d, dmin) = (f16(&x[0..2]), f16(&x[2..4]));
     let scales = &x[4..16];
     let qs = &x[16..144];
     for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (sc1, m1) = scale_min(2 * chunk, scales);
-        let (sc2, m2) = scale_min(2 * chunk + 1, scales);
-        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        let [(d1, min1), (d2, min2)] = chunk_scales(d, dmin, scales, chunk);
         for l in 0..32 {
             y[l] = d1 * (q[l] & 0x0F) as f32 - min1;
             y[l + 32] = d2 * (q[l] >> 4) as f32 - min2;
@@ -336,10 +341,7 @@ fn q5_k(x: &[u8], y: &mut [f32]) {
     let qh = &x[16..48];
     let qs = &x[48..176];
     for (chunk, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (sc1, m1) = scale_min(2 * chunk, scales);
-        let (sc2, m2) = scale_min(2 * chunk + 1, scales);
-        let (d1, min1) = (d * sc1 as f32, dmin * m1 as f32);
-        let (d2, min2) = (d * sc2 as f32, dmin * m2 as f32);
+        let [(d1, min1), (d2, min2)] = chunk_scales(d, dmin, scales, chunk);
         let (u1, u2) = (1u8 << (2 * chunk), 2u8 << (2 * chunk));
         for l in 0..32 {
             let hi1 = if qh[l] & u1 != 0 { 16 } else { 0 };

@@ -28,7 +28,7 @@ use serde::Serialize;
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::model::eagle3::Eagle3Config;
-use crate::predictor::RoutePredictor;
+use crate::predictor::{HeadShape, RoutePredictor};
 use crate::weights::Checkpoint;
 pub use plan::{Plan, Shape};
 
@@ -213,7 +213,13 @@ fn inflate_predictor(
 ) -> Result<RoutePredictor, EngineError> {
     let (s, big) = (&plan.small, &plan.shape);
     let small_dim = small_drafter_hidden + s.hidden;
-    let p = RoutePredictor::load(path, s.layers, s.experts, s.num_experts_per_tok, small_dim)?;
+    let small_shape = HeadShape {
+        layers: s.layers,
+        experts: s.experts,
+        num_experts_per_tok: s.num_experts_per_tok,
+        dim: small_dim,
+    };
+    let p = RoutePredictor::load(path, small_shape)?;
     let (w0, b0) = p.weights();
     let (layers, experts) = (big.num_hidden_layers, big.num_experts);
     let dim = 2 * big.hidden_size;
@@ -231,7 +237,7 @@ fn inflate_predictor(
                 .copy_from_slice(&src[small_drafter_hidden..]);
         }
     }
-    let shape = crate::predictor::HeadShape {
+    let shape = HeadShape {
         layers,
         experts,
         num_experts_per_tok: big.num_experts_per_tok,

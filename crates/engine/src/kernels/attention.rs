@@ -121,21 +121,13 @@ fn attend_block(
     // `g·D·16 + p·tile_floats` inside `tiles`, which covers every pushed token; `scores` has
     // keys16 columns per row.
     unsafe {
-        let q_rows = RowsIn {
-            ptr: qg.as_ptr(),
-            ld: d,
-            rows: nq,
-            k: d,
-        };
+        let q_rows = RowsIn::of(&qg, d, nq, d);
         let key_panels = PanelSrc::F32 {
             base: tiles.as_ptr().add(g * d * TILE),
             ldb: TILE,
             pstride: kv.tile_floats(),
         };
-        let out = RowsOut {
-            ptr: scores.as_mut_ptr(),
-            ld: keys16,
-        };
+        let out = RowsOut::of(&mut scores, keys16);
         packed::gemm_raw(isa, q_rows, key_panels, 0..keys16 / TILE, out)
     };
     // Probabilities over each row's visible keys, in cache order; 0 for the others.
@@ -166,21 +158,13 @@ fn attend_block(
     // head_stride floats at `j·value_row + g·head_stride` for every `j < keys`; `o` is
     // nq × head_stride.
     unsafe {
-        let p_rows = RowsIn {
-            ptr: scores.as_ptr(),
-            ld: keys16,
-            rows: nq,
-            k: keys,
-        };
+        let p_rows = RowsIn::of(&scores, keys16, nq, keys);
         let value_panels = PanelSrc::F32 {
             base: values.as_ptr().add(g * hs),
             ldb: kv.value_row(),
             pstride: TILE,
         };
-        let out = RowsOut {
-            ptr: o.as_mut_ptr(),
-            ld: hs,
-        };
+        let out = RowsOut::of(&mut o, hs);
         packed::gemm_raw(isa, p_rows, value_panels, 0..hs / TILE, out)
     };
     o

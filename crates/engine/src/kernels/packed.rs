@@ -43,6 +43,17 @@ pub struct RowsIn {
 }
 
 impl RowsIn {
+    /// `rows` rows of `k` floats in `x`, row `r` at `r·ld`.
+    pub fn of(x: &[f32], ld: usize, rows: usize, k: usize) -> RowsIn {
+        debug_assert!(rows == 0 || (rows - 1) * ld + k <= x.len());
+        RowsIn {
+            ptr: x.as_ptr(),
+            ld,
+            rows,
+            k,
+        }
+    }
+
     /// The rows from row `r` on.
     ///
     /// # Safety
@@ -62,6 +73,16 @@ impl RowsIn {
 pub struct RowsOut {
     pub ptr: *mut f32,
     pub ld: usize,
+}
+
+impl RowsOut {
+    /// Output rows in `out`, row `r` at `r·ld`.
+    pub fn of(out: &mut [f32], ld: usize) -> RowsOut {
+        RowsOut {
+            ptr: out.as_mut_ptr(),
+            ld,
+        }
+    }
 }
 
 /// `R` rows × `P` panels.
@@ -449,12 +470,7 @@ fn gemm_panels(
         // SAFETY: `x` is rows × k, the panels exist, `dst` has `ldo ≥ 16·panels` columns per
         // row, and concurrent parts own disjoint panel ranges.
         unsafe {
-            let x = RowsIn {
-                ptr: x.as_ptr(),
-                ld: k,
-                rows,
-                k,
-            };
+            let x = RowsIn::of(x, k, rows, k);
             let out = RowsOut {
                 ptr: target.get(),
                 ld: ldo,

@@ -173,14 +173,14 @@ impl Eagle3 {
         ck.ignore("d2t");
         ck.ignore("t2d");
         let drafter = Eagle3 {
-            fc: Linear::load(&mut ck, "fc", h, 3 * ht, false)?,
+            fc: Linear::load(&mut ck, "fc", h, 3 * ht)?,
             hidden_norm: ck.take("midlayer.hidden_norm.weight", &[h])?,
             input_layernorm: ck.take("midlayer.input_layernorm.weight", &[h])?,
             self_attn: Attention::load(&mut ck, "midlayer.self_attn", &shape)?,
             post_attention_layernorm: ck.take("midlayer.post_attention_layernorm.weight", &[h])?,
             mlp: DenseMlp::load(&mut ck, "midlayer.mlp", h, cfg.intermediate_size)?,
             norm: ck.take("norm.weight", &[h])?,
-            lm_head: Linear::load(&mut ck, "lm_head", vd, h, false)?,
+            lm_head: Linear::load(&mut ck, "lm_head", vd, h)?,
             d2t,
             embed_tokens,
             rope: Rope::new(cfg.rope_theta.unwrap_or(10000.0), d),

@@ -209,14 +209,14 @@ pub(crate) struct Linear {
 }
 
 impl Linear {
+    /// The bias-free `out × inp` layer `name` (every packed layer the models load).
     pub(crate) fn load(
         ck: &mut Checkpoint,
         name: &str,
         out: usize,
         inp: usize,
-        bias: bool,
     ) -> Result<Linear, EngineError> {
-        Ok(Linear::pack(RawLinear::load(ck, name, out, inp, bias)?))
+        Ok(Linear::pack(RawLinear::load(ck, name, out, inp, false)?))
     }
 
     /// Packs a loaded layer.
@@ -325,7 +325,7 @@ impl Attention {
                 RawLinear::load(ck, &format!("{p}.k_proj"), s.kv_heads * d, s.input, s.bias)?,
                 RawLinear::load(ck, &format!("{p}.v_proj"), s.kv_heads * d, s.input, s.bias)?,
             ])),
-            o_proj: Linear::load(ck, &format!("{p}.o_proj"), s.output, s.heads * d, false)?,
+            o_proj: Linear::load(ck, &format!("{p}.o_proj"), s.output, s.heads * d)?,
             q_norm: norm(ck, "q_norm")?,
             k_norm: norm(ck, "k_norm")?,
             heads: s.heads,
@@ -400,7 +400,7 @@ impl DenseMlp {
                 RawLinear::load(ck, &format!("{p}.gate_proj"), inter, hidden, false)?,
                 RawLinear::load(ck, &format!("{p}.up_proj"), inter, hidden, false)?,
             ])),
-            down: Linear::load(ck, &format!("{p}.down_proj"), hidden, inter, false)?,
+            down: Linear::load(ck, &format!("{p}.down_proj"), hidden, inter)?,
             inter,
         })
     }

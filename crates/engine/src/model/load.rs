@@ -103,13 +103,7 @@ impl Qwen3Moe {
                 Some(ordinal) => {
                     load_experts(&mut ck, i, &cfg, ordinal, store.as_mut())?;
                     Mlp::Sparse(SparseMoe {
-                        gate: Linear::load(
-                            &mut ck,
-                            &format!("{p}.mlp.gate"),
-                            cfg.num_experts,
-                            h,
-                            false,
-                        )?,
+                        gate: Linear::load(&mut ck, &format!("{p}.mlp.gate"), cfg.num_experts, h)?,
                         num_experts_per_tok: cfg.num_experts_per_tok,
                         norm_topk_prob: cfg.norm_topk_prob,
                         ordinal,
@@ -139,7 +133,7 @@ impl Qwen3Moe {
                 None => Linear::from_weights(embed_tokens.view(), v, h),
             }
         } else {
-            Linear::load(&mut ck, "lm_head", v, h, false)?
+            Linear::load(&mut ck, "lm_head", v, h)?
         };
         ck.finish()?;
         let rope = Rope::new(cfg.rope_theta(), cfg.head_dim());

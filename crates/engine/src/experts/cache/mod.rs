@@ -74,17 +74,6 @@ impl std::fmt::Debug for ExpertCache {
 }
 
 impl ExpertCache {
-    /// `slots_per_layer` slots for each of `layers` MoE layers of `experts` experts over `store`.
-    pub fn new(
-        store: Box<dyn ExpertStore>,
-        layers: usize,
-        experts: usize,
-        slots_per_layer: usize,
-        mode: CacheMode,
-    ) -> Result<ExpertCache, EngineError> {
-        Self::over(Arc::from(store), layers, experts, slots_per_layer, mode)
-    }
-
     /// A new, empty cache of `slots_per_layer` slots per layer in `mode` over the same store:
     /// several caches (one per benchmarked policy, say) share one store and one copy of the
     /// experts.
@@ -94,7 +83,7 @@ impl ExpertCache {
         mode: CacheMode,
     ) -> Result<ExpertCache, EngineError> {
         let experts = self.slots.first().map_or(0, |s| s.slot_of.len());
-        Self::over(
+        Self::new(
             Arc::clone(&self.store),
             self.slots.len(),
             experts,
@@ -103,7 +92,8 @@ impl ExpertCache {
         )
     }
 
-    fn over(
+    /// `slots_per_layer` slots for each of `layers` MoE layers of `experts` experts over `store`.
+    pub fn new(
         store: Arc<dyn ExpertStore>,
         layers: usize,
         experts: usize,
@@ -444,7 +434,7 @@ mod tests {
                 store.block_mut(layer, e).fill((10 * layer + e) as u8);
             }
         }
-        ExpertCache::new(Box::new(store), 2, 6, slots, CacheMode::Lru).unwrap()
+        ExpertCache::new(Arc::new(store), 2, 6, slots, CacheMode::Lru).unwrap()
     }
 
     /// The experts `needed` of `layer`, as the cache hands them over: (expert, first byte).
@@ -547,7 +537,7 @@ mod tests {
             quant_bytes: None,
         };
         let store = RamStore::new(layout, 1, 6);
-        let err = ExpertCache::new(Box::new(store), 1 << 32, 6, 6, CacheMode::Lru).unwrap_err();
+        let err = ExpertCache::new(Arc::new(store), 1 << 32, 6, 6, CacheMode::Lru).unwrap_err();
         assert!(err.to_string().contains("use fewer slots"), "{err}");
     }
 }

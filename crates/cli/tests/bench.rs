@@ -8,17 +8,10 @@ use common::*;
 fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
     let cal = temp("bench-cal.json");
     let out = specfit(
-        &[
-            "calibrate",
-            "--store",
-            "ram",
-            "--cycles",
-            "4",
-            "--limit",
-            "12",
-            "--out",
-            cal.to_str().unwrap(),
-        ],
+        &cli(
+            "calibrate --store ram --cycles 4 --limit 12 --out {}",
+            &[cal.to_str().unwrap()],
+        ),
         None,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -33,20 +26,10 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
 
     let dir = temp("bench-out");
     let run = specfit(
-        &[
-            "bench",
-            "--quick",
-            "--store",
-            "ram",
-            "--limit",
-            "2",
-            "--max-tokens",
-            "10",
-            "--calibration",
-            cal.to_str().unwrap(),
-            "--out",
-            dir.to_str().unwrap(),
-        ],
+        &cli(
+            "bench --quick --store ram --limit 2 --max-tokens 10 --calibration {} --out {}",
+            &[cal.to_str().unwrap(), dir.to_str().unwrap()],
+        ),
         None,
     );
     let stdout = String::from_utf8_lossy(&run.stdout);
@@ -102,28 +85,13 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     // time, prompts cut — still every output checked against plain decoding.
     let dir = temp("bench-sweep");
     let run = specfit(
-        &[
-            "bench",
-            "--store",
-            "disk",
-            "--limit",
-            "2",
-            "--max-tokens",
-            "8",
-            "--max-prompt-tokens",
-            "64",
-            "--sweep",
-            "8,16",
-            "--only",
-            "ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor]",
-            "--one-at-a-time",
-            "--validate",
-            "0",
-            "--calibration",
-            cal.to_str().unwrap(),
-            "--out",
-            dir.to_str().unwrap(),
-        ],
+        &cli(
+            "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens \
+                64 --sweep 8,16 --only \
+                ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
+                --one-at-a-time --validate 0 --calibration {} --out {}",
+            &[cal.to_str().unwrap(), dir.to_str().unwrap()],
+        ),
         None,
     );
     assert!(

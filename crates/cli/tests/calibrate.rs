@@ -12,18 +12,10 @@ fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
     let cal = temp("calibration.json");
     let p = probes.to_str().unwrap();
     let gen = specfit(
-        &[
-            "synth",
-            "probes",
-            "--noise",
-            "0",
-            "--beta-hit",
-            "0.211",
-            "--beta-miss",
-            "0.211",
-            "--out",
-            p,
-        ],
+        &cli(
+            "synth probes --noise 0 --beta-hit 0.211 --beta-miss 0.211 --out {}",
+            &[p],
+        ),
         None,
     );
     assert!(gen.status.success());
@@ -94,21 +86,10 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     let (m, d) = (model.to_str().unwrap(), drafter.to_str().unwrap());
     let probes = temp("engine-probes.jsonl");
     let cal = temp("engine-cal.json");
-    ok(&[
-        "probe",
-        "--model",
-        m,
-        "--drafter",
-        d,
-        "--prompt-ids",
-        "1,243,56,119",
-        "--cycles",
-        "48",
-        "--slots",
-        "2",
-        "--out",
-        probes.to_str().unwrap(),
-    ]);
+    ok(&cli(
+        "probe --model {} --drafter {} --prompt-ids 1,243,56,119 --cycles 48 --slots 2 --out {}",
+        &[m, d, probes.to_str().unwrap()],
+    ));
     let rows: Vec<serde_json::Value> = std::fs::read_to_string(&probes)
         .unwrap()
         .lines()
@@ -143,8 +124,8 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     assert!(String::from_utf8_lossy(&spec.stderr).contains("selection median"));
     // The calibration is stamped with the target's shape: another target refuses it.
     let other = other_target();
-    let generate_other = line(
-        "generate --prompt-ids 1,2 --max-tokens 8 --model",
+    let generate_other = cli(
+        "generate --prompt-ids 1,2 --max-tokens 8 --model {}",
         &[other.to_str().unwrap()],
     );
     let wrong = specfit(&[generate_other, specfit_flags(d, &cal)].concat(), None);
@@ -197,17 +178,12 @@ fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_re
             refit[key]
         );
     }
-    let out = ok(&[
-        "simulate",
-        "--synthetic",
-        "summarization",
-        "--calibration",
-        "docs/gpu/specfit-calibration.h200.json",
-        "--slots",
-        "48",
-        "--positions",
-        "120",
-    ]);
+    let out = ok(&cli(
+        "simulate --synthetic summarization --calibration \
+            docs/gpu/specfit-calibration.h200.json --slots 48 --positions \
+            120",
+        &[],
+    ));
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 4);
 }
 

@@ -20,33 +20,23 @@ fn forward_writes_the_transformers_logits_and_greedy_tokens() {
         .map(|v| v.to_string())
         .collect();
     let out = temp("forward.json");
-    ok(&[
-        "forward",
-        "--model",
-        model.to_str().unwrap(),
-        "--tokens",
-        &ids.join(","),
-        "--greedy",
-        "8",
-        "--slots",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    ok(&cli(
+        "forward --model {} --tokens {} --greedy 8 --slots 2 --out {}",
+        &[
+            model.to_str().unwrap(),
+            &ids.join(","),
+            out.to_str().unwrap(),
+        ],
+    ));
     let got: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(got["tokens"], reference["greedy"]["tokens"]);
     assert_eq!(got["routes"][0][0], reference["routes"]["topk_ids"][0][0]);
     let bad = specfit(
-        &[
-            "forward",
-            "--model",
-            model.to_str().unwrap(),
-            "--tokens",
-            "1,256",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        &cli(
+            "forward --model {} --tokens 1,256 --out {}",
+            &[model.to_str().unwrap(), out.to_str().unwrap()],
+        ),
         None,
     );
     assert_eq!(bad.status.code(), Some(2));
@@ -87,20 +77,10 @@ fn generate_streams_the_greedy_continuation_and_stops_at_eos_on_either_tier() {
         assert!(stderr.contains("7 tokens"), "{stderr}");
         assert!(stderr.contains("misses"), "{stderr}");
     }
-    ok(&[
-        "generate",
-        "--model",
-        d,
-        "--prompt",
-        "w5 w6",
-        "--chat",
-        "--max-tokens",
-        "3",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "4",
-    ]);
+    ok(&cli(
+        "generate --model {} --prompt {} --chat --max-tokens 3 --temperature 0.8 --seed 4",
+        &[d, "w5 w6"],
+    ));
     let no_tok = specfit(
         &[
             "generate",
@@ -216,17 +196,10 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
     // Never converted: the error says what to run, once.
     let missing = temp("never-converted.specfit");
     let out = specfit(
-        &[
-            "generate",
-            "--model",
-            model,
-            "--store",
-            "disk",
-            "--expert-file",
-            missing.to_str().unwrap(),
-            "--prompt-ids",
-            "1,2",
-        ],
+        &cli(
+            "generate --model {} --store disk --expert-file {} --prompt-ids 1,2",
+            &[model, missing.to_str().unwrap()],
+        ),
         None,
     );
     one_line(&out, "specfit convert");
@@ -238,8 +211,8 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
     );
     // The fixture has 128 positions: 2 prompt tokens + 127 is one too many, 126 fit.
     let too_long = specfit(
-        &line(
-            "generate --prompt-ids 1,2 --max-tokens 127 --model",
+        &cli(
+            "generate --prompt-ids 1,2 --max-tokens 127 --model {}",
             &[model],
         ),
         None,
@@ -248,10 +221,10 @@ fn generate_names_the_fix_for_a_missing_expert_file_and_refuses_decoding_past_th
     // With a drafter the draft tree's levels (as given) need positions too: 2 + 100 + 26 > 128.
     let text =
         "generate --drafter fixtures/eagle3/tiny --prompt-ids 1,2 --max-tokens 100 --levels 27";
-    let deep = specfit(&line(&format!("{text} --model"), &[model]), None);
+    let deep = specfit(&cli(&format!("{text} --model {{}}"), &[model]), None);
     one_line(&deep, "27-level draft tree");
-    ok(&line(
-        "generate --prompt-ids 1,2 --max-tokens 126 --ignore-eos --model",
+    ok(&cli(
+        "generate --prompt-ids 1,2 --max-tokens 126 --ignore-eos --model {}",
         &[model],
     ));
 }

@@ -11,17 +11,11 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     let d = "models/drafter";
     let pred = temp("predictor.safetensors");
     let train = specfit(
-        &[
-            "train-predictor",
-            "--prompts",
-            "data/calibration/gsm8k_train.jsonl",
-            "--limit",
-            "10",
-            "--positions",
-            "6",
-            "--out",
-            pred.to_str().unwrap(),
-        ],
+        &cli(
+            "train-predictor --prompts data/calibration/gsm8k_train.jsonl \
+                --limit 10 --positions 6 --out {}",
+            &[pred.to_str().unwrap()],
+        ),
         None,
     );
     let stderr = String::from_utf8_lossy(&train.stderr).to_string();
@@ -58,8 +52,8 @@ fn a_trained_route_predictor_beats_chance_and_drives_specfit_losslessly() {
     same_output(&spec, &plain, "");
     // A predictor for another shape is refused.
     let other = other_target();
-    let generate_other = line(
-        "generate --prompt-ids 1,2 --model",
+    let generate_other = cli(
+        "generate --prompt-ids 1,2 --model {}",
         &[other.to_str().unwrap()],
     );
     let wrong = specfit(&[generate_other, with_routes].concat(), None);

@@ -6,6 +6,7 @@
 
 mod common;
 mod serve_common;
+use common::cli;
 use serve_common::*;
 
 use std::process::Command;
@@ -288,14 +289,10 @@ async fn stream_once(url: String, body: Value) -> Result<(String, Duration, Dura
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_concurrent_streaming_clients_finish_or_are_refused_and_match_their_sequential_runs(
 ) {
-    let server = Server::start(&[
-        "--policy",
-        "specfit",
-        "--calibration",
-        calibration(),
-        "--queue",
-        "16",
-    ]);
+    let server = Server::start(&cli(
+        "--policy specfit --calibration {} --queue 16",
+        &[calibration()],
+    ));
     let prompts = [
         "Once upon a time",
         "The capital of France is",
@@ -462,23 +459,12 @@ async fn a_follow_up_turn_reuses_the_earlier_prefill_and_decodes_the_same_tokens
     );
     // And the tokens are what `specfit generate` gives on the whole prompt.
     let prompt = ids(&two["choices"][0]["prompt_token_ids"]);
-    let want = generate(&[
-        "--prompt-ids",
-        &prompt,
-        "--max-tokens",
-        "24",
-        "--store",
-        "disk",
-        "--slots",
-        "16",
-        "--drafter",
-        "--policy",
-        "specfit",
-        "--calibration",
-        cal,
-        "--routes",
-        "predictor:models/route-predictor.safetensors",
-    ]);
+    let want = generate(&cli(
+        "--prompt-ids {} --max-tokens 24 --store disk --slots 16 \
+            --drafter --policy specfit --calibration {} --routes \
+            predictor:models/route-predictor.safetensors",
+        &[&prompt, cal],
+    ));
     assert_eq!(ids(&two["choices"][0]["token_ids"]), want);
 }
 
@@ -501,19 +487,10 @@ async fn a_gguf_file_is_served_with_its_own_tokenizer_and_chat_template() {
         .build()
         .unwrap();
     let reply = client.chat().create(request).await.unwrap();
-    let want = generate(&[
-        "--model",
-        gguf,
-        "--prompt",
-        "What is 12 times 7?",
-        "--chat",
-        "--store",
-        "disk",
-        "--slots",
-        "2",
-        "--max-tokens",
-        "16",
-    ]);
+    let want = generate(&cli(
+        "--model {} --prompt {} --chat --store disk --slots 2 --max-tokens 16",
+        &[gguf, "What is 12 times 7?"],
+    ));
     assert!(!want.is_empty());
     assert_eq!(reply.choices[0].message.content.clone().unwrap(), want);
     assert!(reply.usage.unwrap().prompt_tokens > 5);
@@ -521,14 +498,10 @@ async fn a_gguf_file_is_served_with_its_own_tokenizer_and_chat_template() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_and_allowed_origins_guard_the_api() {
-    let server = Server::start(&[
-        "--policy",
-        "ar",
-        "--api-key",
-        "sesame",
-        "--allowed-origin",
-        "http://chat.example",
-    ]);
+    let server = Server::start(&cli(
+        "--policy ar --api-key sesame --allowed-origin http://chat.example",
+        &[],
+    ));
     // A standard client with the key works; without it or with another key: 401.
     let keyed = async_openai::Client::with_config(
         OpenAIConfig::new()

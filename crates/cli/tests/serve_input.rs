@@ -3,6 +3,7 @@
 
 mod common;
 mod serve_common;
+use common::cli;
 use serve_common::*;
 
 use std::io::{Read, Write};
@@ -24,14 +25,10 @@ fn stalled_body(base: &str) -> (String, Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_and_the_server_keeps_serving() {
-    let server = Server::start(&[
-        "--policy",
-        "ar",
-        "--max-body-bytes",
-        "65536",
-        "--read-timeout",
-        "1",
-    ]);
+    let server = Server::start(&cli(
+        "--policy ar --max-body-bytes 65536 --read-timeout 1",
+        &[],
+    ));
     let chat = server.url("/v1/chat/completions");
     let completions = server.url("/v1/completions");
     let nowhere = server.url("/v1/nothing");
@@ -237,14 +234,7 @@ fn fuzz_body(rng: &mut Rng, chat: bool) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_random_and_mutated_bodies_never_get_a_5xx() {
-    let server = Server::start(&[
-        "--policy",
-        "eagle3",
-        "--max-model-len",
-        "96",
-        "--queue",
-        "4",
-    ]);
+    let server = Server::start(&cli("--policy eagle3 --max-model-len 96 --queue 4", &[]));
     let client = reqwest::Client::new();
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let mut rng = Rng(0x5eed_cafe_f00d);

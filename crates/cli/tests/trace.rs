@@ -12,21 +12,15 @@ fn record_writes_a_versioned_trace_the_trace_reader_accepts() {
     let model = root.join("fixtures/qwen3moe/eagle_target");
     let drafter = root.join("fixtures/eagle3/tiny");
     let out = temp("trace.jsonl");
-    ok(&[
-        "record",
-        "--model",
-        model.to_str().unwrap(),
-        "--drafter",
-        drafter.to_str().unwrap(),
-        "--prompt-ids",
-        "1,243,56,119",
-        "--max-tokens",
-        "6",
-        "--slots",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    ok(&cli(
+        "record --model {} --drafter {} --prompt-ids 1,243,56,119 \
+            --max-tokens 6 --slots 2 --out {}",
+        &[
+            model.to_str().unwrap(),
+            drafter.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ],
+    ));
     let (header, steps) = specfit_trace::read(&std::fs::read_to_string(&out).unwrap()).unwrap();
     assert_eq!(
         (
@@ -56,44 +50,19 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
         temp("sim-probes.jsonl"),
         temp("sim-cal.json"),
     );
-    ok(&[
-        "record",
-        "--model",
-        m,
-        "--drafter",
-        d,
-        "--prompt-ids",
-        "1,243,56",
-        "--max-tokens",
-        "30",
-        "--out",
-        trace.to_str().unwrap(),
-    ]);
-    ok(&[
-        "probe",
-        "--model",
-        m,
-        "--drafter",
-        d,
-        "--prompt-ids",
-        "1,243,56",
-        "--cycles",
-        "32",
-        "--slots",
-        "2",
-        "--out",
-        probes.to_str().unwrap(),
-    ]);
+    ok(&cli(
+        "record --model {} --drafter {} --prompt-ids 1,243,56 --max-tokens 30 --out {}",
+        &[m, d, trace.to_str().unwrap()],
+    ));
+    ok(&cli(
+        "probe --model {} --drafter {} --prompt-ids 1,243,56 --cycles 32 --slots 2 --out {}",
+        &[m, d, probes.to_str().unwrap()],
+    ));
     fit_probes(&probes, None, &cal);
-    let out = ok(&[
-        "simulate",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--calibration",
-        cal.to_str().unwrap(),
-        "--slots",
-        "4,2,0",
-    ]);
+    let out = ok(&cli(
+        "simulate --trace {} --calibration {} --slots 4,2,0",
+        &[trace.to_str().unwrap(), cal.to_str().unwrap()],
+    ));
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(table.lines().count(), 2 + 3 * 4, "{table}");
     assert!(table
@@ -122,17 +91,10 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
 #[test]
 fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
     let out = specfit(
-        &[
-            "simulate",
-            "--synthetic",
-            "gsm8k",
-            "--preset",
-            "a100",
-            "--slots",
-            "48,0",
-            "--positions",
-            "120",
-        ],
+        &cli(
+            "simulate --synthetic gsm8k --preset a100 --slots 48,0 --positions 120",
+            &[],
+        ),
         None,
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

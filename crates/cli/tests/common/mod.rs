@@ -19,19 +19,28 @@ pub const GREEDY_20: [&str; 8] = [
     "2",
 ];
 
-/// A command line written as one string, split at white space, then `more` (paths and other
-/// values that may hold spaces go there, never into `text`).
-pub fn line<'a>(text: &'a str, more: &[&'a str]) -> Vec<&'a str> {
-    text.split_whitespace()
-        .chain(more.iter().copied())
-        .collect()
+/// A command line written as one string, split at white space, each `{}` word replaced by the
+/// next of `values` (paths and other values that may hold spaces go there, never into `text`).
+pub fn cli<'a>(text: &'a str, values: &[&'a str]) -> Vec<&'a str> {
+    let mut values = values.iter().copied();
+    let words = text
+        .split_whitespace()
+        .map(|w| match w {
+            "{}" => values.next().expect("fewer values than {} in the line"),
+            _ => w,
+        })
+        .collect();
+    assert!(values.next().is_none(), "more values than {{}} in {text:?}");
+    words
 }
 
 /// `--policy specfit --drafter DRAFTER --calibration CAL`: SpecFit with `drafter` believing
 /// calibration `cal` (append to a `generate` line).
 pub fn specfit_flags<'a>(drafter: &'a str, cal: &'a Path) -> Vec<&'a str> {
-    let values = [drafter, "--calibration", cal.to_str().unwrap()];
-    line("--policy specfit --drafter", &values)
+    cli(
+        "--policy specfit --drafter {} --calibration {}",
+        &[drafter, cal.to_str().unwrap()],
+    )
 }
 
 /// `specfit calibrate --probes PROBES [--model MODEL] --out OUT`: fits a calibration from probe

@@ -115,19 +115,11 @@ pub fn calibration() -> &'static str {
     CAL.get_or_init(|| {
         let probes = temp("serve-probes.jsonl");
         let cal = temp("serve-calibration.json");
-        ok(&[
-            "probe",
-            "--drafter",
-            "models/drafter",
-            "--prompt-ids",
-            "1,243,56,119,188,74,255,15",
-            "--cycles",
-            "48",
-            "--slots",
-            "16",
-            "--out",
-            probes.to_str().unwrap(),
-        ]);
+        ok(&cli(
+            "probe --drafter models/drafter --prompt-ids \
+                1,243,56,119,188,74,255,15 --cycles 48 --slots 16 --out {}",
+            &[probes.to_str().unwrap()],
+        ));
         fit_probes(&probes, Some("models/target"), &cal);
         cal.to_str().unwrap().to_string()
     })

@@ -41,10 +41,7 @@ pub fn run(args: &Args) -> Result<()> {
         while tokens.len() < args.greedy {
             let last = [*tokens.last().expect("non-empty")];
             let step = model.forward(
-                &Batch {
-                    logits: Logits::Last,
-                    ..Batch::causal(&last)
-                },
+                &Batch::causal(&last).with_logits(Logits::Last),
                 &mut kv,
                 &mut cache,
             )?;

@@ -49,26 +49,17 @@ fn calibrate_recovers_the_cost_model_that_generated_noiseless_probes() {
 #[test]
 fn bad_probe_files_exit_with_status_two() {
     let probes = temp("bad-probes.jsonl");
-    std::fs::write(
-        &probes,
-        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 2, \"demand\": 10, \"ms\": 5}\n",
-    )
-    .unwrap();
-    fails_with(
-        &["calibrate", "--probes", probes.to_str().unwrap()],
-        None,
-        "no probe row has nodes = 1",
-    );
-    std::fs::write(
-        &probes,
-        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5, \"speed\": 1}\n",
-    )
-    .unwrap();
-    fails_with(
-        &["calibrate", "--probes", probes.to_str().unwrap()],
-        None,
-        "line 1, column",
-    );
+    let args = ["calibrate", "--probes", probes.to_str().unwrap()];
+    let no_one_node =
+        "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 2, \"demand\": 10, \"ms\": 5}\n";
+    let unknown_field = "{\"nodes\": 0, \"demand\": 10, \"ms\": 5, \"speed\": 1}\n";
+    for (rows, says) in [
+        (no_one_node, "no probe row has nodes = 1"),
+        (unknown_field, "line 1, column"),
+    ] {
+        std::fs::write(&probes, rows).unwrap();
+        fails_with(&args, None, says);
+    }
     let cal = temp("bad-calibration.json");
     std::fs::write(&cal, "{\"format\": \"x\"}").unwrap();
     fails_with(

@@ -117,11 +117,9 @@ fn main() {
         let taps = drafter.as_ref().map_or(&[][..], |d| d.taps());
         let pre = target
             .forward(
-                &Batch {
-                    taps,
-                    logits: Logits::Last,
-                    ..Batch::causal(&prefix)
-                },
+                &Batch::causal(&prefix)
+                    .with_taps(taps)
+                    .with_logits(Logits::Last),
                 &mut kv,
                 &mut experts,
             )
@@ -158,10 +156,7 @@ fn main() {
             let fed = d
                 .forward(
                     target.embed(),
-                    &Batch {
-                        logits: Logits::Last,
-                        ..Batch::causal(&next)
-                    },
+                    &Batch::causal(&next).with_logits(Logits::Last),
                     DraftHidden::Target(&feats),
                     &mut dkv,
                 )
@@ -188,11 +183,9 @@ fn main() {
                 let out = d
                     .forward(
                         target.embed(),
-                        &Batch {
-                            positions: Some(&positions),
-                            mask: Mask::Explicit(&mask),
-                            ..Batch::causal(&tokens)
-                        },
+                        &Batch::causal(&tokens)
+                            .with_positions(&positions)
+                            .with_mask(Mask::Explicit(&mask)),
                         DraftHidden::Own(&hidden),
                         &mut dkv,
                     )

@@ -124,10 +124,7 @@ fn forward(
     let mut kv = m.new_kv_cache();
     let out = m
         .forward(
-            &Batch {
-                logits: Logits::Rows(rows),
-                ..Batch::causal(ids)
-            },
+            &Batch::causal(ids).with_logits(Logits::Rows(rows)),
             &mut kv,
             c,
         )

@@ -63,6 +63,29 @@ impl<'a> Batch<'a> {
             logits: Logits::All,
         }
     }
+
+    /// The same batch returning logits for `logits` only.
+    pub fn with_logits(self, logits: Logits<'a>) -> Batch<'a> {
+        Batch { logits, ..self }
+    }
+
+    /// The same batch also returning the input residual of layers `taps`.
+    pub fn with_taps(self, taps: &'a [usize]) -> Batch<'a> {
+        Batch { taps, ..self }
+    }
+
+    /// The same batch at RoPE `positions`.
+    pub fn with_positions(self, positions: &'a [usize]) -> Batch<'a> {
+        Batch {
+            positions: Some(positions),
+            ..self
+        }
+    }
+
+    /// The same batch attending as `mask` says.
+    pub fn with_mask(self, mask: Mask<'a>) -> Batch<'a> {
+        Batch { mask, ..self }
+    }
 }
 
 /// One forward's output.

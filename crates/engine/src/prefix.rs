@@ -120,11 +120,9 @@ fn fill(
     let fresh = &head[done..];
     if !fresh.is_empty() {
         let taps = drafter.map_or(&[][..], Eagle3::taps);
-        let batch = Batch {
-            taps,
-            logits: Logits::None,
-            ..Batch::causal(fresh)
-        };
+        let batch = Batch::causal(fresh)
+            .with_taps(taps)
+            .with_logits(Logits::None);
         let out = target.forward(&batch, &mut target_kv, cache)?;
         if let (Some(drafter), Some(kv)) = (drafter, draft_kv.take()) {
             let h = target.config().hidden_size;

@@ -49,10 +49,7 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
     let next = drafter
         .forward(
             target.embed(),
-            &Batch {
-                positions: Some(&pos),
-                ..Batch::causal(&token)
-            },
+            &Batch::causal(&token).with_positions(&pos),
             DraftHidden::Own(last),
             &mut kv,
         )
@@ -87,10 +84,7 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
     let mut kv = target.new_kv_cache();
     let out = target
         .forward(
-            &Batch {
-                taps: drafter.taps(),
-                ..Batch::causal(&prompt)
-            },
+            &Batch::causal(&prompt).with_taps(drafter.taps()),
             &mut kv,
             &mut cache,
         )
@@ -194,10 +188,7 @@ fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
     let last = drafter
         .forward(
             target.embed(),
-            &Batch {
-                logits: Logits::Last,
-                ..Batch::causal(&tokens)
-            },
+            &Batch::causal(&tokens).with_logits(Logits::Last),
             DraftHidden::Target(&feats),
             &mut b,
         )

@@ -57,10 +57,7 @@ fn greedy(
     let mut kv = model.new_kv_cache();
     let out = model
         .forward(
-            &Batch {
-                logits: Logits::Last,
-                ..Batch::causal(prompt)
-            },
+            &Batch::causal(prompt).with_logits(Logits::Last),
             &mut kv,
             cache,
         )
@@ -132,10 +129,7 @@ fn hidden_state_taps_match_the_residual_stream_entering_each_layer() {
     let prompt = ints(&r["input_ids"]);
     let taps = [2usize, 4, 5];
     let mut kv = model.new_kv_cache();
-    let batch = Batch {
-        taps: &taps,
-        ..Batch::causal(&prompt)
-    };
+    let batch = Batch::causal(&prompt).with_taps(&taps);
     let out = model.forward(&batch, &mut kv, &mut cache).unwrap();
     for (slot, &layer) in taps.iter().enumerate() {
         let err = rel_err(&out.taps[slot], &floats(&r["layer_inputs"][layer]));
@@ -214,10 +208,7 @@ fn sequential(
     let mut kv = model.new_kv_cache();
     model
         .forward(
-            &Batch {
-                logits: Logits::None,
-                ..Batch::causal(prompt)
-            },
+            &Batch::causal(prompt).with_logits(Logits::None),
             &mut kv,
             cache,
         )

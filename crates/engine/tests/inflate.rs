@@ -101,10 +101,7 @@ fn all_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     let mut kv = m.new_kv_cache();
     let out = m
         .forward(
-            &Batch {
-                logits: Logits::Rows(&rows),
-                ..Batch::causal(ids)
-            },
+            &Batch::causal(ids).with_logits(Logits::Rows(&rows)),
             &mut kv,
             &mut cache,
         )
@@ -230,10 +227,7 @@ fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_h
         let mut kv = m.new_kv_cache();
         let out = m
             .forward(
-                &Batch {
-                    logits: Logits::None,
-                    ..Batch::causal(&prompt)
-                },
+                &Batch::causal(&prompt).with_logits(Logits::None),
                 &mut kv,
                 &mut c,
             )

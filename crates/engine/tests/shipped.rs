@@ -29,10 +29,7 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
         let mut kv = model.new_kv_cache();
         let out = model
             .forward(
-                &Batch {
-                    logits: Logits::Rows(&rows),
-                    ..Batch::causal(&ids)
-                },
+                &Batch::causal(&ids).with_logits(Logits::Rows(&rows)),
                 &mut kv,
                 &mut cache,
             )

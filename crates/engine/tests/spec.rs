@@ -332,10 +332,7 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let mut kv = target.new_kv_cache();
     let first = target
         .forward(
-            &Batch {
-                logits: Logits::Last,
-                ..Batch::causal(&prompt)
-            },
+            &Batch::causal(&prompt).with_logits(Logits::Last),
             &mut kv,
             &mut cache,
         )

@@ -224,11 +224,9 @@ impl<'a> Decoder<'a> {
             let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
-            let batch = Batch {
-                taps: self.speculation.as_ref().map_or(&[], |s| s.drafter.taps()),
-                logits: Logits::Last,
-                ..Batch::causal(&input)
-            };
+            let batch = Batch::causal(&input)
+                .with_taps(self.speculation.as_ref().map_or(&[], |s| s.drafter.taps()))
+                .with_logits(Logits::Last);
             let out = self.target.forward(&batch, &mut self.kv, self.cache)?;
             let next = self.sampler.sample(out.row(0));
             self.stats.count_plain_step();
@@ -502,11 +500,9 @@ pub(crate) fn prefill(
         }
     };
     let first = kv.len();
-    let batch = Batch {
-        taps: drafter.map_or(&[], Eagle3::taps),
-        logits: Logits::Last,
-        ..Batch::causal(fresh)
-    };
+    let batch = Batch::causal(fresh)
+        .with_taps(drafter.map_or(&[], Eagle3::taps))
+        .with_logits(Logits::Last);
     let out = target.forward(&batch, &mut kv, cache)?;
     let root = sampler.sample(out.row(0));
     let draft = match (drafter, draft_kv) {

@@ -101,11 +101,9 @@ pub(crate) fn feed_drafter(
     let positions: Vec<usize> = (first..first + tokens.len()).collect();
     let out = drafter.forward(
         target.embed(),
-        &Batch {
-            positions: Some(&positions),
-            logits: Logits::Last,
-            ..Batch::causal(tokens)
-        },
+        &Batch::causal(tokens)
+            .with_positions(&positions)
+            .with_logits(Logits::Last),
         DraftHidden::Target(feats),
         &mut kv,
     )?;
@@ -183,11 +181,9 @@ pub(crate) fn draft_tree(
         let positions: Vec<usize> = expand.iter().map(|&i| n - 1 + pool[i].depth).collect();
         let out = drafter.forward(
             target.embed(),
-            &Batch {
-                positions: Some(&positions),
-                mask: Mask::Explicit(&rows),
-                ..Batch::causal(&tokens)
-            },
+            &Batch::causal(&tokens)
+                .with_positions(&positions)
+                .with_mask(Mask::Explicit(&rows)),
             DraftHidden::Own(&hidden),
             &mut draft.kv,
         )?;

@@ -132,10 +132,7 @@ pub fn decode_options(max_tokens: usize, sampling: Sampling, seed: u64) -> Decod
 /// A KV cache holding `prompt` (one forward, no logits).
 pub fn prefilled(target: &Qwen3Moe, cache: &mut ExpertCache, prompt: &[u32]) -> KvCache {
     let mut kv = target.new_kv_cache();
-    let batch = Batch {
-        logits: Logits::None,
-        ..Batch::causal(prompt)
-    };
+    let batch = Batch::causal(prompt).with_logits(Logits::None);
     target.forward(&batch, &mut kv, cache).unwrap();
     kv
 }

@@ -86,9 +86,19 @@ fn ids(range: std::ops::Range<usize>, vocab: usize) -> Vec<u32> {
 }
 
 /// (min, median) in ms.
-fn stats(mut ms: Vec<f64>) -> (f64, f64) {
+/// Runs `round(rep)` `reps` times after 3 warm-up rounds, each returning the ms of its timed
+/// part; (min, median) of the timed rounds.
+fn timed(reps: usize, mut round: impl FnMut(usize) -> f64) -> (f64, f64) {
+    let mut ms: Vec<f64> = (0..reps + 3).map(&mut round).skip(3).collect();
     ms.sort_by(f64::total_cmp);
     (ms[0], ms[ms.len() / 2])
+}
+
+/// The ms `f` takes (its result kept from being optimised away).
+fn time_ms<T>(f: impl FnOnce() -> T) -> f64 {
+    let start = Instant::now();
+    std::hint::black_box(f());
+    start.elapsed().as_secs_f64() * 1e3
 }
 
 fn main() {
@@ -125,22 +135,16 @@ fn main() {
             )
             .expect("prefill");
         for &t in &a.tokens {
-            let mut ms = Vec::with_capacity(a.reps);
-            for rep in 0..a.reps + 3 {
+            let (min, median) = timed(a.reps, |rep| {
                 let shift = if a.vary { 1 + rep * 7919 } else { 0 };
-                let new: Vec<u32> = ids(c + shift..c + shift + t, vocab);
+                let new = ids(c + shift..c + shift + t, vocab);
                 kv.truncate(c).expect("truncate");
-                let start = Instant::now();
-                let out = target
-                    .forward(&Batch::causal(&new), &mut kv, &mut experts)
-                    .expect("forward");
-                let took = start.elapsed().as_secs_f64() * 1e3;
-                std::hint::black_box(&out);
-                if rep >= 3 {
-                    ms.push(took);
-                }
-            }
-            let (min, median) = stats(ms);
+                time_ms(|| {
+                    target
+                        .forward(&Batch::causal(&new), &mut kv, &mut experts)
+                        .expect("forward")
+                })
+            });
             rows.push(
                 serde_json::json!({"cached": c, "tokens": t, "min_ms": min, "median_ms": median}),
             );
@@ -176,30 +180,20 @@ fn main() {
                 })
                 .collect();
             let positions = vec![c + 1, c + 1];
-            let mut ms = Vec::with_capacity(a.reps);
-            for rep in 0..a.reps + 3 {
+            let (min, median) = timed(a.reps, |_| {
                 dkv.truncate(committed).expect("truncate");
-                let start = Instant::now();
-                let out = d
-                    .forward(
-                        target.embed(),
-                        &Batch::causal(&tokens)
-                            .with_positions(&positions)
-                            .with_mask(Mask::Explicit(&mask)),
-                        DraftHidden::Own(&hidden),
-                        &mut dkv,
-                    )
-                    .expect("draft level");
-                let kids: Vec<_> = (0..2)
-                    .map(|r| specfit_engine::spec::top_children(d, out.row(r), 2))
-                    .collect();
-                let took = start.elapsed().as_secs_f64() * 1e3;
-                std::hint::black_box(&kids);
-                if rep >= 3 {
-                    ms.push(took);
-                }
-            }
-            let (min, median) = stats(ms);
+                time_ms(|| {
+                    let level = Batch::causal(&tokens)
+                        .with_positions(&positions)
+                        .with_mask(Mask::Explicit(&mask));
+                    let own = DraftHidden::Own(&hidden);
+                    let out = d.forward(target.embed(), &level, own, &mut dkv);
+                    let out = out.expect("draft level");
+                    (0..2)
+                        .map(|r| specfit_engine::spec::top_children(d, out.row(r), 2))
+                        .collect::<Vec<_>>()
+                })
+            });
             levels.push(
                 serde_json::json!({"cached": c, "nodes": 2, "min_ms": min, "median_ms": median}),
             );

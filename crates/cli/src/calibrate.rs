@@ -177,7 +177,8 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
         shape: TreeShape::default(),
         seed: 0,
     };
-    let file = calibrate_on(&model, &drafter, &mut cache, &prompts, &plan)?;
+    let measured = measure(&model, &drafter, &mut cache, &prompts, &plan)?;
+    let file = stamped_fit(&measured, &model, &cache, plan.max_nodes)?;
     Ok((
         file,
         crate::paths::calibration(&model_dir, crate::target::tier_key(&cache)),
@@ -249,17 +250,15 @@ pub fn measure(
     Ok(measured)
 }
 
-/// Measures probe forwards on every prompt, fits the cost model and prints the fit quality;
-/// the result is stamped with the model's shape, tier and slot count.
-pub fn calibrate_on(
+/// Fits the cost model to `measured` and prints the fit quality; the result is stamped with the
+/// model's shape and `cache`'s tier and slot count (the cache the rows were measured on).
+pub fn stamped_fit(
+    measured: &Measured,
     model: &Qwen3Moe,
-    drafter: &Eagle3,
-    cache: &mut ExpertCache,
-    prompts: &[Vec<u32>],
-    plan: &CalibrationPlan,
+    cache: &ExpertCache,
+    max_nodes: usize,
 ) -> Result<CalibrationJson> {
-    let measured = measure(model, drafter, cache, prompts, plan)?;
-    let mut file = fit_rows(&measured, plan.max_nodes)?;
+    let mut file = fit_rows(measured, max_nodes)?;
     let mut stamp = target_stamp(model.config());
     stamp.insert("tier".into(), crate::target::tier_key(cache).into());
     stamp.insert("slots".into(), cache.slots_per_layer().into());
@@ -285,7 +284,8 @@ pub fn measure_and_save(
         shape: TreeShape::default(),
         seed: 0,
     };
-    let cal = calibrate_on(model, drafter, &mut cache, &prompts, &plan)?;
+    let measured = measure(model, drafter, &mut cache, &prompts, &plan)?;
+    let cal = stamped_fit(&measured, model, &cache, max_nodes)?;
     let json = serde_json::to_string_pretty(&cal)? + "\n";
     write_atomic(path, json.as_bytes())?;
     eprintln!("calibration -> {}", path.display());

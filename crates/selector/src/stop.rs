@@ -68,13 +68,17 @@ mod tests {
         .unwrap()
     }
 
-    #[test]
-    fn drafting_continues_while_the_newest_level_is_worth_verifying() {
+    /// A two-level chain: 0.9 on expert 1, then `second` on expert 2.
+    fn chain(second: f64) -> Pool {
         let mut b = PoolBuilder::new(1, 16).unwrap();
         let a = b.push(None, 0.9, &[[1u32]]).unwrap();
-        b.push(Some(a), 0.8, &[[2u32]]).unwrap();
-        let pool = b.build();
-        let d = stop_rule(&mut selector(0.01), &pool, None).unwrap();
+        b.push(Some(a), second, &[[2u32]]).unwrap();
+        b.build()
+    }
+
+    #[test]
+    fn drafting_continues_while_the_newest_level_is_worth_verifying() {
+        let d = stop_rule(&mut selector(0.01), &chain(0.8), None).unwrap();
         assert_eq!(d.newest_level, 2);
         assert!(d.keep_drafting());
         assert_eq!(d.selection.nodes, vec![0, 1]);
@@ -83,11 +87,7 @@ mod tests {
     #[test]
     fn drafting_stops_when_the_newest_level_costs_more_than_it_brings() {
         // The level-2 node is improbable and needs an expert of its own at a high price.
-        let mut b = PoolBuilder::new(1, 16).unwrap();
-        let a = b.push(None, 0.9, &[[1u32]]).unwrap();
-        b.push(Some(a), 0.01, &[[2u32]]).unwrap();
-        let pool = b.build();
-        let d = stop_rule(&mut selector(5.0), &pool, None).unwrap();
+        let d = stop_rule(&mut selector(5.0), &chain(0.01), None).unwrap();
         assert!(!d.keep_drafting());
         assert_eq!(d.selection.nodes, vec![0]);
     }

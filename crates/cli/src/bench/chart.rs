@@ -65,8 +65,42 @@ fn x_label(slots: &[usize], x: f64) -> String {
         .map_or(String::new(), |s| s.to_string())
 }
 
+type Area<'b> = DrawingArea<SVGBackend<'b>, plotters::coord::Shift>;
+type SlotChart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A chart with one x position per slot count and `y` up the side, its mesh drawn.
+fn slot_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    caption: String,
+    slots: &[usize],
+    y: std::ops::Range<f64>,
+    y_desc: &str,
+) -> Result<SlotChart<'a, 'b>> {
+    let n = slots.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(52)
+        .build_cartesian_2d(-0.3..(n - 0.7), y)
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("slots per layer (0 = no cache)")
+        .y_desc(y_desc)
+        .x_labels(slots.len().max(2))
+        .x_label_formatter(&|x| x_label(slots, *x))
+        .draw()
+        .map_err(|e| anyhow!("chart: {e}"))?;
+    Ok(chart)
+}
+
 fn draw_rates(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    area: &Area<'_>,
     name: &str,
     slots: &[usize],
     values: &[Vec<Option<f64>>],
@@ -76,22 +110,8 @@ fn draw_rates(
         .flatten()
         .flatten()
         .fold(1.0f64, |m, &v| m.max(v));
-    let n = slots.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(format!("{name}: decode tok/s"), ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(52)
-        .build_cartesian_2d(-0.3..(n - 0.7), 0.0..max * 1.15)
-        .map_err(|e| anyhow!("chart: {e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("slots per layer (0 = no cache)")
-        .y_desc("tok/s")
-        .x_labels(slots.len().max(2))
-        .x_label_formatter(&|x| x_label(slots, *x))
-        .draw()
-        .map_err(|e| anyhow!("chart: {e}"))?;
+    let caption = format!("{name}: decode tok/s");
+    let mut chart = slot_chart(area, caption, slots, 0.0..max * 1.15, "tok/s")?;
     for ((policy, color), ys) in POLICIES.iter().zip(values) {
         let points: Vec<(f64, f64)> = ys
             .iter()
@@ -124,7 +144,7 @@ fn draw_rates(
 }
 
 fn draw_gain(
-    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    area: &Area<'_>,
     name: &str,
     slots: &[usize],
     values: &[Vec<Option<f64>>],
@@ -141,25 +161,10 @@ fn draw_gain(
     let (lo, hi) = gains.iter().fold((0.0f64, 10.0f64), |(lo, hi), &(_, g)| {
         (lo.min(g), hi.max(g))
     });
+    let caption = format!("{name}: SpecFit gain over cached EAGLE-3 (%)");
     let n = slots.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            format!("{name}: SpecFit gain over cached EAGLE-3 (%)"),
-            ("sans-serif", 18),
-        )
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(52)
-        .build_cartesian_2d(-0.3..(n - 0.7), (lo * 1.2 - 2.0)..(hi * 1.2))
-        .map_err(|e| anyhow!("chart: {e}"))?;
-    chart
-        .configure_mesh()
-        .x_desc("slots per layer (0 = no cache)")
-        .y_desc("gain %")
-        .x_labels(slots.len().max(2))
-        .x_label_formatter(&|x| x_label(slots, *x))
-        .draw()
-        .map_err(|e| anyhow!("chart: {e}"))?;
+    let y = (lo * 1.2 - 2.0)..(hi * 1.2);
+    let mut chart = slot_chart(area, caption, slots, y, "gain %")?;
     let color = POLICIES[2].1;
     chart
         .draw_series(LineSeries::new(

@@ -20,18 +20,16 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
             .unwrap();
     let (target, _) = Qwen3Moe::load(&target_dir(), None).unwrap();
     let drafter = Eagle3::load(&dir, target.config()).unwrap();
+    let pair = Pair::new(&target, &drafter);
     assert_eq!(drafter.taps(), &[2, 4, 5]);
     let tokens = ints(&r["input_ids"]);
     let features = floats(&r["target_hidden"]);
     let mut kv = drafter.new_kv_cache();
-    let out = drafter
-        .forward(
-            target.embed(),
-            &Batch::causal(&tokens),
-            DraftHidden::Target(&features),
-            &mut kv,
-        )
-        .unwrap();
+    let out = pair.draft(
+        &Batch::causal(&tokens),
+        DraftHidden::Target(&features),
+        &mut kv,
+    );
     let err = rel_err(&out.hidden, &floats(&r["hidden_out"]));
     assert!(err <= 1e-4, "hidden_out relative error {err:e}");
     let err = rel_err(&out.logits, &floats(&r["logits"]));
@@ -46,14 +44,11 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
     let last = &out.hidden[(tokens.len() - 1) * h..];
     let token = [step["input_id"].as_u64().unwrap() as u32];
     let pos = [step["position_id"].as_u64().unwrap() as usize];
-    let next = drafter
-        .forward(
-            target.embed(),
-            &Batch::causal(&token).with_positions(&pos),
-            DraftHidden::Own(last),
-            &mut kv,
-        )
-        .unwrap();
+    let next = pair.draft(
+        &Batch::causal(&token).with_positions(&pos),
+        DraftHidden::Own(last),
+        &mut kv,
+    );
     assert!(rel_err(&next.hidden, &floats(&step["hidden_out"])) <= 1e-4);
     assert!(rel_err(&next.logits, &floats(&step["logits"])) <= 1e-4);
     assert_eq!(
@@ -80,6 +75,7 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
     )
     .unwrap();
     let drafter = Eagle3::load(&dir, &cfg).unwrap();
+    let pair = Pair::new(&target, &drafter);
     let prompt = ints(&r["target_input_ids"]);
     let mut kv = target.new_kv_cache();
     let out = target
@@ -99,14 +95,11 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
         .collect();
     assert!(rel_err(&features, &floats(&r["target_hidden"])) <= 1e-4);
     let mut dkv = drafter.new_kv_cache();
-    let d = drafter
-        .forward(
-            target.embed(),
-            &Batch::causal(&ints(&r["input_ids"])),
-            DraftHidden::Target(&features),
-            &mut dkv,
-        )
-        .unwrap();
+    let d = pair.draft(
+        &Batch::causal(&ints(&r["input_ids"])),
+        DraftHidden::Target(&features),
+        &mut dkv,
+    );
     let drafts: Vec<u32> = (0..prompt.len())
         .map(|t| drafter.to_target(argmax(d.row(t))))
         .collect();
@@ -171,28 +164,19 @@ fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
     .unwrap();
     let drafter =
         specfit_engine::Eagle3::load(&root.join("fixtures/eagle3/tiny"), target.config()).unwrap();
+    let pair = Pair::new(&target, &drafter);
     let tokens = [3u32, 17, 101, 9, 250];
     let width = 3 * target.config().hidden_size;
     let feats: Vec<f32> = (0..tokens.len() * width)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
         .collect();
     let (mut a, mut b) = (drafter.new_kv_cache(), drafter.new_kv_cache());
-    let all = drafter
-        .forward(
-            target.embed(),
-            &Batch::causal(&tokens),
-            DraftHidden::Target(&feats),
-            &mut a,
-        )
-        .unwrap();
-    let last = drafter
-        .forward(
-            target.embed(),
-            &Batch::causal(&tokens).with_logits(Logits::Last),
-            DraftHidden::Target(&feats),
-            &mut b,
-        )
-        .unwrap();
+    let all = pair.draft(&Batch::causal(&tokens), DraftHidden::Target(&feats), &mut a);
+    let last = pair.draft(
+        &Batch::causal(&tokens).with_logits(Logits::Last),
+        DraftHidden::Target(&feats),
+        &mut b,
+    );
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(last.logits.len(), all.draft_vocab);
     assert_eq!(bits(last.row(0)), bits(all.row(tokens.len() - 1)));

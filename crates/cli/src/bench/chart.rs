@@ -13,8 +13,15 @@ const POLICIES: [(&str, RGBColor); 3] = [
     ("specfit", RGBColor(214, 39, 40)),
 ];
 
-/// The slot points of a set's sweep, ascending, and each main policy's tok/s at them.
-fn series(rows: &[Row]) -> (Vec<usize>, Vec<Vec<Option<f64>>>) {
+/// One prompt set's sweep: its slot points, ascending, and each main policy's tok/s at them
+/// (`values[p][i]`, policy `p` of [`POLICIES`] at `slots[i]`).
+struct Series<'a> {
+    name: &'a str,
+    slots: Vec<usize>,
+    values: Vec<Vec<Option<f64>>>,
+}
+
+fn series<'a>(name: &'a str, rows: &[Row]) -> Series<'a> {
     let main = |r: &&Row| r.routes == "atlas" && r.beta_scale == 1.0 && !r.read_ahead;
     let mut slots: Vec<usize> = rows.iter().filter(main).map(|r| r.slots).collect();
     slots.sort_unstable();
@@ -33,7 +40,11 @@ fn series(rows: &[Row]) -> (Vec<usize>, Vec<Vec<Option<f64>>>) {
                 .collect()
         })
         .collect();
-    (slots, values)
+    Series {
+        name,
+        slots,
+        values,
+    }
 }
 
 /// The chart as SVG text.
@@ -46,9 +57,9 @@ pub fn svg(report: &Report) -> Result<String> {
         root.fill(&WHITE).map_err(|e| anyhow!("chart: {e}"))?;
         let rows_area = root.split_evenly((sets, 2));
         for (i, set) in report.sets.iter().enumerate() {
-            let (slots, values) = series(&set.rows);
-            draw_rates(&rows_area[2 * i], &set.name, &slots, &values)?;
-            draw_gain(&rows_area[2 * i + 1], &set.name, &slots, &values)?;
+            let series = series(&set.name, &set.rows);
+            draw_rates(&rows_area[2 * i], &series)?;
+            draw_gain(&rows_area[2 * i + 1], &series)?;
         }
         root.present().map_err(|e| anyhow!("chart: {e}"))?;
     }
@@ -99,12 +110,12 @@ fn slot_chart<'a, 'b>(
     Ok(chart)
 }
 
-fn draw_rates(
-    area: &Area<'_>,
-    name: &str,
-    slots: &[usize],
-    values: &[Vec<Option<f64>>],
-) -> Result<()> {
+fn draw_rates(area: &Area<'_>, series: &Series<'_>) -> Result<()> {
+    let Series {
+        name,
+        slots,
+        values,
+    } = series;
     let max = values
         .iter()
         .flatten()
@@ -143,12 +154,12 @@ fn draw_rates(
     Ok(())
 }
 
-fn draw_gain(
-    area: &Area<'_>,
-    name: &str,
-    slots: &[usize],
-    values: &[Vec<Option<f64>>],
-) -> Result<()> {
+fn draw_gain(area: &Area<'_>, series: &Series<'_>) -> Result<()> {
+    let Series {
+        name,
+        slots,
+        values,
+    } = series;
     let gains: Vec<(f64, f64)> = values[1]
         .iter()
         .zip(&values[2])

@@ -165,6 +165,18 @@ impl<'a> Pair<'a> {
         Pair { target, drafter }
     }
 
+    /// The drafter's forward over `batch` (its embeddings are the target's).
+    pub fn draft(
+        self,
+        batch: &Batch<'_>,
+        hidden: specfit_engine::DraftHidden<'_>,
+        kv: &mut KvCache,
+    ) -> specfit_engine::DraftOutput {
+        self.drafter
+            .forward(self.target.embed(), batch, hidden, kv)
+            .unwrap()
+    }
+
     /// Speculative decoding from `start` under `policy` on `routes`.
     pub fn speculate(
         self,

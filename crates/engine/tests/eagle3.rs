@@ -77,14 +77,11 @@ fn the_targets_taps_feed_the_drafter_end_to_end() {
     let drafter = Eagle3::load(&dir, &cfg).unwrap();
     let pair = Pair::new(&target, &drafter);
     let prompt = ints(&r["target_input_ids"]);
-    let mut kv = target.new_kv_cache();
-    let out = target
-        .forward(
-            &Batch::causal(&prompt).with_taps(drafter.taps()),
-            &mut kv,
-            &mut cache,
-        )
-        .unwrap();
+    let (out, _) = forward_fresh(
+        &target,
+        &mut cache,
+        &Batch::causal(&prompt).with_taps(drafter.taps()),
+    );
     let h = cfg.hidden_size;
     let features: Vec<f32> = (0..prompt.len())
         .flat_map(|t| {
@@ -118,20 +115,17 @@ fn drafters_that_do_not_fit_the_target_are_refused() {
         hidden_size: 48,
         ..base.clone()
     };
-    assert!(
-        refuse(&wider).contains("does not fit the target"),
-        "{}",
-        refuse(&wider)
-    );
     let shallow = specfit_engine::Qwen3MoeConfig {
         num_hidden_layers: 2,
         ..base.clone()
     };
-    assert!(
-        refuse(&shallow).contains("eagle_aux_hidden_state_layer_ids"),
-        "{}",
-        refuse(&shallow)
-    );
+    for (cfg, says) in [
+        (wider, "does not fit the target"),
+        (shallow, "eagle_aux_hidden_state_layer_ids"),
+    ] {
+        let why = refuse(&cfg);
+        assert!(why.contains(says), "{why}");
+    }
     let tmp = std::env::temp_dir().join(format!("specfit-eagle-bad-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     std::fs::copy(dir.join("model.safetensors"), tmp.join("model.safetensors")).unwrap();

@@ -38,10 +38,7 @@ fn fed(
 fn each_token_chosen_under_teacher_forcing_is_the_argmax_of_one_forward_over_the_fed_sequence() {
     let (target, mut all) = fixture_target(usize::MAX);
     let sequence: Vec<u32> = PROMPT.iter().chain(FEED).copied().collect();
-    let mut kv = target.new_kv_cache();
-    let out = target
-        .forward(&Batch::causal(&sequence), &mut kv, &mut all)
-        .unwrap();
+    let (out, _) = forward_fresh(&target, &mut all, &Batch::causal(&sequence));
     let mut greedy = Sampler::new(Sampling::Greedy, 0);
     let want: Vec<u32> = (PROMPT.len() - 1..sequence.len())
         .map(|r| greedy.sample(out.row(r)))

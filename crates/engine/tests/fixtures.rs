@@ -54,14 +54,11 @@ fn greedy(
     prompt: &[u32],
     n: usize,
 ) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut kv = model.new_kv_cache();
-    let out = model
-        .forward(
-            &Batch::causal(prompt).with_logits(Logits::Last),
-            &mut kv,
-            cache,
-        )
-        .unwrap();
+    let (out, mut kv) = forward_fresh(
+        model,
+        cache,
+        &Batch::causal(prompt).with_logits(Logits::Last),
+    );
     let mut tokens = vec![out.argmax(0)];
     let mut logits = vec![out.logits.clone()];
     while tokens.len() < n {
@@ -82,10 +79,7 @@ fn logits_routes_and_greedy_tokens_match_transformers_on_every_fixture() {
         let r = reference(&dir);
         let (model, mut cache) = load(&dir, 64, CacheMode::Lru);
         let prompt = ints(&r["input_ids"]);
-        let mut kv = model.new_kv_cache();
-        let out = model
-            .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
-            .unwrap();
+        let (out, _) = forward_fresh(&model, &mut cache, &Batch::causal(&prompt));
         let err = rel_err(&out.logits, &floats(&r["logits"]));
         eprintln!("{name}: logits relative error {err:e}");
         assert!(err <= 1e-4, "{name}: logits relative error {err:e}");
@@ -571,10 +565,7 @@ fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
     let (model, mut cache) =
         specfit_engine::load_target(&dir, &Tier::Ram, 8, CacheMode::Lru, Some(WeightDtype::Bf16))
             .unwrap();
-    let mut kv = model.new_kv_cache();
-    let out = model
-        .forward(&Batch::causal(&ints(&r["input_ids"])), &mut kv, &mut cache)
-        .unwrap();
+    let (out, _) = forward_fresh(&model, &mut cache, &Batch::causal(&ints(&r["input_ids"])));
     let err = rel_err(&out.logits, &floats(&r["logits"]));
     assert!(err < 5e-2, "bf16 rounding error {err}");
 }

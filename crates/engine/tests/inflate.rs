@@ -98,14 +98,11 @@ fn in_ram(path: &Path) -> (specfit_engine::Qwen3Moe, specfit_engine::ExpertCache
 fn all_logits(model: &Path, ids: &[u32]) -> Vec<Vec<f32>> {
     let (m, mut cache) = in_ram(model);
     let rows: Vec<usize> = (0..ids.len()).collect();
-    let mut kv = m.new_kv_cache();
-    let out = m
-        .forward(
-            &Batch::causal(ids).with_logits(Logits::Rows(&rows)),
-            &mut kv,
-            &mut cache,
-        )
-        .unwrap();
+    let (out, _) = forward_fresh(
+        &m,
+        &mut cache,
+        &Batch::causal(ids).with_logits(Logits::Rows(&rows)),
+    );
     rows.iter().map(|&r| out.row(r).to_vec()).collect()
 }
 
@@ -224,14 +221,11 @@ fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_h
     let (m, mut c) = in_ram(&FileType::Q8_0.target_path(&dir));
     let (mut same, mut total) = (0, 0);
     for prompt in prompts() {
-        let mut kv = m.new_kv_cache();
-        let out = m
-            .forward(
-                &Batch::causal(&prompt).with_logits(Logits::None),
-                &mut kv,
-                &mut c,
-            )
-            .unwrap();
+        let (out, _) = forward_fresh(
+            &m,
+            &mut c,
+            &Batch::causal(&prompt).with_logits(Logits::None),
+        );
         let routes: Vec<&Vec<Vec<u32>>> = out.routes.iter().flatten().collect();
         for layer in [4, 9] {
             for t in routes[layer] {

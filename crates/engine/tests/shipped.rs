@@ -26,14 +26,11 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
             .into_iter()
             .map(|r| r as usize)
             .collect();
-        let mut kv = model.new_kv_cache();
-        let out = model
-            .forward(
-                &Batch::causal(&ids).with_logits(Logits::Rows(&rows)),
-                &mut kv,
-                &mut cache,
-            )
-            .unwrap();
+        let (out, _) = forward_fresh(
+            &model,
+            &mut cache,
+            &Batch::causal(&ids).with_logits(Logits::Rows(&rows)),
+        );
         let mut worst = 0.0f32;
         for (r, want) in case["logits"].as_array().unwrap().iter().enumerate() {
             let want: Vec<f32> = want

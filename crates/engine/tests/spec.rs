@@ -329,14 +329,11 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     let prompt = [1u32, 17, 9];
     let sampling = Sampling::from_temperature(1.0, 1.0);
     // Exact marginal of the second generated token: Σ_x1 p(x1) p(x2 | x1).
-    let mut kv = target.new_kv_cache();
-    let first = target
-        .forward(
-            &Batch::causal(&prompt).with_logits(Logits::Last),
-            &mut kv,
-            &mut cache,
-        )
-        .unwrap();
+    let (first, kv) = forward_fresh(
+        &target,
+        &mut cache,
+        &Batch::causal(&prompt).with_logits(Logits::Last),
+    );
     let vocab = target.config().vocab_size;
     let mut marginal = vec![0.0f64; vocab];
     for (x1, p1) in Sampler::probs(sampling, first.row(0)) {
@@ -522,20 +519,17 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
     let tokens = [1u32, 243, 56, 119, 188, 74];
     let parents = [None, Some(0), Some(0), Some(1), Some(3), Some(2)];
     let taps = [target.final_tap()];
-    let mut kv = target.new_kv_cache();
-    let out = target
-        .forward(
-            &Batch {
-                tokens: &tokens,
-                positions: Some(&[0, 1, 1, 2, 3, 2]),
-                mask: Mask::Tree(&parents),
-                taps: &taps,
-                logits: Logits::All,
-            },
-            &mut kv,
-            &mut cache,
-        )
-        .unwrap();
+    let (out, _) = forward_fresh(
+        &target,
+        &mut cache,
+        &Batch {
+            tokens: &tokens,
+            positions: Some(&[0, 1, 1, 2, 3, 2]),
+            mask: Mask::Tree(&parents),
+            taps: &taps,
+            logits: Logits::All,
+        },
+    );
     let h = target.config().hidden_size;
     for r in 0..tokens.len() {
         let later = target.logits_of(&out.taps[0][r * h..(r + 1) * h]);

@@ -111,11 +111,7 @@ fn slot_chart<'a, 'b>(
 }
 
 fn draw_rates(area: &Area<'_>, series: &Series<'_>) -> Result<()> {
-    let Series {
-        name,
-        slots,
-        values,
-    } = series;
+    let (name, slots, values) = (series.name, &series.slots, &series.values);
     let max = values
         .iter()
         .flatten()
@@ -155,11 +151,7 @@ fn draw_rates(area: &Area<'_>, series: &Series<'_>) -> Result<()> {
 }
 
 fn draw_gain(area: &Area<'_>, series: &Series<'_>) -> Result<()> {
-    let Series {
-        name,
-        slots,
-        values,
-    } = series;
+    let (name, slots, values) = (series.name, &series.slots, &series.values);
     let gains: Vec<(f64, f64)> = values[1]
         .iter()
         .zip(&values[2])

@@ -106,16 +106,24 @@ pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()
 }
 
+/// One forward of `batch` from an empty KV cache: its output and the cache after it.
+pub fn forward_fresh(
+    target: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    batch: &Batch<'_>,
+) -> (specfit_engine::ForwardOutput, KvCache) {
+    let mut kv = target.new_kv_cache();
+    let out = target.forward(batch, &mut kv, cache).unwrap();
+    (out, kv)
+}
+
 /// One forward over `tokens` from an empty KV cache, logits of every row.
 pub fn forward_all(
     target: &Qwen3Moe,
     cache: &mut ExpertCache,
     tokens: &[u32],
 ) -> specfit_engine::ForwardOutput {
-    let mut kv = target.new_kv_cache();
-    target
-        .forward(&Batch::causal(tokens), &mut kv, cache)
-        .unwrap()
+    forward_fresh(target, cache, &Batch::causal(tokens)).0
 }
 
 /// Options of a decode of at most `max_tokens` tokens drawn by `sampling` from `seed` (the rest
@@ -131,10 +139,8 @@ pub fn decode_options(max_tokens: usize, sampling: Sampling, seed: u64) -> Decod
 
 /// A KV cache holding `prompt` (one forward, no logits).
 pub fn prefilled(target: &Qwen3Moe, cache: &mut ExpertCache, prompt: &[u32]) -> KvCache {
-    let mut kv = target.new_kv_cache();
     let batch = Batch::causal(prompt).with_logits(Logits::None);
-    target.forward(&batch, &mut kv, cache).unwrap();
-    kv
+    forward_fresh(target, cache, &batch).1
 }
 
 /// Plain decoding's tokens for `prompt` (the reference every speculative test compares with),

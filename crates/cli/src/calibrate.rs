@@ -14,7 +14,7 @@ use specfit_selector::json::{
     read_probe_json, CalibrationJson, DraftingJson, ProbeJson, ProbeKind,
 };
 use specfit_selector::{calibrate, Calibration, Probe};
-use specfit_sim::fit::PlainRow;
+use specfit_sim::fit::VerifyRow;
 
 use crate::files::{read_text, write_atomic};
 use crate::prompt::read_prompts;
@@ -304,7 +304,7 @@ pub fn rows_jsonl(m: &Measured) -> String {
             "fed": r.fed, "feed_ms": r.feed_ms,
         })
     };
-    let plain = |p: &PlainRow| {
+    let plain = |p: &VerifyRow| {
         serde_json::json!({
             "kind": "plain", "nodes": 0, "demand": p.hits + p.misses, "ms": p.ms, "hits": p.hits,
             "misses": p.misses, "read_rounds": p.read_rounds, "read_width": m.read_width,
@@ -329,7 +329,8 @@ fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
         m.read_width = read_width;
         let (hits, misses) = (r.hits?, r.misses?);
         match kind {
-            ProbeKind::Plain => m.plain.push(PlainRow {
+            ProbeKind::Plain => m.plain.push(VerifyRow {
+                nodes: 0,
                 hits,
                 misses,
                 read_rounds,

@@ -114,10 +114,7 @@ impl Qwen3MoeConfig {
     /// Reads and validates `dir/config.json`, or the metadata of `dir` when it is a GGUF file.
     pub fn load(dir: &Path) -> Result<Qwen3MoeConfig, EngineError> {
         if crate::gguf::is_gguf(dir) {
-            let file = specfit_gguf::GgufFile::open(dir).map_err(|error| EngineError::Gguf {
-                path: dir.to_path_buf(),
-                error,
-            })?;
+            let file = crate::gguf::open(dir)?;
             return crate::gguf::config_of(dir, file.header());
         }
         let path = dir.join("config.json");

@@ -82,10 +82,7 @@ impl Tokenizer {
 
     /// The tokenizer and chat template a GGUF file carries in its metadata.
     pub fn from_gguf(path: &Path) -> Result<Tokenizer, EngineError> {
-        let file = specfit_gguf::GgufFile::open(path).map_err(|error| EngineError::Gguf {
-            path: path.to_path_buf(),
-            error,
-        })?;
+        let file = crate::gguf::open(path)?;
         let (json, chat_template) = crate::gguf::tokenizer_json(path, file.header())?;
         let inner: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::Json {
             path: path.to_path_buf(),

@@ -41,10 +41,7 @@ impl Checkpoint {
     /// or, when `dir` is a GGUF file, that file.
     pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
         if crate::gguf::is_gguf(dir) {
-            let file = specfit_gguf::GgufFile::open(dir).map_err(|error| EngineError::Gguf {
-                path: dir.to_path_buf(),
-                error,
-            })?;
+            let file = crate::gguf::open(dir)?;
             let tensors = GgufTensors::new(std::sync::Arc::new(file));
             let mut ck = Checkpoint {
                 shards: Vec::new(),

@@ -5,7 +5,6 @@
 mod common;
 use common::*;
 
-use serde_json::Value;
 use specfit_engine::{Batch, DraftHidden, Eagle3, Logits, Qwen3Moe};
 
 fn argmax(row: &[f32]) -> usize {
@@ -15,9 +14,7 @@ fn argmax(row: &[f32]) -> usize {
 #[test]
 fn the_drafter_matches_the_pytorch_reference_step_by_step() {
     let dir = drafter_dir();
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
+    let r = json_file(&dir.join("reference.json"));
     let (target, _) = Qwen3Moe::load(&target_dir(), None).unwrap();
     let drafter = Eagle3::load(&dir, target.config()).unwrap();
     let pair = Pair::new(&target, &drafter);
@@ -60,9 +57,7 @@ fn the_drafter_matches_the_pytorch_reference_step_by_step() {
 #[test]
 fn the_targets_taps_feed_the_drafter_end_to_end() {
     let dir = drafter_dir();
-    let r: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
-            .unwrap();
+    let r = json_file(&dir.join("reference.json"));
     let tdir = target_dir();
     let (target, store) = Qwen3Moe::load(&tdir, None).unwrap();
     let cfg = target.config().clone();

@@ -34,7 +34,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn reference(dir: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap()
+    json_file(&dir.join("reference.json"))
 }
 
 fn load(dir: &Path, slots: usize, mode: CacheMode) -> (Qwen3Moe, ExpertCache) {

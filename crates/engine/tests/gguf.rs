@@ -21,10 +21,7 @@ fn gguf(name: &str) -> PathBuf {
 }
 
 fn reference(name: &str) -> Value {
-    let text =
-        std::fs::read_to_string(root().join(format!("fixtures/gguf/tiny-{name}.reference.json")))
-            .unwrap();
-    serde_json::from_str(&text).unwrap()
+    json_file(&root().join(format!("fixtures/gguf/tiny-{name}.reference.json")))
 }
 
 /// Logits recorded by the fixture script: `{llama,hf}.logits.{prompt}`, `[tokens, vocab]`.
@@ -138,7 +135,7 @@ fn greedy(
 /// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
 fn llama_routes(name: &str) -> Vec<Vec<Vec<Vec<u32>>>> {
     let path = root().join(format!("fixtures/gguf/tiny-{name}.llama-routes.json"));
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let v = json_file(&path);
     assert_eq!(
         v["sha256"],
         reference(name)["sha256"],

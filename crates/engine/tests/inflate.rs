@@ -207,8 +207,7 @@ fn the_carried_over_route_predictor_loads_for_the_inflated_pair() {
 #[test]
 fn pass_through_routers_reuse_the_previous_tokens_experts_as_often_as_asked_on_held_out_prompts() {
     let dir = inflated();
-    let manifest: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(manifest_path(&dir)).unwrap()).unwrap();
+    let manifest = json_file(&manifest_path(&dir));
     let fitted = manifest["routers"].as_array().unwrap();
     // Layers 4 and 9 of 10 pass the residual through.
     assert_eq!(fitted.len(), 2);

@@ -8,7 +8,7 @@ use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson};
 
 use crate::SimError;
 
-/// One measured verify forward.
+/// One measured target forward: a verify, or a plain-decoding step (`nodes` = 0, fitted apart).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct VerifyRow {
     /// Draft nodes verified (the root comes on top).
@@ -18,16 +18,6 @@ pub struct VerifyRow {
     /// Per layer `⌈misses / reads in flight⌉`, summed.
     pub read_rounds: usize,
     /// Tokens already cached (every verified token attends to them).
-    pub context: usize,
-    pub ms: f64,
-}
-
-/// One measured plain-decoding forward.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlainRow {
-    pub hits: u64,
-    pub misses: u64,
-    pub read_rounds: usize,
     pub context: usize,
     pub ms: f64,
 }
@@ -50,7 +40,7 @@ pub struct DraftRow {
 /// were counted with.
 pub fn replay_fit(
     probes: &[VerifyRow],
-    steps: &[PlainRow],
+    steps: &[VerifyRow],
     max_nodes: usize,
     read_width: usize,
 ) -> Result<ReplayJson, SimError> {
@@ -145,7 +135,7 @@ mod tests {
 
     /// Probe rows and plain steps generated exactly by known coefficients, over a spread of node
     /// counts, hits, misses, read rounds, contexts and drafting work.
-    fn synthetic() -> (Vec<VerifyRow>, Vec<PlainRow>, Vec<DraftRow>) {
+    fn synthetic() -> (Vec<VerifyRow>, Vec<VerifyRow>, Vec<DraftRow>) {
         let (mut probes, mut steps, mut drafts) = (Vec::new(), Vec::new(), Vec::new());
         for i in 0..240usize {
             let nodes = i % 8;
@@ -175,7 +165,8 @@ mod tests {
                 feed_ms: 0.13 + fed as f64 * (0.04 + 1e-4 * context as f64),
                 context,
             });
-            steps.push(PlainRow {
+            steps.push(VerifyRow {
+                nodes: 0,
                 hits,
                 misses,
                 read_rounds,

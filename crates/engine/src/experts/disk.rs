@@ -227,36 +227,54 @@ pub fn convert(
     })
 }
 
-/// `path` opened again with O_DIRECT, or `plain` (the same file, buffered) where the filesystem
-/// refuses it; and whether reads bypass the page cache.
-pub(crate) fn open_direct(path: &Path, plain: File) -> (File, bool) {
-    match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(path)
-    {
-        Ok(f) => (f, true),
-        Err(_) => (plain, false),
+/// The open file a store reads expert bytes from: O_DIRECT where asked for and the filesystem
+/// allows it, else buffered through the page cache.
+#[derive(Debug)]
+pub(crate) struct ExpertFile {
+    pub(crate) path: PathBuf,
+    pub(crate) file: File,
+    /// Whether reads bypass the page cache.
+    pub(crate) direct: bool,
+}
+
+impl ExpertFile {
+    /// `path` opened again with O_DIRECT when `bypass` says so, or `plain` (the same file,
+    /// buffered) otherwise or where the filesystem refuses it.
+    pub(crate) fn open(path: &Path, plain: File, bypass: bool) -> ExpertFile {
+        let direct = bypass.then(|| {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(path)
+        });
+        let (file, direct) = match direct {
+            Some(Ok(f)) => (f, true),
+            _ => (plain, false),
+        };
+        ExpertFile {
+            path: path.to_path_buf(),
+            file,
+            direct,
+        }
     }
 }
 
 /// Reads expert blocks from a disk file, with O_DIRECT where the filesystem allows it.
+#[derive(Debug)]
 pub struct DiskStore {
-    path: PathBuf,
-    file: File,
+    source: ExpertFile,
     header: DiskHeader,
     layout: ExpertLayout,
-    direct: bool,
-    /// CRC32C of every block, `[moe layer · experts + expert]`.
-    checksums: Vec<u32>,
+    /// CRC32C of every block, `[moe layer · experts + expert]` (not printed).
+    checksums: Checksums,
 }
 
-impl std::fmt::Debug for DiskStore {
+/// Per-block checksums, shown by count only.
+struct Checksums(Vec<u32>);
+
+impl std::fmt::Debug for Checksums {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskStore")
-            .field("path", &self.path)
-            .field("direct", &self.direct)
-            .finish()
+        write!(f, "{} checksums", self.0.len())
     }
 }
 
@@ -367,20 +385,17 @@ impl DiskStore {
             .chunks_exact(4)
             .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();
-        let (file, direct) = open_direct(path, plain);
         Ok(DiskStore {
-            path: path.to_path_buf(),
-            file,
+            source: ExpertFile::open(path, plain, true),
             header,
             layout,
-            direct,
-            checksums,
+            checksums: Checksums(checksums),
         })
     }
 
     /// Whether reads bypass the page cache.
     pub fn is_direct(&self) -> bool {
-        self.direct
+        self.source.direct
     }
 }
 
@@ -393,21 +408,22 @@ impl ExpertStore for DiskStore {
         let stride = self.header.stride_bytes;
         let offset =
             self.header.data_offset + ((layer * self.header.experts + expert) * stride) as u64;
-        self.file
+        self.source
+            .file
             .read_exact_at(&mut dst[..stride], offset)
             .map_err(|e| EngineError::ExpertStore {
                 reason: format!(
                     "{}: reading layer {layer} expert {expert}: {e}",
-                    self.path.display()
+                    self.source.path.display()
                 ),
             })?;
-        let want = self.checksums[layer * self.header.experts + expert];
+        let want = self.checksums.0[layer * self.header.experts + expert];
         let got = crc32c::crc32c(&dst[..self.header.block_bytes]);
         if got != want {
             return Err(EngineError::ExpertStore {
                 reason: format!(
                     "{}: MoE layer {layer} expert {expert} is corrupt (CRC32C {got:08x}, the file recorded {want:08x}); rewrite it with `specfit convert`",
-                    self.path.display()
+                    self.source.path.display()
                 ),
             });
         }
@@ -415,7 +431,7 @@ impl ExpertStore for DiskStore {
     }
 
     fn tier(&self) -> &'static str {
-        if self.direct {
+        if self.source.direct {
             "disk (O_DIRECT)"
         } else {
             "disk (buffered)"

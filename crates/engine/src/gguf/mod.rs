@@ -15,6 +15,14 @@ pub use tokenizer::{metadata_of, tokenizer_json};
 
 use std::path::Path;
 
+/// Opens the GGUF file at `path` (header and tensor index), errors naming the file.
+pub fn open(path: &Path) -> Result<specfit_gguf::GgufFile, crate::EngineError> {
+    specfit_gguf::GgufFile::open(path).map_err(|error| crate::EngineError::Gguf {
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
 /// Whether `path` names a GGUF file (by its first four bytes), not a checkpoint directory.
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;

@@ -22,7 +22,7 @@ use specfit_gguf::GgmlType;
 
 use crate::error::EngineError;
 use crate::experts::aligned::AlignedBuf;
-use crate::experts::disk::open_direct;
+use crate::experts::disk::ExpertFile;
 use crate::experts::{ExpertLayout, ExpertMatrices, ExpertStore};
 use crate::gguf::GgufTensors;
 use crate::kernels::quant::QuantView;
@@ -51,9 +51,7 @@ struct Part {
 
 /// The experts of a GGUF file.
 pub struct GgufStore {
-    path: PathBuf,
-    file: File,
-    direct: bool,
+    source: ExpertFile,
     layout: ExpertLayout,
     /// `[moe layer][gate, up, down]`.
     parts: Vec<[Part; 3]>,
@@ -88,10 +86,7 @@ pub fn sidecar_path(gguf: &Path) -> PathBuf {
 
 impl std::fmt::Debug for GgufStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufStore")
-            .field("path", &self.path)
-            .field("direct", &self.direct)
-            .finish()
+        f.debug_tuple("GgufStore").field(&self.source).finish()
     }
 }
 
@@ -166,15 +161,8 @@ impl GgufStore {
                 .collect();
             (Arc::clone(tensors.file()), checked)
         });
-        let (file, direct) = if !in_place && bypass_page_cache() {
-            open_direct(&path, plain)
-        } else {
-            (plain, false)
-        };
         let store = GgufStore {
-            path,
-            file,
-            direct,
+            source: ExpertFile::open(&path, plain, !in_place && bypass_page_cache()),
             layout,
             parts,
             checksums,
@@ -249,16 +237,19 @@ impl GgufStore {
         let (_, std::ops::Range { start, end }) = self.span(m);
         let (lo, hi) = (start / ALIGN * ALIGN, end.div_ceil(ALIGN) * ALIGN);
         let mut buf = AlignedBuf::zeroed((hi - lo) as usize);
-        let got = read_at_most(&self.file, buf.as_mut_slice(), lo).map_err(|e| {
+        let got = read_at_most(&self.source.file, buf.as_mut_slice(), lo).map_err(|e| {
             EngineError::ExpertStore {
-                reason: format!("{}: reading bytes {start}..{end}: {e}", self.path.display()),
+                reason: format!(
+                    "{}: reading bytes {start}..{end}: {e}",
+                    self.source.path.display()
+                ),
             }
         })?;
         if (got as u64) < end - lo {
             return Err(EngineError::ExpertStore {
                 reason: format!(
                     "{}: truncated: bytes {start}..{end} run past the end of the file",
-                    self.path.display()
+                    self.source.path.display()
                 ),
             });
         }
@@ -272,14 +263,18 @@ impl GgufStore {
 
     /// Reads file bytes `start..end` into `buf` (as long), through the page cache.
     fn read_exact(&self, start: u64, end: u64, buf: &mut [u8]) -> Result<(), EngineError> {
-        let got = read_at_most(&self.file, buf, start).map_err(|e| EngineError::ExpertStore {
-            reason: format!("{}: reading bytes {start}..{end}: {e}", self.path.display()),
-        })?;
+        let got =
+            read_at_most(&self.source.file, buf, start).map_err(|e| EngineError::ExpertStore {
+                reason: format!(
+                    "{}: reading bytes {start}..{end}: {e}",
+                    self.source.path.display()
+                ),
+            })?;
         if got < buf.len() {
             return Err(EngineError::ExpertStore {
                 reason: format!(
                     "{}: truncated: bytes {start}..{end} run past the end of the file",
-                    self.path.display()
+                    self.source.path.display()
                 ),
             });
         }
@@ -299,9 +294,9 @@ impl GgufStore {
             return Err(EngineError::ExpertStore {
                 reason: format!(
                     "{}: MoE layer {layer} expert {expert} ({}) is corrupt (CRC32C {got:08x}, {} recorded {want:08x})",
-                    self.path.display(),
+                    self.source.path.display(),
                     ["gate", "up", "down"][which],
-                    sidecar_path(&self.path).display()
+                    sidecar_path(&self.source.path).display()
                 ),
             });
         }
@@ -405,7 +400,7 @@ impl ExpertStore for GgufStore {
 
     fn read_into(&self, layer: usize, expert: usize, dst: &mut [u8]) -> Result<(), EngineError> {
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
-        if self.layout.quant_bytes.is_some() && !self.direct {
+        if self.layout.quant_bytes.is_some() && !self.source.direct {
             // Kept quantized, read through the page cache straight into the slot.
             let types = [0, 1, 2].map(|w| self.parts[layer][w].ty);
             let dst = &mut dst[..self.layout.bytes()];
@@ -492,7 +487,10 @@ impl ExpertStore for GgufStore {
     fn in_place(&self, layer: usize, expert: usize) -> Result<ExpertMatrices<'_>, EngineError> {
         let Some((_, checked)) = &self.mapped else {
             return Err(EngineError::ExpertStore {
-                reason: format!("{}: experts are read into slots", self.path.display()),
+                reason: format!(
+                    "{}: experts are read into slots",
+                    self.source.path.display()
+                ),
             });
         };
         let (h, i) = (self.layout.hidden, self.layout.intermediate);
@@ -530,7 +528,7 @@ impl ExpertStore for GgufStore {
     fn tier(&self) -> &'static str {
         if self.mapped.is_some() {
             "ram (GGUF mapped in place)"
-        } else if self.direct {
+        } else if self.source.direct {
             "disk (GGUF, O_DIRECT)"
         } else {
             "disk (GGUF, page cache)"

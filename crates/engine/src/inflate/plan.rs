@@ -250,14 +250,7 @@ impl Plan {
             ));
         }
         let n = self.small.layers;
-        let inputs: Vec<usize> = match drafter
-            .eagle_config
-            .as_ref()
-            .and_then(|e| e.eagle_aux_hidden_state_layer_ids.clone())
-        {
-            Some(ids) => ids.iter().map(|&i| i + 1).collect(),
-            None => vec![2, n / 2, n.saturating_sub(3)],
-        };
+        let inputs = drafter.taps(n);
         // The input of small layer L is the input of large layer trained_layers[L]: everything
         // before it is the small layers before L and pass-through layers.
         inputs

@@ -5,7 +5,7 @@
 
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{calibrate, Calibration, Probe};
-use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, PlainRow, VerifyRow};
+use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, VerifyRow};
 
 use super::{probe, PlainStep, ProbePlan, ProbeRow};
 use crate::error::EngineError;
@@ -31,7 +31,7 @@ pub struct CalibrationPlan {
 pub struct Measured {
     pub verify: Vec<ProbeRow>,
     pub resident: Vec<ProbeRow>,
-    pub plain: Vec<PlainRow>,
+    pub plain: Vec<VerifyRow>,
     /// Reads in flight the read rounds were counted with.
     pub read_width: usize,
     /// Why the all-resident probes were skipped, when they were (hits are then fitted from the
@@ -165,8 +165,9 @@ fn draft_row(r: &ProbeRow) -> DraftRow {
 }
 
 /// A plain step as the replay fit reads it.
-pub fn plain_row(s: &PlainStep) -> PlainRow {
-    PlainRow {
+pub fn plain_row(s: &PlainStep) -> VerifyRow {
+    VerifyRow {
+        nodes: 0,
         hits: s.hits,
         misses: s.misses,
         read_rounds: s.read_rounds,

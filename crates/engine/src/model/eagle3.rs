@@ -61,6 +61,21 @@ pub struct EagleConfig {
     pub eagle_aux_hidden_state_layer_ids: Option<Vec<usize>>,
 }
 
+impl Eagle3Config {
+    /// The decoder layers of an `n`-layer target whose *input* residuals feed `fc`: the layers
+    /// after SpecForge's `eagle_aux_hidden_state_layer_ids`, else EAGLE-3's 2, n/2, n − 3.
+    pub fn taps(&self, n: usize) -> Vec<usize> {
+        match self
+            .eagle_config
+            .as_ref()
+            .and_then(|e| e.eagle_aux_hidden_state_layer_ids.as_ref())
+        {
+            Some(ids) => ids.iter().map(|&i| i + 1).collect(),
+            None => vec![2, n / 2, n.saturating_sub(3)],
+        }
+    }
+}
+
 fn one() -> usize {
     1
 }
@@ -368,14 +383,7 @@ fn check_fit(cfg: &Eagle3Config, target: &Qwen3MoeConfig) -> Result<Vec<usize>, 
         ));
     }
     let n = target.num_hidden_layers;
-    let taps: Vec<usize> = match cfg
-        .eagle_config
-        .as_ref()
-        .and_then(|e| e.eagle_aux_hidden_state_layer_ids.clone())
-    {
-        Some(ids) => ids.iter().map(|&i| i + 1).collect(),
-        None => vec![2, n / 2, n.saturating_sub(3)],
-    };
+    let taps = cfg.taps(n);
     if taps.len() != 3 || taps.iter().any(|&l| l >= n) {
         return Err(mismatch(
             "eagle_aux_hidden_state_layer_ids",

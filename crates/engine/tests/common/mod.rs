@@ -101,6 +101,11 @@ pub fn fixture_disk_cache(file: &Path, slots: usize, mode: CacheMode) -> ExpertC
         .1
 }
 
+/// The JSON file at `path`.
+pub fn json_file(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// The tiny drafter, loaded for `target`.
 pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()

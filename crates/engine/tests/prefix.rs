@@ -43,8 +43,7 @@ fn plain_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 
 #[test]
 fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
-    let (target, mut all) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut all) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     for prompt in PROMPTS {
         for sampling in [Sampling::Greedy, Sampling::from_temperature(0.8, 0.9)] {
@@ -76,8 +75,7 @@ fn speculative_decoding_from_a_prefix_equals_decoding_the_whole_prompt() {
 
 #[test]
 fn a_prefix_without_the_drafter_is_refused_for_speculative_decoding() {
-    let (target, mut all) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut all) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prefix = Prefix::new(&target, None, &mut all, &[1, 2, 3]).unwrap();
     let options = decode_options(4, Sampling::Greedy, 0);
@@ -101,8 +99,7 @@ fn an_empty_prompt_is_an_error_not_a_panic() {
 
 #[test]
 fn a_prefix_extended_from_another_prompts_prefix_decodes_like_a_fresh_one() {
-    let (target, mut all) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut all) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let base: &[u32] = &[1, 243, 56, 119, 188, 74, 255, 15];
     // (earlier prompt, new prompt): the same, a longer turn, a shorter one, a change in the

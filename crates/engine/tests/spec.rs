@@ -16,8 +16,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
         &[1, 100, 100, 100, 100, 100],
     ];
     for prompt in prompts {
-        let (target, mut cache) = fixture_target(usize::MAX);
-        let drafter = tiny_drafter(&target);
+        let (target, drafter, mut cache) = fixture_pair(usize::MAX);
         let pair = Pair::new(&target, &drafter);
         let want = plain_tokens(&target, &mut cache, prompt, Sampling::Greedy, 0, 30);
         for (budget, slots, shape) in [
@@ -66,8 +65,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
 
 #[test]
 fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes() {
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
     let options = decode_options(40, Sampling::Greedy, 0);
@@ -101,8 +99,7 @@ fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decodi
     // Every expert fits: the decoding cache misses each expert at most once, unless it were
     // emptied for the all-miss probes (it must not be: the probes on it stand for decoding's
     // steady state; emptied, each of its probes would miss every routed expert again).
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let plan = ProbePlan {
         shape: TreeShape::default(),
         max_nodes: 3,
@@ -160,8 +157,7 @@ fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decodi
 fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     use specfit_engine::spec::{verify, DraftNode, Tree};
     use specfit_engine::Batch;
-    let (target, mut cache) = fixture_target(2);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(2);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 8);
     let wrong = |t: u32| (t + 1) % 256;
@@ -234,9 +230,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
 fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     use specfit_engine::spec::Atlas;
     use specfit_selector::CostModel;
-    let load = fixture_target;
-    let (target, mut cache) = load(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188, 74];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 24);
@@ -249,8 +243,8 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     for (i, cost) in costs.into_iter().enumerate() {
         let residency = cost.is_residency();
         let mut policy = specfit_policy(cost).residency(residency);
-        let (_, mut cache) = load(2);
-        let mut atlas = Atlas::new(load(usize::MAX).1);
+        let (_, mut cache) = fixture_target(2);
+        let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
         let options = decode_options(24, Sampling::Greedy, 0);
         let routes = Routes::Atlas(&mut atlas);
         let start = Start::Prompt(&prompt);
@@ -282,7 +276,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     // A policy that needs routes refuses to run without a route source.
     let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
     let mut policy = specfit_policy(cost);
-    let (_, mut cache) = load(2);
+    let (_, mut cache) = fixture_target(2);
     let options = decode_options(4, Sampling::Greedy, 0);
     let start = Start::Prompt(&prompt);
     let err = pair
@@ -296,9 +290,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
 
 #[test]
 fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_seed() {
-    let load = fixture_target;
-    let (target, mut cache) = load(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119];
     for (seed, temperature, top_p, budget) in [
@@ -310,7 +302,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
     ] {
         let sampling = Sampling::TopP { temperature, top_p };
         let want = plain_tokens(&target, &mut cache, &prompt, sampling, seed, 20);
-        let (_, mut c) = load(2);
+        let (_, mut c) = fixture_target(2);
         let options = decode_options(20, sampling, seed);
         let got = pair.top_k(&mut c, Start::Prompt(&prompt), budget, &options);
         assert_eq!(
@@ -323,8 +315,7 @@ fn speculative_sampling_draws_the_same_tokens_as_plain_sampling_with_the_same_se
 #[test]
 fn speculative_sampling_reproduces_the_targets_distribution() {
     use specfit_engine::{Batch, Logits};
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 17, 9];
     let sampling = Sampling::from_temperature(1.0, 1.0);
@@ -383,12 +374,10 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
 fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     use specfit_engine::measure::PoolWalk;
     use specfit_engine::spec::Atlas;
-    let load = fixture_target;
-    let (target, mut cache) = load(2);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(2);
     let prompt = [1u32, 243, 56, 119];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 13);
-    let mut atlas = Atlas::new(load(usize::MAX).1);
+    let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
     let mut walk = PoolWalk {
         target: &target,
         drafter: &drafter,
@@ -428,8 +417,7 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 #[test]
 fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
     let file = fixture_expert_file("spec-disk");
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
@@ -449,8 +437,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
     use specfit_engine::spec::Atlas;
     use specfit_selector::CostModel;
     let file = fixture_expert_file("spec-ahead");
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188];
     let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
@@ -482,26 +469,30 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
 fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     use specfit_engine::spec::Atlas;
     use specfit_selector::CostModel;
-    let load = fixture_target;
-    let (target, _) = load(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, _) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     for (prompt, sampling) in [
         (&[1u32, 243, 56, 119, 188, 74][..], Sampling::Greedy),
         (&[1u32, 5][..], Sampling::from_temperature(0.8, 0.9)),
     ] {
-        let want = plain_tokens(&target, &mut load(2).1, prompt, sampling, 7, 40);
+        let want = plain_tokens(&target, &mut fixture_target(2).1, prompt, sampling, 7, 40);
         // Cheap experts (verifies nodes, few bursts) and dear ones (mostly empty subtrees: bursts).
         let mut bursts = Vec::new();
         for beta in [0.0, 50.0] {
             let cost = CostModel::paper(vec![1.0; 8], beta).unwrap();
             let mut policy = specfit_policy(cost).plain_bursts(true);
-            let mut atlas = Atlas::new(load(usize::MAX).1);
+            let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
             let options = decode_options(40, sampling, 7);
             let routes = Routes::Atlas(&mut atlas);
             let start = Start::Prompt(prompt);
             let got = pair
-                .speculate(&mut load(2).1, &mut policy, routes, start, &options)
+                .speculate(
+                    &mut fixture_target(2).1,
+                    &mut policy,
+                    routes,
+                    start,
+                    &options,
+                )
                 .unwrap();
             assert_eq!(got.tokens, want, "β {beta} {sampling:?}");
             assert!(got.plain_steps < got.cycles);
@@ -540,8 +531,7 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
 
 #[test]
 fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_output() {
-    let (target, mut cache) = fixture_target(usize::MAX);
-    let drafter = tiny_drafter(&target);
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
     let prompt = [1u32, 243, 56, 119, 188, 74];
     let full = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 30);

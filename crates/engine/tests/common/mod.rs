@@ -106,6 +106,13 @@ pub fn json_file(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// The fixture target (experts in RAM behind `slots` slots per layer) with the tiny drafter.
+pub fn fixture_pair(slots: usize) -> (Qwen3Moe, Eagle3, ExpertCache) {
+    let (target, cache) = fixture_target(slots);
+    let drafter = tiny_drafter(&target);
+    (target, drafter, cache)
+}
+
 /// The tiny drafter, loaded for `target`.
 pub fn tiny_drafter(target: &Qwen3Moe) -> Eagle3 {
     Eagle3::load(&drafter_dir(), target.config()).unwrap()

@@ -166,7 +166,6 @@ fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
         DraftHidden::Target(&feats),
         &mut b,
     );
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(last.logits.len(), all.draft_vocab);
     assert_eq!(bits(last.row(0)), bits(all.row(tokens.len() - 1)));
     assert_eq!(bits(&last.hidden), bits(&all.hidden));

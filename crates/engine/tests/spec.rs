@@ -524,7 +524,6 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
     let h = target.config().hidden_size;
     for r in 0..tokens.len() {
         let later = target.logits_of(&out.taps[0][r * h..(r + 1) * h]);
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&later), bits(out.row(r)), "row {r}");
     }
 }

@@ -73,6 +73,15 @@ pub struct Args {
     /// any origin).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
+    /// Also answer requests whose Host header names this host (repeat it; `*` for any). A
+    /// server on a loopback address otherwise answers only localhost and loopback IPs (against
+    /// DNS rebinding); one on another address answers any Host unless this names some.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
+    /// Let special token texts a client writes inside chat messages (`<|im_start|>`, …) become
+    /// control tokens, as before; by default they are tokenized as plain text.
+    #[arg(long)]
+    special_tokens_in_content: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -113,6 +122,13 @@ pub fn run(args: &Args) -> Result<()> {
         !args.read_ahead || args.policy.needs_routes(),
         "--read-ahead needs a specfit policy (it reads ahead on the policy's routes)"
     );
+    // Checked before the model loads: a setting that cannot work fails at once.
+    let access = Access::new(
+        args.api_key.clone(),
+        args.allowed_origins.clone(),
+        args.allowed_hosts.clone(),
+        &args.host,
+    )?;
     let route = match &args.routes {
         Some(text) => RouteChoice::parse(text)?,
         None => RouteChoice::Predictor(crate::paths::predictor()),
@@ -180,10 +196,7 @@ pub fn run(args: &Args) -> Result<()> {
             read_timeout: Duration::from_secs_f64(args.read_timeout),
         },
         shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
-        access: Access {
-            api_key: args.api_key.clone(),
-            allowed_origins: args.allowed_origins.clone(),
-        },
+        access,
     };
     let (name, policy) = (served.name.clone(), served.policy.clone());
     let tier = format!(
@@ -245,6 +258,7 @@ fn served(
         chat_stop_tokens,
         policy: decoder.policy().to_string(),
         tokenizer,
+        special_tokens_in_content: args.special_tokens_in_content,
     })
 }
 

@@ -181,6 +181,7 @@ async fn a_client_that_disconnects_streamed_or_not_frees_the_engine_for_the_next
         "temperature": 0.9, "seed": 1, "stream": true, "ignore_eos": true});
     let r = reqwest::Client::new()
         .post(server.url("/v1/completions"))
+        .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
@@ -218,6 +219,7 @@ async fn a_client_that_disconnects_streamed_or_not_frees_the_engine_for_the_next
     // A client waiting for a whole (non-streamed) answer that hangs up cancels it too.
     let gone = reqwest::Client::new()
         .post(server.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
         .timeout(Duration::from_millis(300))
         .body(
             json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3000,
@@ -251,6 +253,7 @@ async fn stream_once(url: String, body: Value) -> Result<(String, Duration, Dura
     let start = Instant::now();
     let r = reqwest::Client::new()
         .post(url)
+        .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
@@ -382,6 +385,7 @@ async fn sigterm_finishes_the_request_in_progress_refuses_new_ones_and_exits_zer
     // New requests are refused (503) or find the listener closed.
     if let Ok(r) = reqwest::Client::new()
         .post(&url)
+        .header("content-type", "application/json")
         .body(r#"{"prompt":"x","max_tokens":2}"#)
         .send()
         .await

@@ -112,6 +112,34 @@ impl Tokenizer {
             })
     }
 
+    /// Token ids of `text` with every special token's text read as plain text (what a user
+    /// typed can never become a control token this way).
+    pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        let mut literal = self.inner.clone();
+        literal.set_encode_special_tokens(true);
+        literal
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EngineError::Json {
+                path: self.path.clone(),
+                message: format!("encoding: {e}"),
+            })
+    }
+
+    /// The texts of the special (control) tokens, such as `<|im_start|>`, longest first.
+    pub fn special_tokens(&self) -> Vec<String> {
+        let mut texts: Vec<String> = self
+            .inner
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        texts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        texts.dedup();
+        texts
+    }
+
     /// Text of `ids`, without special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
         self.inner.decode(ids, true).map_err(|e| EngineError::Json {

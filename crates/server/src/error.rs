@@ -75,11 +75,13 @@ impl ApiError {
         }
     }
 
-    /// 500: the engine failed on a request it had accepted.
-    pub fn internal(message: impl Into<String>) -> ApiError {
+    /// 500: the engine failed on a request it had accepted. `detail` goes to the server's log
+    /// only: it may name the server's files, which clients have no business seeing.
+    pub fn internal(detail: impl Into<String>) -> ApiError {
+        eprintln!("specfit serve: internal error: {}", detail.into());
         ApiError {
             status: 500,
-            message: message.into(),
+            message: "the server failed on this request; its log has the detail".into(),
             kind: "server_error",
             param: None,
             code: None,
@@ -118,6 +120,9 @@ pub enum ServerError {
     Bind { addr: String, error: std::io::Error },
     #[error("the model's chat template does not compile: {0}")]
     Template(String),
+    /// An access setting (API key, origin, host) that cannot work.
+    #[error("{0}")]
+    Access(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -15,9 +15,11 @@ use futures_util::StreamExt;
 use specfit_engine::{Cancel, Sampling, Tokenizer};
 use tokio::sync::mpsc::unbounded_channel;
 
+use crate::access::{authorize, check_host, cors, Access};
 use crate::answer::{self, Queued};
 use crate::api::{self, Endpoint, Params, Prompt};
 use crate::chat::ChatTemplate;
+use crate::content;
 use crate::decoder::DecodeRequest;
 use crate::error::ApiError;
 use crate::metrics::{Live, Metrics, Outcome};
@@ -40,17 +42,9 @@ pub struct Served {
     pub chat_stop_tokens: Vec<u32>,
     /// The decoding policy, for responses and logs.
     pub policy: String,
-}
-
-/// Who may call the API.
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    /// When set, every `/v1/` request needs `Authorization: Bearer KEY` (401 otherwise);
-    /// `/health` and `/metrics` stay open.
-    pub api_key: Option<String>,
-    /// Origins whose web pages may call the API from a browser (CORS; `*` for any). Empty:
-    /// none (a page on another site cannot read the answers).
-    pub allowed_origins: Vec<String>,
+    /// Special token texts inside chat message content become control tokens (the old, unsafe
+    /// behaviour; by default they stay text, see [`crate::content`]).
+    pub special_tokens_in_content: bool,
 }
 
 /// Limits on what a client may send.
@@ -104,7 +98,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
-        .route_layer(axum::middleware::from_fn_with_state(app.clone(), authorize));
+        .route_layer(axum::middleware::from_fn_with_state(app.clone(), authorize))
+        .route_layer(axum::middleware::from_fn(json_body));
     let mut router = Router::new()
         .merge(api)
         .route("/health", get(health))
@@ -112,6 +107,10 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(app.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            check_host,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(panicked));
     if let Some(cors) = cors(&app.access.allowed_origins) {
         router = router.layer(cors);
@@ -119,46 +118,34 @@ pub fn router(app: Arc<App>) -> Router {
     router
 }
 
-/// Refuses `/v1/` requests without the API key (when one is set) with a 401.
-async fn authorize(
-    State(app): State<Arc<App>>,
-    req: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let Some(key) = &app.access.api_key else {
+/// Refuses a POST whose body is not declared JSON with a 415, so that a web page's "simple"
+/// cross-origin request (`text/plain`, a form) never runs: browsers send those without asking.
+async fn json_body(req: Request, next: axum::middleware::Next) -> Response {
+    if req.method() != axum::http::Method::POST {
         return next.run(req).await;
-    };
-    let given = req
+    }
+    let declared = req
         .headers()
-        .get(header::AUTHORIZATION)
+        .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+        .map(|v| {
+            v.split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase()
+        });
+    if declared.as_deref() == Some("application/json") {
         return next.run(req).await;
     }
-    ApiError::request(401, "a valid API key is needed: Authorization: Bearer KEY")
-        .with_kind("invalid_request_error")
-        .with_code("invalid_api_key")
-        .into_response()
-}
-
-/// The CORS layer for `origins` (`*`: any), or None when no origin is allowed.
-fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
-    use tower_http::cors::{AllowOrigin, CorsLayer};
-    if origins.is_empty() {
-        return None;
-    }
-    let allow = if origins.iter().any(|o| o == "*") {
-        AllowOrigin::any()
-    } else {
-        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
-    };
-    Some(
-        CorsLayer::new()
-            .allow_origin(allow)
-            .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
-            .allow_headers([header::CONTENT_TYPE, header::AUTHORIZATION]),
+    ApiError::request(
+        415,
+        format!(
+            "the request body must be JSON with Content-Type: application/json (got {})",
+            declared.map_or("no Content-Type".into(), |t| format!("{t:?}"))
+        ),
     )
+    .into_response()
 }
 
 /// A handler that panicked: a 500 with an error body (the server keeps serving).
@@ -438,8 +425,12 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
             .map_err(|e| ApiError::invalid(param, format!("tokenizing: {e}")))
     };
     let ids = match &params.prompt {
-        Prompt::Chat { messages, kwargs } => {
+        Prompt::Chat { messages, kwargs } if served.special_tokens_in_content => {
             encode(&served.template.render(messages, kwargs)?, "messages")?
+        }
+        Prompt::Chat { messages, kwargs } => {
+            let nonce = fresh_seed(messages.len() as u64);
+            content::chat_ids(&served.template, &served.tokenizer, messages, kwargs, nonce)?
         }
         Prompt::Text(text) => encode(text, "prompt")?,
         Prompt::Ids(ids) => ids.clone(),

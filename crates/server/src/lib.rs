@@ -5,9 +5,11 @@
 //! that disconnects cancels its decode at the next cycle, and SIGTERM or Ctrl-C drains the
 //! server within a bound. It does not load models; the caller hands it an [`EngineDecoder`].
 
+pub mod access;
 mod answer;
 pub mod api;
 pub mod chat;
+pub mod content;
 pub mod decoder;
 pub mod error;
 mod http;
@@ -22,9 +24,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use access::Access;
 pub use decoder::{DecodeRequest, DraftRoutes, EngineDecoder, RequestStats, Speculation};
 pub use error::{ApiError, ServerError};
-pub use http::{Access, Limits, Served};
+pub use http::{Limits, Served};
 
 /// How the server listens and how much it takes.
 #[derive(Debug, Clone)]

@@ -402,8 +402,11 @@ async fn sigterm_finishes_the_request_in_progress_refuses_new_ones_and_exits_zer
     // With no grace left, a long decode is cancelled and the server still exits 0 promptly.
     let mut server = Server::start(&["--policy", "ar", "--shutdown-grace", "0.2"]);
     let body = json!({"prompt": "Once upon a time", "max_tokens": 4000, "temperature": 0.9, "stream": true, "ignore_eos": true});
-    let running = tokio::spawn(stream_once(server.url("/v1/completions"), body));
+    let running = tokio::spawn(stream_once(server.url("/v1/completions"), body.clone()));
     tokio::time::sleep(Duration::from_millis(200)).await;
+    // A streamed request still queued behind it never runs: it is answered 503, not 200.
+    let queued = tokio::spawn(stream_once(server.url("/v1/completions"), body));
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let start = Instant::now();
     let status = server.terminate(Duration::from_secs(10));
     assert!(status.success(), "{status:?}");
@@ -413,6 +416,7 @@ async fn sigterm_finishes_the_request_in_progress_refuses_new_ones_and_exits_zer
         start.elapsed()
     );
     let _ = running.await;
+    assert_eq!(queued.await.unwrap().err(), Some(503));
     let said = || {
         server
             .log

@@ -117,6 +117,8 @@ pub(crate) async fn whole(app: Arc<App>, mut q: Queued) -> Response {
     let mut first_token = None;
     while let Some(event) = q.events.recv().await {
         match event {
+            Event::Started => {}
+            Event::Refused => return failed(&mut tally, &q, shutting_down()),
             Event::Token(t) => {
                 first_token.get_or_insert_with(|| q.submitted.elapsed().as_secs_f64());
                 match text.push(&served.tokenizer, t) {
@@ -164,17 +166,34 @@ pub(crate) async fn whole(app: Arc<App>, mut q: Queued) -> Response {
     )
 }
 
+/// A queued request the server will not run: it is shutting down.
+fn shutting_down() -> ApiError {
+    ApiError::busy(503, "the server is shutting down", 5)
+}
+
 fn failed(tally: &mut Tally, q: &Queued, e: ApiError) -> Response {
     q.cancel.cancel();
     tally.failed(&e);
     e.into_response()
 }
 
-/// Answers with server-sent events: a chunk per piece of text, the last chunk with the finish
-/// reason, the usage chunk when asked, then `[DONE]`. Dropping the stream (the client left)
-/// drops the receiver, which cancels the decode at its next token.
-pub(crate) fn stream(app: Arc<App>, q: Queued) -> Response {
-    let tally = Tally::new(&app, &q);
+/// Answers with server-sent events once decoding starts (a request the server will not run gets a
+/// 503 instead): a chunk per piece of text, the last chunk with the finish reason, the usage chunk
+/// when asked, then `[DONE]`. Dropping the stream (the client left) drops the receiver, which
+/// cancels the decode at its next token.
+pub(crate) async fn stream(app: Arc<App>, mut q: Queued) -> Response {
+    let mut tally = Tally::new(&app, &q);
+    match q.events.recv().await {
+        Some(Event::Started) => {}
+        Some(Event::Refused) => return failed(&mut tally, &q, shutting_down()),
+        _ => {
+            return failed(
+                &mut tally,
+                &q,
+                ApiError::internal("the decoding thread stopped"),
+            )
+        }
+    }
     let state = Streaming {
         text: TextStream::new(q.params.stop.clone()),
         q,
@@ -217,6 +236,7 @@ impl Streaming {
                 return Some(self.fail(ApiError::internal("the decoding thread stopped")));
             };
             match event {
+                Event::Started | Event::Refused => {}
                 Event::Token(t) => {
                     self.first_token
                         .get_or_insert_with(|| self.q.submitted.elapsed().as_secs_f64());

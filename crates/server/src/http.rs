@@ -275,7 +275,7 @@ async fn generate(app: Arc<App>, endpoint: Endpoint, req: Request) -> Response {
             );
             e.into_response()
         }
-        Ok(q) if q.params.stream => answer::stream(app, q),
+        Ok(q) if q.params.stream => answer::stream(app, q).await,
         Ok(q) => answer::whole(app, q).await,
     }
 }

@@ -18,6 +18,10 @@ use crate::metrics::Metrics;
 /// What a job sends back.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// Decoding of the job began (the first event of every job that runs).
+    Started,
+    /// The job never ran: the server began shutting down while it waited.
+    Refused,
     Token(u32),
     /// The decode ended: its statistics, or why it failed.
     Done(Result<RequestStats, String>),
@@ -163,9 +167,10 @@ fn run(
     metrics: &Metrics,
 ) -> Option<Result<RequestStats, String>> {
     if abort.is_cancelled() {
-        return Some(Err("the server is shutting down".into()));
+        let _ = job.events.send(Event::Refused);
+        return None;
     }
-    if job.cancel.is_cancelled() || job.events.is_closed() {
+    if job.cancel.is_cancelled() || job.events.send(Event::Started).is_err() {
         return None;
     }
     let (events, cancel, abort) = (job.events.clone(), job.cancel.clone(), abort.clone());

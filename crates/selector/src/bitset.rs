@@ -13,6 +13,27 @@ use crate::error::{Error, Owner};
 /// Largest number of experts per layer a pool may have (Kimi-K2 has 384).
 pub const MAX_EXPERTS: usize = 512;
 
+/// The most MoE layers a pool or resident set may span (the largest MoE models have ~100).
+pub const MAX_LAYERS: usize = 1024;
+
+/// Refuses a `layers × experts` shape outside 1..=[`MAX_LAYERS`] × 1..=[`MAX_EXPERTS`], before
+/// anything of that size is allocated.
+pub fn check_shape(layers: usize, experts: usize) -> Result<(), Error> {
+    if layers == 0 || layers > MAX_LAYERS {
+        return Err(Error::LayersOutOfRange {
+            layers,
+            max: MAX_LAYERS,
+        });
+    }
+    if experts == 0 || experts > MAX_EXPERTS {
+        return Err(Error::ExpertsOutOfRange {
+            experts,
+            max: MAX_EXPERTS,
+        });
+    }
+    Ok(())
+}
+
 /// Words of a flat bitset over `layers × experts` bits.
 pub fn words_for(layers: usize, experts: usize) -> usize {
     (layers * experts).div_ceil(64)

@@ -138,6 +138,7 @@ impl ResidentSet {
         experts: usize,
         per_layer: &[R],
     ) -> Result<ResidentSet, Error> {
+        bitset::check_shape(layers, experts)?;
         let mut bits = vec![0; bitset::words_for(layers, experts)];
         bitset::fill_routes(&mut bits, Owner::Resident, layers, experts, per_layer)?;
         Ok(ResidentSet {

@@ -28,8 +28,8 @@ impl fmt::Display for Owner {
 /// Everything that can be wrong with a pool, a cost model, a probe set or an input file.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Error {
-    #[error("layers = {layers}: a pool needs at least one MoE layer")]
-    NoLayers { layers: usize },
+    #[error("layers = {layers}: must be between 1 and {max}")]
+    LayersOutOfRange { layers: usize, max: usize },
     #[error("experts = {experts}: must be between 1 and {max}")]
     ExpertsOutOfRange { experts: usize, max: usize },
     #[error("nodes: {nodes} draft nodes exceed the limit of {limit}")]
@@ -103,6 +103,12 @@ pub enum Error {
     UnknownObjective { got: String },
     #[error("max_nodes = {max_nodes}: exact search supports at most {limit}")]
     MaxNodesTooLarge { max_nodes: usize, limit: usize },
+    #[error("the exact search over {nodes} draft nodes with max_nodes = {max_nodes} scored more than {limit} subtrees without finishing (tied or near-tied nodes leave nothing to prune); draft a smaller pool or lower max_nodes")]
+    SearchTooLarge {
+        nodes: usize,
+        max_nodes: usize,
+        limit: u64,
+    },
 
     #[error("no probe rows: calibration needs at least one row per node count 0..=max")]
     NoProbes,

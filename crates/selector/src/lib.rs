@@ -63,5 +63,5 @@ pub use error::{Error, Owner};
 pub use objective::Objective;
 pub use policy::{Choice, Decision, VerifyPolicy, MAX_BURST};
 pub use pool::{NodeSpec, Pool, PoolBuilder, PoolSpec, MAX_POOL_NODES};
-pub use search::{count_subtrees, top_k, SearchStats, Selection, Selector, MAX_SELECT};
+pub use search::{count_subtrees, top_k, SearchStats, Selection, Selector, MAX_SELECT, MAX_VISITS};
 pub use stop::{stop_rule, StopDecision};

@@ -5,7 +5,7 @@
 //! This module owns the tree and the route bitsets; which subtree to verify is `search`'s job and
 //! what verifying costs is `cost`'s.
 
-use crate::bitset::{self, MAX_EXPERTS};
+use crate::bitset;
 use crate::error::{Error, Owner};
 
 /// Most draft nodes a pool may hold (the exact search enumerates subtrees of at most
@@ -79,15 +79,7 @@ pub struct PoolBuilder {
 impl PoolBuilder {
     /// Starts a pool over `layers` MoE layers of `experts` experts each.
     pub fn new(layers: usize, experts: usize) -> Result<PoolBuilder, Error> {
-        if layers == 0 {
-            return Err(Error::NoLayers { layers });
-        }
-        if experts == 0 || experts > MAX_EXPERTS {
-            return Err(Error::ExpertsOutOfRange {
-                experts,
-                max: MAX_EXPERTS,
-            });
-        }
+        bitset::check_shape(layers, experts)?;
         let words = bitset::words_for(layers, experts);
         Ok(PoolBuilder {
             pool: Pool {
@@ -354,17 +346,33 @@ mod tests {
     fn shapes_outside_the_supported_range_are_rejected() {
         assert_eq!(
             PoolBuilder::new(0, 8).unwrap_err(),
-            Error::NoLayers { layers: 0 }
+            Error::LayersOutOfRange {
+                layers: 0,
+                max: bitset::MAX_LAYERS
+            }
         );
         for experts in [513, 0] {
             assert_eq!(
                 PoolBuilder::new(4, experts).unwrap_err(),
                 Error::ExpertsOutOfRange {
                     experts,
-                    max: MAX_EXPERTS
+                    max: bitset::MAX_EXPERTS
                 }
             );
         }
         assert!(PoolBuilder::new(61, 384).is_ok());
+    }
+
+    #[test]
+    fn a_pool_over_more_layers_than_any_model_has_is_refused_before_allocating() {
+        let err = PoolBuilder::new(1_000_000_000, 128).unwrap_err();
+        assert_eq!(
+            err,
+            Error::LayersOutOfRange {
+                layers: 1_000_000_000,
+                max: bitset::MAX_LAYERS
+            }
+        );
+        assert!(crate::cost::ResidentSet::new(usize::MAX, 8, &[[0u32]]).is_err());
     }
 }

@@ -29,6 +29,12 @@ use crate::pool::Pool;
 /// Largest node budget `K` the exact search accepts.
 pub const MAX_SELECT: usize = 64;
 
+/// The most subtrees one exact search may score before it gives up with
+/// [`Error::SearchTooLarge`] (about a second or two on one core): the bound prunes nearly all of
+/// a drafted pool's subtrees (the paper's 18-node pools under K = 7 have at most ~50,000 in all),
+/// but a large pool of tied nodes has no order to prune by.
+pub const MAX_VISITS: u64 = 20_000_000;
+
 /// The chosen subtree and what the cost model predicts for it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Selection {
@@ -173,7 +179,7 @@ impl Selector {
     ) -> Result<Selection, Error> {
         self.load_resident(pool, resident)?;
         match self.objective {
-            Objective::Ratio | Objective::Lambda { .. } => Ok(self.search(pool)),
+            Objective::Ratio | Objective::Lambda { .. } => self.search(pool),
             Objective::TopK => Ok(self.evaluate_unchecked(pool, &top_k(pool, self.max_nodes))),
             Objective::All => {
                 self.cost.check_covers(pool.len())?;
@@ -264,7 +270,7 @@ impl Selector {
     }
 
     /// The exact branch-and-bound search.
-    fn search(&mut self, pool: &Pool) -> Selection {
+    fn search(&mut self, pool: &Pool) -> Result<Selection, Error> {
         self.prepare(pool);
         let root_hits: u32 = pool
             .root_bits()
@@ -290,8 +296,15 @@ impl Selector {
                 self.dfs::<false>(pool, 0, 0, hits, misses);
             }
         }
+        if self.stats.visited > MAX_VISITS {
+            return Err(Error::SearchTooLarge {
+                nodes: pool.len(),
+                max_nodes: self.max_nodes,
+                limit: MAX_VISITS,
+            });
+        }
         let nodes = self.best.nodes.iter().map(|&i| i as usize).collect();
-        self.report(pool, nodes, self.best.hits, self.best.misses, self.stats)
+        Ok(self.report(pool, nodes, self.best.hits, self.best.misses, self.stats))
     }
 
     /// Sizes the scratch for `pool`: quantised probabilities, subtree maxima, sorted children,
@@ -350,6 +363,9 @@ impl Selector {
         let n = level + 1;
         let len = self.frontiers[level].len();
         for j in 0..len {
+            if self.stats.visited > MAX_VISITS {
+                return;
+            }
             let v = self.frontiers[level][j] as usize;
             if self.bound(level, rq, self.submax[v], hits, misses) < self.best.objective {
                 self.stats.pruned += (len - j) as u64;
@@ -457,7 +473,8 @@ pub fn top_k(pool: &Pool, k: usize) -> Vec<usize> {
 }
 
 /// Number of ancestor-closed subtrees with at most `k` nodes (the empty one included): the size
-/// of the exact search space, for reporting how much the bound prunes.
+/// of the exact search space, for reporting how much the bound prunes (saturating at
+/// `u128::MAX`).
 pub fn count_subtrees(pool: &Pool, k: usize) -> u128 {
     // f[i][s] = subtrees rooted at node i with s nodes; children are later in index order.
     let n = pool.len();
@@ -472,7 +489,7 @@ pub fn count_subtrees(pool: &Pool, k: usize) -> u128 {
         with_child[0] = 1;
         acc[slot] = poly_mul(&acc[slot], &with_child, k);
     }
-    acc[0].iter().sum()
+    acc[0].iter().fold(0u128, |a, &b| a.saturating_add(b))
 }
 
 fn poly_one(k: usize) -> Vec<u128> {
@@ -485,7 +502,7 @@ fn poly_mul(a: &[u128], b: &[u128], k: usize) -> Vec<u128> {
     let mut out = vec![0u128; k + 1];
     for (i, &x) in a.iter().enumerate() {
         for (j, &y) in b.iter().enumerate().take(k + 1 - i) {
-            out[i + j] += x * y;
+            out[i + j] = out[i + j].saturating_add(x.saturating_mul(y));
         }
     }
     out
@@ -559,5 +576,44 @@ mod tests {
             sel.select(&star(4), None),
             Err(Error::TooFewIntercepts { need: 5, .. })
         ));
+    }
+
+    #[test]
+    fn a_pool_of_tied_nodes_too_large_to_search_is_refused_within_seconds() {
+        // 400 equal siblings on shared experts, K = 7: ~10^15 subtrees and nothing to prune by.
+        let mut b = PoolBuilder::new(1, 64).unwrap();
+        for _ in 0..400 {
+            b.push(None, 0.5, &[[1u32]]).unwrap();
+        }
+        let pool = b.build();
+        let cost = CostModel::paper(vec![1.0; 8], 0.0).unwrap();
+        let mut sel = Selector::new(cost, 7, Objective::Ratio).unwrap();
+        let start = std::time::Instant::now();
+        let err = sel.select(&pool, None).unwrap_err();
+        assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
+        assert!(
+            matches!(
+                err,
+                Error::SearchTooLarge {
+                    nodes: 400,
+                    max_nodes: 7,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains(&MAX_VISITS.to_string()), "{err}");
+        // The same selector still answers pools it can search.
+        assert!(sel.select(&chain(5), None).is_ok());
+    }
+
+    #[test]
+    fn counting_a_huge_search_space_saturates_instead_of_overflowing() {
+        let mut b = PoolBuilder::new(1, 64).unwrap();
+        for _ in 0..1000 {
+            b.push(None, 0.5, &[[0u32]]).unwrap();
+        }
+        assert_eq!(count_subtrees(&b.build(), 64), u128::MAX);
+        assert_eq!(count_subtrees(&star(3), 2), 1 + 3 + 3);
     }
 }

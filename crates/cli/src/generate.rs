@@ -106,22 +106,15 @@ fn feed_ids(args: &Args, cfg: &specfit_engine::Qwen3MoeConfig) -> Result<Vec<u32
 }
 
 /// Refuses a decode that would run past the model's positions (`max_position_embeddings`): the
-/// prompt, the generated tokens and, with a drafter, the draft tree below the last one.
+/// prompt, the generated tokens and, with a drafter, the draft tree below the last one. Checked
+/// here, before any calibration or atlas is built, as well as in the engine.
 fn check_context(cfg: &specfit_engine::Qwen3MoeConfig, prompt: usize, args: &Args) -> Result<()> {
-    let context = cfg.max_position_embeddings;
     let tree = if args.drafter.is_some() && args.policy != PolicyName::Ar {
         args.tree.levels
     } else {
         0
     };
-    let needed = prompt + args.max_tokens + tree;
-    ensure!(
-        needed <= context,
-        "the prompt ({prompt} tokens) plus --max-tokens {}{} needs {needed} positions but the model has {context} (max_position_embeddings); use --max-tokens {} or less",
-        args.max_tokens,
-        if tree > 0 { format!(" plus the {tree}-level draft tree") } else { String::new() },
-        context.saturating_sub(prompt + tree)
-    );
+    specfit_engine::spec::check_context(cfg, prompt, args.max_tokens, tree)?;
     Ok(())
 }
 

@@ -61,10 +61,7 @@ pub fn run(args: &Args) -> Result<()> {
     let plan = specfit_engine::measure::CalibrationPlan {
         cycles: args.cycles,
         max_nodes: args.nodes.max_nodes,
-        shape: TreeShape {
-            branching: args.branching,
-            levels: args.levels,
-        },
+        shape: TreeShape::new(args.branching, args.levels)?,
         seed: args.seed,
     };
     let measured = crate::calibrate::measure(&model, &drafter, &mut cache, &prompts, &plan)?;

@@ -88,7 +88,7 @@ pub struct Args {
     /// Port to listen on (0: any free port; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Requests that may wait while one is decoded; more are answered 429.
+    /// Requests that may wait while one is decoded (at most 4096); more are answered 429.
     #[arg(long, default_value_t = 64)]
     queue: usize,
     /// Largest request body, in bytes (413 beyond).
@@ -103,21 +103,35 @@ pub struct Args {
     shutdown_grace: f64,
 }
 
+/// The longest queue `--queue` may ask for (each waiting request holds its prompt).
+const MAX_QUEUE: usize = 4096;
+
+/// `secs` of flag `name` as a duration: a number of seconds from 0 to one day.
+fn seconds(name: &str, secs: f64) -> Result<Duration> {
+    ensure!(
+        (0.0..=86_400.0).contains(&secs),
+        "{name} {secs}: must be a number of seconds from 0 to 86400"
+    );
+    Ok(Duration::from_secs_f64(secs))
+}
+
 pub fn run(args: &Args) -> Result<()> {
     ensure!(
         args.tree.nodes.max_nodes > 0,
         "--max-nodes must be positive"
     );
     let shape = args.tree.shape()?;
-    for (name, secs) in [
+    let [read_timeout, shutdown_grace] = [
         ("--read-timeout", args.read_timeout),
         ("--shutdown-grace", args.shutdown_grace),
-    ] {
-        ensure!(
-            secs.is_finite() && secs >= 0.0,
-            "{name} {secs} must be a number of seconds >= 0"
-        );
-    }
+    ]
+    .map(|(name, secs)| seconds(name, secs));
+    let (read_timeout, shutdown_grace) = (read_timeout?, shutdown_grace?);
+    ensure!(
+        (1..=MAX_QUEUE).contains(&args.queue),
+        "--queue {}: must be between 1 and {MAX_QUEUE}",
+        args.queue
+    );
     ensure!(
         !args.read_ahead || args.policy.needs_routes(),
         "--read-ahead needs a specfit policy (it reads ahead on the policy's routes)"
@@ -193,9 +207,9 @@ pub fn run(args: &Args) -> Result<()> {
         queue: args.queue,
         limits: Limits {
             max_body_bytes: args.max_body_bytes,
-            read_timeout: Duration::from_secs_f64(args.read_timeout),
+            read_timeout,
         },
-        shutdown_grace: Duration::from_secs_f64(args.shutdown_grace),
+        shutdown_grace,
         access,
     };
     let (name, policy) = (served.name.clone(), served.policy.clone());

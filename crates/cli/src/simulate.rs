@@ -28,7 +28,7 @@ pub struct Args {
     /// `summarization` (1.54), `gsm8k` (3.35), or `accept:X`.
     #[arg(long)]
     synthetic: Option<String>,
-    /// Positions of the synthetic trace.
+    /// Positions of the synthetic trace (at most 20,000).
     #[arg(long, default_value_t = 400)]
     positions: usize,
     /// Synthetic routing: probability a token keeps each expert of the previous token (default:
@@ -176,6 +176,12 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
             ),
         },
     };
+    anyhow::ensure!(
+        (1..=synth::MAX_POSITIONS).contains(&args.positions),
+        "--positions {}: must be between 1 and {}",
+        args.positions,
+        synth::MAX_POSITIONS
+    );
     for (name, v) in [("--locality", args.locality), ("--share", args.share)] {
         anyhow::ensure!((0.0..=1.0).contains(&v), "{name} {v}: must be in [0, 1]");
     }

@@ -97,7 +97,25 @@ pub fn run(cmd: &Command) -> Result<()> {
     }
 }
 
+/// The most pools or probe rows one call writes (its output is built in memory).
+const MAX_RECORDS: u64 = 1_000_000;
+
+/// Refuses a record count or node budget past what the output and the selector allow.
+fn check_counts(count: u64, max_nodes: usize) -> Result<()> {
+    ensure!(
+        (1..=MAX_RECORDS).contains(&count),
+        "the count {count} must be between 1 and {MAX_RECORDS}"
+    );
+    let limit = specfit_selector::MAX_SELECT;
+    ensure!(
+        max_nodes <= limit,
+        "--max-nodes {max_nodes} must be at most {limit}"
+    );
+    Ok(())
+}
+
 fn pools(a: &PoolArgs) -> Result<String> {
+    check_counts(a.count, a.max_nodes)?;
     ensure!(
         a.beta.is_finite() && a.beta >= 0.0,
         "--beta {} must be finite and >= 0",
@@ -132,6 +150,7 @@ fn pools(a: &PoolArgs) -> Result<String> {
 }
 
 fn probes(a: &ProbeArgs) -> Result<String> {
+    check_counts(a.rows as u64, a.max_nodes)?;
     ensure!(
         a.rows > a.max_nodes,
         "--rows {} must exceed --max-nodes {}",

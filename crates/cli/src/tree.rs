@@ -2,7 +2,7 @@
 //! (the most nodes verified per cycle), branching and drafted levels. Not the policy or its
 //! calibration (each command defaults those its own way).
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use specfit_engine::spec::TreeShape;
 
 /// `--max-nodes K`, which every command that drafts, calibrates or simulates takes.
@@ -14,9 +14,19 @@ pub struct MaxNodesArg {
         long = "max-nodes",
         alias = "budget",
         value_name = "K",
-        default_value_t = 7
+        default_value_t = 7,
+        value_parser = parse_max_nodes
     )]
     pub max_nodes: usize,
+}
+
+/// K from the command line: at most what the exact search supports.
+fn parse_max_nodes(text: &str) -> Result<usize, String> {
+    let limit = specfit_selector::MAX_SELECT;
+    match text.parse::<usize>() {
+        Ok(k) if k <= limit => Ok(k),
+        _ => Err(format!("expected a whole number from 0 to {limit}")),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -32,15 +42,8 @@ pub struct TreeArgs {
 }
 
 impl TreeArgs {
-    /// The draft tree's shape; branching and levels must be positive.
+    /// The draft tree's shape (bounded: [`TreeShape::new`]).
     pub fn shape(&self) -> Result<TreeShape> {
-        ensure!(
-            self.branching > 0 && self.levels > 0,
-            "--branching and --levels must be positive"
-        );
-        Ok(TreeShape {
-            branching: self.branching,
-            levels: self.levels,
-        })
+        Ok(TreeShape::new(self.branching, self.levels)?)
     }
 }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{ensure, Result};
+use anyhow::Result;
 use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 
@@ -41,19 +41,12 @@ pub struct Walk {
 impl WalkArgs {
     /// Loads the target, its expert cache, the drafter, the atlas and the prompt.
     pub fn load(&self) -> Result<Walk> {
-        ensure!(
-            self.branching > 0 && self.levels > 0,
-            "--branching and --levels must be positive"
-        );
+        let shape = TreeShape::new(self.branching, self.levels)?;
         let (model, cache) = self.target.load()?;
         let tokenizer = self.prompt.tokenizer(&self.target.model)?;
         let prompt = self.prompt.tokens(tokenizer.as_ref(), false)?;
         let drafter = Eagle3::load(&self.drafter, model.config())?;
         let atlas = self.target.atlas()?;
-        let shape = TreeShape {
-            branching: self.branching,
-            levels: self.levels,
-        };
         Ok(Walk {
             model,
             cache,

@@ -83,6 +83,25 @@ pub enum EngineError {
     FeedTooShort { feed: usize, needed: usize },
     #[error("teacher forcing decodes plainly: it cannot be combined with a drafter")]
     FeedWhileSpeculating,
+    #[error("the prompt ({prompt} tokens) plus {max_tokens} new tokens{} needs more positions than the model's {context} (max_position_embeddings); at most {} new tokens fit", tree_note(*tree), context.saturating_sub(prompt.saturating_add(*tree)))]
+    ContextExceeded {
+        prompt: usize,
+        max_tokens: usize,
+        /// Positions the draft tree needs below the last token (0: plain decoding).
+        tree: usize,
+        context: usize,
+    },
+    #[error(
+        "position {position} is past the model's {context} positions (max_position_embeddings)"
+    )]
+    PastContext { position: usize, context: usize },
+    #[error("a draft tree of branching {branching} and {levels} levels drafts {} nodes; both must be positive and the pool at most {limit} nodes", nodes.map_or("too many".to_string(), |n| n.to_string()))]
+    TreeTooLarge {
+        branching: usize,
+        levels: usize,
+        nodes: Option<usize>,
+        limit: usize,
+    },
     #[error("batch has {tokens} tokens but {positions} position ids")]
     PositionCount { tokens: usize, positions: usize },
     #[error("mask: {reason}")]
@@ -145,5 +164,13 @@ impl EngineError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> EngineError {
         let path = path.into();
         move |error| EngineError::Io { path, error }
+    }
+}
+
+fn tree_note(tree: usize) -> String {
+    if tree > 0 {
+        format!(" plus the {tree}-level draft tree")
+    } else {
+        String::new()
     }
 }

@@ -587,3 +587,30 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
         }
     }
 }
+
+#[test]
+fn decodes_forwards_and_trees_past_their_limits_are_refused_not_wrapped_around() {
+    use specfit_engine::{Batch, EngineError};
+    let (target, mut cache) = fixture_target(usize::MAX);
+    let context = target.config().max_position_embeddings;
+    // prompt + max_tokens wraps around usize: still refused.
+    let options = decode_options(usize::MAX, Sampling::Greedy, 0);
+    let err = specfit_engine::generate(&target, &mut cache, None, Start::Prompt(&[1, 2]), &options)
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ContextExceeded { .. }), "{err}");
+    // A forward that would write past the last position.
+    let tokens = vec![1u32; context + 1];
+    let mut kv = target.new_kv_cache();
+    let err = target
+        .forward(&Batch::causal(&tokens), &mut kv, &mut cache)
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::PastContext { position, .. } if position == context),
+        "{err}"
+    );
+    assert_eq!(TreeShape::new(2, 5).unwrap().pool_nodes(), Some(18));
+    for (branching, levels) in [(0, 5), (2, 0), (1_000_000, 5), (usize::MAX, usize::MAX)] {
+        let err = TreeShape::new(branching, levels).unwrap_err();
+        assert!(err.to_string().contains("1024"), "{err}");
+    }
+}

@@ -149,8 +149,9 @@ pub enum Error {
         column: usize,
         message: String,
     },
-    #[error("line {line}: {source}")]
-    AtLine { line: usize, source: Box<Error> },
+    /// The error is part of the message, not a chained source, so it prints once.
+    #[error("line {line}: {error}")]
+    AtLine { line: usize, error: Box<Error> },
     #[error("no JSON value in the input")]
     EmptyInput,
 }
@@ -162,7 +163,7 @@ impl Error {
             Error::Syntax { .. } | Error::AtLine { .. } => self,
             other => Error::AtLine {
                 line,
-                source: Box::new(other),
+                error: Box::new(other),
             },
         }
     }

@@ -123,7 +123,7 @@ pub enum ServerError {
     /// An access setting (API key, origin, host) that cannot work.
     #[error("{0}")]
     Access(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
 }
 

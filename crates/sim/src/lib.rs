@@ -109,8 +109,15 @@ pub enum SimError {
         got: usize,
         want: usize,
     },
+    /// The error is part of the message, not a chained source, so it prints once.
     #[error("selector: {0}")]
-    Selector(#[from] specfit_selector::Error),
+    Selector(specfit_selector::Error),
+}
+
+impl From<specfit_selector::Error> for SimError {
+    fn from(e: specfit_selector::Error) -> SimError {
+        SimError::Selector(e)
+    }
 }
 
 /// Per-layer expert slots ([`lru::SlotLru`], the engine's cache counted) and the read width.

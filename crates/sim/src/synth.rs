@@ -15,6 +15,9 @@
 use specfit_selector::synth::Rng;
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
+/// The most positions a synthetic trace may have (a paper-scale position holds a few KB of routes).
+pub const MAX_POSITIONS: usize = 20_000;
+
 /// Parameters of a synthetic trace.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SynthParams {

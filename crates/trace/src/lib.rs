@@ -117,8 +117,15 @@ pub enum TraceError {
     Invalid { line: usize, reason: String },
     #[error("empty trace: no header line")]
     Empty,
+    /// The error is part of the message, not a chained source, so it prints once.
     #[error("writing the trace: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for TraceError {
+    fn from(e: std::io::Error) -> TraceError {
+        TraceError::Io(e)
+    }
 }
 
 /// Writes a header and steps as JSON Lines.

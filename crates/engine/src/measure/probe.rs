@@ -76,7 +76,7 @@ pub fn probe(
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let (mut kv, mut root, mut draft) = greedy_start(target, drafter, cache, prompt)?;
-    let mut rows = Vec::with_capacity(cycles);
+    let mut rows = Vec::new();
     for cycle in 0..cycles {
         let n = kv.len();
         let t0 = Instant::now();
@@ -112,7 +112,7 @@ pub fn probe(
         rows.last_mut().expect("pushed").feed_ms = t1.elapsed().as_secs_f64() * 1e3;
         root = *v.committed.last().expect("the bonus token");
     }
-    let mut plain = Vec::with_capacity(plan.plain);
+    let mut plain = Vec::new();
     for step in 0..plan.plain {
         let run_on = every_other(cache, emptied.as_deref_mut(), step);
         let (row, next) = plain_step(target, run_on, &mut kv, root)?;

@@ -41,7 +41,7 @@ impl PoolWalk<'_> {
         prompt: &[u32],
         positions: usize,
     ) -> Result<Vec<specfit_trace::TraceStep>, EngineError> {
-        let mut steps = Vec::with_capacity(positions);
+        let mut steps = Vec::new();
         self.walk(prompt, positions, Logits::All, &mut |at| {
             // Row 0 is the root; node i is row i + 1. A node agrees when it is the target's
             // argmax after its parent.
@@ -99,6 +99,8 @@ impl PoolWalk<'_> {
         visit: &mut dyn FnMut(PoolAt<'_>),
     ) -> Result<(), EngineError> {
         let (target, drafter) = (self.target, self.drafter);
+        let levels = self.shape.levels;
+        crate::spec::check_context(target.config(), prompt.len(), positions, levels)?;
         let mut sampler = Sampler::new(Sampling::Greedy, 0);
         let (mut kv, mut root, mut draft) = greedy_start(target, drafter, self.cache, prompt)?;
         for _ in 0..positions {

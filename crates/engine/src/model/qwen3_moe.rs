@@ -199,6 +199,11 @@ impl Qwen3Moe {
         }
         let cached = kv.len();
         let positions = crate::batch::resolve_positions(batch.positions, cached, t)?;
+        let context = self.cfg.max_position_embeddings;
+        let past = positions.iter().copied().chain((cached + t).checked_sub(1));
+        if let Some(position) = past.filter(|&p| p >= context).max() {
+            return Err(EngineError::PastContext { position, context });
+        }
         let visible = batch.mask.visible(cached, t)?;
         let before = cache.stats().clone();
         cache.begin_forward();

@@ -16,6 +16,7 @@ use specfit_selector::{Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
 
 use crate::batch::{Batch, Logits};
 use crate::cancel::Cancel;
+use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::{CopyStats, ExpertCache};
 use crate::kv::KvCache;
@@ -147,6 +148,17 @@ impl<'a> Decoder<'a> {
     ) -> Result<Decoder<'a>, EngineError> {
         let speculation = speculation.filter(|s| s.policy.drafts());
         check_feed(options, speculation.is_some())?;
+        let tree = if speculation.is_some() {
+            options.shape.levels
+        } else {
+            0
+        };
+        check_context(
+            target.config(),
+            start.prompt_tokens(),
+            options.max_tokens,
+            tree,
+        )?;
         let mut sampler = Sampler::new(options.sampling, options.seed);
         let (started, before) = (Instant::now(), cache.stats().clone());
         let drafter = speculation.as_ref().map(|s| s.drafter);
@@ -450,6 +462,30 @@ fn expected_experts(routes: &PoolRoutes, chosen: &[usize]) -> Vec<Vec<u32>> {
 
 /// Refuses a teacher-forced decode with fewer fed ids than forwards after the prefill, or one
 /// that speculates (drafts would be verified against tokens the target did not choose).
+/// Refuses a decode that would run past the model's positions: the `prompt`, `max_tokens` new
+/// tokens and the `tree` levels a draft tree needs below the last one (0 for plain decoding).
+/// Checked arithmetic: no count wraps around.
+pub fn check_context(
+    cfg: &Qwen3MoeConfig,
+    prompt: usize,
+    max_tokens: usize,
+    tree: usize,
+) -> Result<(), EngineError> {
+    let context = cfg.max_position_embeddings;
+    let needed = prompt
+        .checked_add(max_tokens)
+        .and_then(|n| n.checked_add(tree));
+    match needed {
+        Some(n) if n <= context => Ok(()),
+        _ => Err(EngineError::ContextExceeded {
+            prompt,
+            max_tokens,
+            tree,
+            context,
+        }),
+    }
+}
+
 fn check_feed(options: &DecodeOptions, speculating: bool) -> Result<(), EngineError> {
     let needed = options.max_tokens.saturating_sub(1);
     if options.feed.is_empty() {

@@ -30,6 +30,34 @@ pub struct TreeShape {
     pub levels: usize,
 }
 
+impl TreeShape {
+    /// A shape of `branching` and `levels`, refused (with the limit) when either is 0 or the
+    /// pool it drafts would exceed the selector's [`specfit_selector::MAX_POOL_NODES`].
+    pub fn new(branching: usize, levels: usize) -> Result<TreeShape, EngineError> {
+        let shape = TreeShape { branching, levels };
+        let limit = specfit_selector::MAX_POOL_NODES;
+        match shape.pool_nodes() {
+            Some(nodes) if branching > 0 && levels > 0 && nodes <= limit => Ok(shape),
+            nodes => Err(EngineError::TreeTooLarge {
+                branching,
+                levels,
+                nodes,
+                limit,
+            }),
+        }
+    }
+
+    /// Nodes of the full drafted pool: `branching` at level 1, `branching²` at each later level
+    /// (None when that overflows).
+    pub fn pool_nodes(&self) -> Option<usize> {
+        let b = self.branching;
+        let later = b
+            .checked_mul(b)?
+            .checked_mul(self.levels.saturating_sub(1))?;
+        b.checked_add(later)
+    }
+}
+
 impl Default for TreeShape {
     fn default() -> Self {
         TreeShape {

@@ -10,7 +10,7 @@ mod stats;
 mod verify;
 
 pub(crate) use decoder::prefill;
-pub use decoder::{generate, DecodeOptions, Decoder, Speculation, Start, TokenSink};
+pub use decoder::{check_context, generate, DecodeOptions, Decoder, Speculation, Start, TokenSink};
 pub(crate) use draft::{advance_drafter, draft_tree, feed_drafter, DraftState};
 pub use draft::{concat_taps, pool_depth, top_children, DraftNode, TreeShape};
 pub use routes::{Atlas, PoolRoutes, Routes};

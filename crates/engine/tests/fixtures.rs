@@ -569,3 +569,38 @@ fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
     let err = rel_err(&out.logits, &floats(&r["logits"]));
     assert!(err < 5e-2, "bf16 rounding error {err}");
 }
+
+/// `src` copied to a fresh folder with the first float of tensor `name` set to NaN.
+fn with_nan_in(src: &Path, name: &str, tag: &str) -> PathBuf {
+    let dir = temp_dir(tag);
+    for f in std::fs::read_dir(src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let path = dir.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let at = 8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&path, bytes).unwrap();
+    dir
+}
+
+#[test]
+fn a_nan_in_a_weight_stops_the_forward_naming_the_layer_and_block() {
+    let src = fixture("eagle_target");
+    let dir = with_nan_in(&src, "model.layers.1.self_attn.o_proj.weight", "nan-weight");
+    let (model, mut cache) =
+        specfit_engine::load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let mut kv = model.new_kv_cache();
+    let err = model
+        .forward(&Batch::causal(&[1, 243, 56]), &mut kv, &mut cache)
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("decoder layer 1") && text.contains("self_attn"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

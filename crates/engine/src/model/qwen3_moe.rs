@@ -235,6 +235,7 @@ impl Qwen3Moe {
                 &mut normed,
             );
             let attn = layer.self_attn.forward(&normed, &rope, &visible, kv, l);
+            check_finite(&attn, l, "self_attn")?;
             x.iter_mut().zip(&attn).for_each(|(a, b)| *a += b);
             // out = h + mlp(post_attention_layernorm(h))
             rms_norm(
@@ -254,6 +255,7 @@ impl Qwen3Moe {
                     out
                 }
             };
+            check_finite(&mlp, l, "mlp")?;
             x.iter_mut().zip(&mlp).for_each(|(a, b)| *a += b);
         }
         kv.commit(t);
@@ -302,5 +304,16 @@ impl Qwen3Moe {
             &mut normed,
         );
         self.lm_head.forward(&normed, rows.len())
+    }
+}
+
+/// Stops a forward whose block `block` of decoder layer `layer` put out a NaN or an infinity
+/// (a corrupt or overflowing weight): decoding on would give wrong tokens silently. One pass over
+/// T × H floats per block, next to the block's own T × H × (≥ H) multiply-adds.
+fn check_finite(values: &[f32], layer: usize, block: &'static str) -> Result<(), EngineError> {
+    if values.iter().all(|v| v.is_finite()) {
+        Ok(())
+    } else {
+        Err(EngineError::NonFinite { layer, block })
     }
 }

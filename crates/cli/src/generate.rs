@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long, num_args = 0..=1, value_name = "DIR")]
     drafter: Option<Option<std::path::PathBuf>>,
     /// With --drafter: which draft nodes to verify each cycle.
-    #[arg(long, value_parser = policy::parse_policy(), default_value = "eagle3")]
+    #[arg(long, value_parser = policy::parse_policy(), default_value = "eagle3", requires = "drafter")]
     policy: PolicyName,
     #[command(flatten)]
     tree: crate::tree::TreeArgs,

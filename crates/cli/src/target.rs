@@ -221,8 +221,9 @@ pub fn slots_or_default(
 ) -> Result<usize> {
     let slots = slots.unwrap_or_else(|| crate::calibrate::default_slots(cfg));
     anyhow::ensure!(
-        (1..=cfg.num_experts).contains(&slots),
-        "--slots {slots}: the model has {} experts per layer",
+        slots <= cfg.num_experts,
+        "--slots {slots}: must be from 0 (no cache: every expert copied every forward) to the \
+         model's {} experts per layer",
         cfg.num_experts
     );
     Ok(slots)

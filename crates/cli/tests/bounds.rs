@@ -51,3 +51,29 @@ fn huge_counts_are_refused_with_their_limit() {
         refused(&args, says);
     }
 }
+
+#[test]
+fn a_file_that_is_no_model_and_a_policy_without_its_drafter_are_named_as_such() {
+    let bad = temp("not-a-model.gguf");
+    std::fs::write(&bad, b"XXXXjunk").unwrap();
+    let model = bad.to_str().unwrap();
+    fails_with(
+        &cli("generate --prompt-ids 1,2 --model {}", &[model]),
+        None,
+        "not a GGUF file (it starts with [58, 58, 58, 58]",
+    );
+    let dir = temp("dir-as-safetensors");
+    std::fs::create_dir_all(dir.join("model.safetensors")).unwrap();
+    let cfg = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../fixtures/qwen3moe/eagle_target/config.json"
+    );
+    std::fs::copy(cfg, dir.join("config.json")).unwrap();
+    let dir = dir.to_str().unwrap();
+    fails_with(
+        &cli("generate --store ram --prompt-ids 1,2 --model {}", &[dir]),
+        None,
+        "a directory, not a safetensors file",
+    );
+    refused("generate --policy specfit --prompt-ids 1,2", "--drafter");
+}

@@ -113,6 +113,7 @@ fn bad(field: &'static str, value: impl ToString, reason: &'static str) -> Engin
 impl Qwen3MoeConfig {
     /// Reads and validates `dir/config.json`, or the metadata of `dir` when it is a GGUF file.
     pub fn load(dir: &Path) -> Result<Qwen3MoeConfig, EngineError> {
+        crate::gguf::check_model_path(dir)?;
         if crate::gguf::is_gguf(dir) {
             let file = crate::gguf::open(dir)?;
             return crate::gguf::config_of(dir, file.header());

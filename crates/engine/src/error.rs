@@ -95,6 +95,8 @@ pub enum EngineError {
         "position {position} is past the model's {context} positions (max_position_embeddings)"
     )]
     PastContext { position: usize, context: usize },
+    #[error("{path}: a file, but not a GGUF file (it starts with {head:02x?}, not \"GGUF\"): give a Hugging Face checkpoint directory or a .gguf file")]
+    NotAModel { path: PathBuf, head: Vec<u8> },
     #[error("decoder layer {layer}'s {block} put out a NaN or an infinity: a weight of model.layers.{layer}.{block} is corrupt or overflows; the forward stopped rather than decode wrong tokens")]
     NonFinite { layer: usize, block: &'static str },
     #[error("a draft tree of branching {branching} and {levels} levels drafts {} nodes; both must be positive and the pool at most {limit} nodes", nodes.map_or("too many".to_string(), |n| n.to_string()))]

@@ -40,6 +40,7 @@ impl Checkpoint {
     /// Opens `dir/model.safetensors`, or every shard listed in `dir/model.safetensors.index.json`,
     /// or, when `dir` is a GGUF file, that file.
     pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
+        crate::gguf::check_model_path(dir)?;
         if crate::gguf::is_gguf(dir) {
             let file = crate::gguf::open(dir)?;
             let tensors = GgufTensors::new(std::sync::Arc::new(file));
@@ -387,6 +388,12 @@ fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, EngineError> {
 }
 
 fn open_shard(path: PathBuf) -> Result<Shard, EngineError> {
+    if path.is_dir() {
+        return Err(EngineError::Safetensors {
+            path,
+            message: "a directory, not a safetensors file".into(),
+        });
+    }
     let file = File::open(&path).map_err(EngineError::io(&path))?;
     // SAFETY: the file is opened read-only and only read through this map; a concurrent writer
     // truncating it would be a misuse we cannot prevent (as for every mmap-based loader).

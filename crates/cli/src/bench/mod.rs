@@ -343,6 +343,10 @@ fn setup(args: &Args) -> Result<Setup> {
         "--max-prompt-tokens must be positive"
     );
     let cfg = specfit_engine::Qwen3MoeConfig::load(&args.pair.model)?;
+    ensure!(
+        args.slots != Some(0),
+        "bench --slots 0: the default slot count must be positive (no cache is a sweep point: --sweep 0,…)"
+    );
     let mut default_slots = crate::target::slots_or_default(&cfg, args.slots)?;
     if in_place(args) {
         // Every expert is used where it rests in the mapped file: all of them resident.

@@ -23,6 +23,23 @@ pub fn open(path: &Path) -> Result<specfit_gguf::GgufFile, crate::EngineError> {
     })
 }
 
+/// Refuses a model path that is a file but not a GGUF file (a checkpoint is a directory), saying
+/// what the file starts with, instead of looking for `config.json` inside a file.
+pub fn check_model_path(path: &Path) -> Result<(), crate::EngineError> {
+    use std::io::Read;
+    if !path.is_file() || is_gguf(path) {
+        return Ok(());
+    }
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(4).read_to_end(&mut head))
+        .map_err(crate::EngineError::io(path))?;
+    Err(crate::EngineError::NotAModel {
+        path: path.to_path_buf(),
+        head,
+    })
+}
+
 /// Whether `path` names a GGUF file (by its first four bytes), not a checkpoint directory.
 pub fn is_gguf(path: &Path) -> bool {
     use std::io::Read;

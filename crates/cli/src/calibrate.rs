@@ -181,7 +181,7 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let file = stamped_fit(&measured, &model, &cache, plan.max_nodes)?;
     Ok((
         file,
-        crate::paths::calibration(&model_dir, crate::target::tier_key(&cache)),
+        crate::paths::calibration(&model_dir, specfit_engine::policy::tier_key(&cache)),
     ))
 }
 
@@ -260,7 +260,10 @@ pub fn stamped_fit(
 ) -> Result<CalibrationJson> {
     let mut file = fit_rows(measured, max_nodes)?;
     let mut stamp = target_stamp(model.config());
-    stamp.insert("tier".into(), crate::target::tier_key(cache).into());
+    stamp.insert(
+        "tier".into(),
+        specfit_engine::policy::tier_key(cache).into(),
+    );
     stamp.insert("slots".into(), cache.slots_per_layer().into());
     file.target = Some(stamp);
     Ok(file)

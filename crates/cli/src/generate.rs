@@ -187,11 +187,12 @@ fn speculate(
 ) -> Result<DecodeStats> {
     let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
     // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
-    let saved = crate::paths::calibration(&args.target.model, crate::target::tier_key(cache));
+    let saved =
+        crate::paths::calibration(&args.target.model, specfit_engine::policy::tier_key(cache));
     let calibration = match &args.calibration {
-        Some(path) => Some(load_calibration(path, model.config())?),
+        Some(path) => Some(load_calibration(path, model.config(), cache)?),
         None if args.policy.needs_routes() && saved.exists() => {
-            Some(load_calibration(&saved, model.config())?)
+            Some(load_calibration(&saved, model.config(), cache)?)
         }
         None if args.policy.needs_routes() => anyhow::bail!(
             "--policy {} needs --calibration FILE, or a calibration saved at {} (run `specfit calibrate`)",

@@ -285,11 +285,11 @@ fn calibration(
     tokenizer: &Tokenizer,
 ) -> Result<specfit_selector::json::CalibrationJson> {
     if let Some(path) = &args.calibration {
-        return Ok(load_calibration(path, model.config())?);
+        return Ok(load_calibration(path, model.config(), cache)?);
     }
-    let path = crate::paths::calibration(&args.model, crate::target::tier_key(cache));
+    let path = crate::paths::calibration(&args.model, specfit_engine::policy::tier_key(cache));
     if path.exists() {
-        return Ok(load_calibration(&path, model.config())?);
+        return Ok(load_calibration(&path, model.config(), cache)?);
     }
     eprintln!(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",

@@ -167,15 +167,6 @@ fn warn_if_larger_than_memory(model: &std::path::Path) {
     }
 }
 
-/// The short name of a cache's tier (`ram` or `disk`), for file names and reports.
-pub fn tier_key(cache: &ExpertCache) -> &'static str {
-    if cache.tier().starts_with("disk") {
-        "disk"
-    } else {
-        "ram"
-    }
-}
-
 /// Converts a checkpoint's experts to the disk file when it does not exist yet or was written
 /// by an older build in another format (a GGUF file is its own expert store).
 pub fn ensure_expert_file(model: &std::path::Path) -> Result<()> {

@@ -122,6 +122,19 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     let wrong = specfit(&[generate_other, specfit_flags(d, &cal)].concat(), None);
     assert_eq!(wrong.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("was measured on a target of shape"));
+    // A calibration measured with the experts on another tier is refused too.
+    let mut disk: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    disk["target"]["tier"] = "disk".into();
+    let disk_cal = temp("engine-cal-disk.json");
+    std::fs::write(&disk_cal, disk.to_string()).unwrap();
+    let elsewhere = specfit(&[&base[..], &specfit_flags(d, &disk_cal)].concat(), None);
+    assert_eq!(elsewhere.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&elsewhere.stderr);
+    assert!(
+        why.contains("measured with the experts on the disk tier"),
+        "{why}"
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ use specfit_selector::{CostModel, ExpertCost, Objective, Selector, VerifyPolicy}
 
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
+use crate::experts::ExpertCache;
 
 /// A verify policy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -178,7 +179,11 @@ pub fn target_stamp(cfg: &Qwen3MoeConfig) -> serde_json::Map<String, serde_json:
 
 /// Reads a calibration and checks it was measured on a target of shape `cfg`; one that does not
 /// name its target is refused (its costs could be another model's).
-pub fn load_calibration(path: &Path, cfg: &Qwen3MoeConfig) -> Result<CalibrationJson, EngineError> {
+pub fn load_calibration(
+    path: &Path,
+    cfg: &Qwen3MoeConfig,
+    cache: &ExpertCache,
+) -> Result<CalibrationJson, EngineError> {
     let text = std::fs::read_to_string(path).map_err(EngineError::io(path))?;
     let bad = |reason: String| EngineError::BadCalibration {
         path: path.into(),
@@ -200,7 +205,26 @@ pub fn load_calibration(path: &Path, cfg: &Qwen3MoeConfig) -> Result<Calibration
             "it was measured on a target of shape {there} but this model is {here}; re-run `specfit calibrate`"
         )));
     }
+    // Costs measured with the experts in RAM say nothing of reads from disk, and the reverse.
+    let tier = tier_key(cache);
+    if let Some(there) = stamp.get("tier").and_then(|t| t.as_str()) {
+        if there != tier {
+            return Err(bad(format!(
+                "it was measured with the experts on the {there} tier but they are on the {tier} tier here; re-run `specfit calibrate` with this --store, or pass a calibration measured on it"
+            )));
+        }
+    }
     Ok(cal)
+}
+
+/// The tier a calibration is measured on and stamped with: `disk` (the expert file or a GGUF
+/// read into slots) or `ram`.
+pub fn tier_key(cache: &ExpertCache) -> &'static str {
+    if cache.tier().starts_with("disk") {
+        "disk"
+    } else {
+        "ram"
+    }
 }
 
 #[cfg(test)]

@@ -294,7 +294,7 @@ pub fn run(args: &Args) -> Result<()> {
         configs: &configs,
         tallies: &tallies,
         model: &args.pair.model,
-        tier: crate::target::tier_key(&s.base),
+        tier: specfit_engine::policy::tier_key(&s.base),
         default_slots: s.default_slots,
         experts: s.model.config().num_experts,
         max_tokens: s.max_tokens,
@@ -501,11 +501,11 @@ fn calibration(
 ) -> Result<(CalibrationJson, PathBuf)> {
     if let Some(path) = &args.calibration {
         // (A missing --calibration file was refused in `setup`.)
-        return Ok((load_calibration(path, model.config())?, path.clone()));
+        return Ok((load_calibration(path, model.config(), base)?, path.clone()));
     }
-    let path = crate::paths::calibration(&args.pair.model, crate::target::tier_key(base));
+    let path = crate::paths::calibration(&args.pair.model, specfit_engine::policy::tier_key(base));
     if args.reuse_calibration && path.exists() {
-        return Ok((load_calibration(&path, model.config())?, path));
+        return Ok((load_calibration(&path, model.config(), base)?, path));
     }
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"

@@ -82,18 +82,34 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     assert!(svg.starts_with("<svg") && svg.contains("decode tok/s"));
 
     // The paper-scale plan: a slot sweep of its own, one configuration over a whole set at a
-    // time, prompts cut — still every output checked against plain decoding.
+    // time, prompts cut — still every output checked against plain decoding. Its experts are on
+    // disk: the calibration measured in RAM is refused, one measured on disk drives it.
     let dir = temp("bench-sweep");
-    let run = specfit(
-        &cli(
-            "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens \
-                64 --sweep 8,16 --only \
-                ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
-                --one-at-a-time --validate 0 --calibration {} --out {}",
-            &[cal.to_str().unwrap(), dir.to_str().unwrap()],
-        ),
-        None,
+    let sweep = |cal: &std::path::Path| {
+        specfit(
+            &cli(
+                "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens \
+                    64 --sweep 8,16 --only \
+                    ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
+                    --one-at-a-time --validate 0 --calibration {} --out {}",
+                &[cal.to_str().unwrap(), dir.to_str().unwrap()],
+            ),
+            None,
+        )
+    };
+    let refused = sweep(&cal);
+    assert_eq!(refused.status.code(), Some(2));
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("on the ram tier but they are on the disk tier"),
+        "{why}"
     );
+    let disk_cal = temp("bench-cal-disk.json");
+    ok(&cli(
+        "calibrate --store disk --cycles 4 --limit 12 --out {}",
+        &[disk_cal.to_str().unwrap()],
+    ));
+    let run = sweep(&disk_cal);
     assert!(
         run.status.success(),
         "{}",

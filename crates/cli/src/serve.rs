@@ -264,7 +264,10 @@ fn served(
     chat_stop_tokens.dedup();
     Ok(Served {
         name,
-        template,
+        chat: specfit_server::content::ChatFormat {
+            template,
+            special_tokens_in_content: args.special_tokens_in_content,
+        },
         context,
         tree_positions: decoder.tree_positions(),
         vocab: cfg.vocab_size,
@@ -272,7 +275,6 @@ fn served(
         chat_stop_tokens,
         policy: decoder.policy().to_string(),
         tokenizer,
-        special_tokens_in_content: args.special_tokens_in_content,
     })
 }
 

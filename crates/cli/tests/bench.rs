@@ -4,6 +4,11 @@
 mod common;
 use common::*;
 
+/// Owned command-line words as the `&str`s the helpers take.
+fn words(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 #[test]
 fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
     let cal = temp("bench-cal.json");
@@ -86,35 +91,23 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     // disk: the calibration measured in RAM is refused, one measured on disk drives it.
     let dir = temp("bench-sweep");
     let sweep = |cal: &std::path::Path| {
-        specfit(
-            &cli(
-                "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens \
-                    64 --sweep 8,16 --only \
-                    ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
-                    --one-at-a-time --validate 0 --calibration {} --out {}",
-                &[cal.to_str().unwrap(), dir.to_str().unwrap()],
-            ),
-            None,
-        )
+        let text = "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens 64 \
+            --sweep 8,16 --only ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
+            --one-at-a-time --validate 0 --calibration {} --out {}";
+        let args = [cal.to_str().unwrap(), dir.to_str().unwrap()];
+        cli(text, &args)
+            .into_iter()
+            .map(String::from)
+            .collect::<Vec<_>>()
     };
-    let refused = sweep(&cal);
-    assert_eq!(refused.status.code(), Some(2));
-    let why = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        why.contains("on the ram tier but they are on the disk tier"),
-        "{why}"
-    );
+    let says = "on the ram tier but they are on the disk tier";
+    fails_with(&words(&sweep(&cal)), None, says);
     let disk_cal = temp("bench-cal-disk.json");
     ok(&cli(
         "calibrate --store disk --cycles 4 --limit 12 --out {}",
         &[disk_cal.to_str().unwrap()],
     ));
-    let run = sweep(&disk_cal);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    ok(&words(&sweep(&disk_cal)));
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["lossless"], true);

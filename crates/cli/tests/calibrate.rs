@@ -128,12 +128,11 @@ fn probe_rows_calibrate_the_engine_and_drive_specfit_losslessly() {
     disk["target"]["tier"] = "disk".into();
     let disk_cal = temp("engine-cal-disk.json");
     std::fs::write(&disk_cal, disk.to_string()).unwrap();
-    let elsewhere = specfit(&[&base[..], &specfit_flags(d, &disk_cal)].concat(), None);
-    assert_eq!(elsewhere.status.code(), Some(2));
-    let why = String::from_utf8_lossy(&elsewhere.stderr);
-    assert!(
-        why.contains("measured with the experts on the disk tier"),
-        "{why}"
+    let elsewhere = [&base[..], &specfit_flags(d, &disk_cal)].concat();
+    fails_with(
+        &elsewhere,
+        None,
+        "measured with the experts on the disk tier",
     );
 }
 
@@ -215,12 +214,10 @@ fn calibrate_stores_drafting_costs_measured_elsewhere_and_refuses_bad_ones() {
         let a = args(d);
         specfit(&a.iter().map(String::as_str).collect::<Vec<_>>(), None)
     };
-    let out = run(&drafting);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    ok(&args(&drafting)
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>());
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
     assert_eq!(file["drafting"]["ms_per_level"], 1.5);

@@ -251,13 +251,7 @@ async fn a_client_that_disconnects_streamed_or_not_frees_the_engine_for_the_next
 /// One streaming client: its text, time to first chunk and total time; or the refusal status.
 async fn stream_once(url: String, body: Value) -> Result<(String, Duration, Duration), u16> {
     let start = Instant::now();
-    let r = reqwest::Client::new()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = send_json(&url, &body.to_string()).await;
     let status = r.status().as_u16();
     if status != 200 {
         assert!(status == 429 || status == 503, "{status}");

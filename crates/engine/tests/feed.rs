@@ -55,7 +55,7 @@ fn each_token_chosen_under_teacher_forcing_is_the_argmax_of_one_forward_over_the
 #[test]
 fn feeding_back_the_greedy_tokens_decodes_exactly_the_greedy_tokens() {
     let (target, mut cache) = fixture_target(usize::MAX);
-    let greedy = plain_tokens(&target, &mut cache, PROMPT, Sampling::Greedy, 0, 16);
+    let greedy = greedy_tokens(&target, &mut cache, PROMPT, 16);
     assert_eq!(fed(&target, &cache, 4, &greedy, 16), greedy);
 }
 

@@ -102,7 +102,7 @@ fn logits_routes_and_greedy_tokens_equal_transformers_on_the_dequantized_weights
                 serde_json::from_value(run["hf_routes"].clone()).unwrap();
             same_experts(&out.routes, &want, &format!("{name} prompt {k}"));
             let want = ints(&run["hf_greedy"]);
-            let got = greedy(&model, &mut cache, &prompt, want.len());
+            let got = greedy_tokens(&model, &mut cache, &prompt, want.len());
             assert_eq!(got, want, "{name} prompt {k}");
         }
     }
@@ -120,16 +120,6 @@ fn same_experts(routes: &[Option<Vec<Vec<u32>>>], want: &[Vec<Vec<u32>>], label:
             assert_eq!(g, w, "{label} layer {layer} token {t}: experts");
         }
     }
-}
-
-/// Plain decoding's `max_tokens` greedy tokens after `prompt`.
-fn greedy(
-    model: &Qwen3Moe,
-    cache: &mut ExpertCache,
-    prompt: &[u32],
-    max_tokens: usize,
-) -> Vec<u32> {
-    plain_tokens(model, cache, prompt, Sampling::Greedy, 0, max_tokens)
 }
 
 /// The experts llama.cpp selected on fixture `name`: `[prompt][layer][token]` ids.
@@ -193,7 +183,7 @@ fn quantized_logits_and_greedy_tokens_agree_with_llama_cpp_on_the_same_file() {
                 &format!("{name} prompt {k}"),
             );
             let want = ints(&run["llama_greedy"]);
-            let got = greedy(&model, &mut cache, &prompt, want.len());
+            let got = greedy_tokens(&model, &mut cache, &prompt, want.len());
             assert_eq!(
                 got, want,
                 "{name} prompt {k}: greedy tokens against llama.cpp's"
@@ -232,7 +222,7 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
         let prompt = [1u32, 45, 300, 17, 999, 5];
         let run = |tier: &Tier, slots: usize| {
             let (model, mut cache) = load_target(&path, tier, slots, CacheMode::Lru, None).unwrap();
-            let tokens = plain_tokens(&model, &mut cache, &prompt, Sampling::Greedy, 0, 12);
+            let tokens = greedy_tokens(&model, &mut cache, &prompt, 12);
             let stats = cache.stats().total;
             cache.verify_slots().unwrap();
             (tokens, stats.misses, cache.tier())
@@ -252,7 +242,7 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
         )
         .unwrap();
         assert_eq!(
-            greedy(&model, &mut cache, &prompt, 12),
+            greedy_tokens(&model, &mut cache, &prompt, 12),
             want,
             "{name}: RAM store"
         );

@@ -117,10 +117,10 @@ fn the_f32_inflation_gives_the_shipped_targets_logits_and_greedy_tokens() {
     let big = FileType::F32.target_path(&dir);
     for prompt in prompts() {
         let (m, mut c) = in_ram(&shipped);
-        let want = plain_tokens(&m, &mut c, &prompt, Sampling::Greedy, 0, 24);
+        let want = greedy_tokens(&m, &mut c, &prompt, 24);
         let (b, mut bc) = in_ram(&big);
         assert_eq!(b.config().num_hidden_layers, 10);
-        let got = plain_tokens(&b, &mut bc, &prompt, Sampling::Greedy, 0, 24);
+        let got = greedy_tokens(&b, &mut bc, &prompt, 24);
         assert_eq!(got, want);
         let ids: Vec<u32> = prompt.iter().chain(&want).copied().collect();
         for (g, w) in all_logits(&big, &ids)
@@ -146,7 +146,7 @@ fn the_inflated_drafter_commits_as_many_tokens_per_cycle_as_the_shipped_one() {
         let pair = Pair::new(&m, &d);
         let (mut cycles, mut committed) = (0, 0);
         for prompt in prompts() {
-            let plain = plain_tokens(&m, &mut c, &prompt, Sampling::Greedy, 0, 24);
+            let plain = greedy_tokens(&m, &mut c, &prompt, 24);
             let options = decode_options(24, Sampling::Greedy, 0);
             let r = pair.top_k(&mut c, Start::Prompt(&prompt), 7, &options);
             assert_eq!(
@@ -175,7 +175,7 @@ fn the_q8_0_inflation_agrees_with_the_shipped_targets_greedy_choices() {
     let (m, mut c) = in_ram(&shipped);
     let (mut same, mut total, mut worst) = (0, 0, 0.0f32);
     for prompt in prompts() {
-        let greedy = plain_tokens(&m, &mut c, &prompt, Sampling::Greedy, 0, 24);
+        let greedy = greedy_tokens(&m, &mut c, &prompt, 24);
         let ids: Vec<u32> = prompt.iter().chain(&greedy).copied().collect();
         let want = all_logits(&shipped, &ids);
         let got = all_logits(&FileType::Q8_0.target_path(&dir), &ids);

@@ -9,7 +9,7 @@ use common::*;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
-use specfit_engine::{load_target, Batch, CacheMode, Logits, Sampling, Tier};
+use specfit_engine::{load_target, Batch, CacheMode, Logits, Tier};
 
 #[test]
 fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
@@ -72,7 +72,7 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
                     loaded
                 }
             };
-            let got = plain_tokens(&model, &mut c, &ids, Sampling::Greedy, 0, want.len());
+            let got = greedy_tokens(&model, &mut c, &ids, want.len());
             assert_eq!(got, want, "{} greedy, slots {tier_slots:?}", case["set"]);
         }
     }

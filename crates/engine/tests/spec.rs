@@ -8,6 +8,9 @@ use specfit_engine::measure::{probe, ProbePlan};
 use specfit_engine::spec::{Routes, Start, TreeShape};
 use specfit_engine::{CacheMode, DecodeOptions, Sampler, Sampling, VerifyPolicy};
 
+/// Prompts of the fixture vocabulary.
+const FIVE_TOKENS: [u32; 5] = [1, 243, 56, 119, 188];
+const SIX_TOKENS: [u32; 6] = [1, 243, 56, 119, 188, 74];
 #[test]
 fn tree_decoding_commits_exactly_the_greedy_tokens() {
     let prompts: [&[u32]; 3] = [
@@ -18,7 +21,7 @@ fn tree_decoding_commits_exactly_the_greedy_tokens() {
     for prompt in prompts {
         let (target, drafter, mut cache) = fixture_pair(usize::MAX);
         let pair = Pair::new(&target, &drafter);
-        let want = plain_tokens(&target, &mut cache, prompt, Sampling::Greedy, 0, 30);
+        let want = greedy_tokens(&target, &mut cache, prompt, 30);
         for (budget, slots, shape) in [
             (7, usize::MAX, TreeShape::default()),
             (7, 1, TreeShape::default()),
@@ -158,8 +161,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     use specfit_engine::spec::{verify, DraftNode, Tree};
     use specfit_engine::Batch;
     let (target, drafter, mut cache) = fixture_pair(2);
-    let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 8);
+    let want = greedy_tokens(&target, &mut cache, &FIVE_TOKENS, 8);
     let wrong = |t: u32| (t + 1) % 256;
     // Level 1: a wrong sibling first, then the right token; below it a chain of 3 right tokens
     // with a wrong sibling at depth 2, and a wrong token at depth 5.
@@ -185,7 +187,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         (vec![0], vec![]),
         (vec![], vec![]),
     ] {
-        let mut kv = prefilled(&target, &mut cache, &prompt);
+        let mut kv = prefilled(&target, &mut cache, &FIVE_TOKENS);
         let mut greedy = Sampler::new(Sampling::Greedy, 0);
         let tree = Tree {
             root: want[0],
@@ -196,7 +198,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         assert_eq!(v.accepted, accepted, "chosen {chosen:?}");
         let k = accepted.len();
         assert_eq!(v.committed, want[1..=k + 1].to_vec());
-        assert_eq!(kv.len(), prompt.len() + 1 + k);
+        assert_eq!(kv.len(), FIVE_TOKENS.len() + 1 + k);
         assert_eq!(v.features.len(), (k + 1) * 3 * target.config().hidden_size);
         // Decoding on from the compacted cache continues the greedy sequence.
         let next = target
@@ -207,7 +209,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
     // A chosen set that is not ancestor-closed is an error, not a silent answer.
     let mut kv = target.new_kv_cache();
     target
-        .forward(&Batch::causal(&prompt), &mut kv, &mut cache)
+        .forward(&Batch::causal(&FIVE_TOKENS), &mut kv, &mut cache)
         .unwrap();
     let tree = Tree {
         root: want[0],
@@ -232,8 +234,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     use specfit_selector::CostModel;
     let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
-    let prompt = [1u32, 243, 56, 119, 188, 74];
-    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 24);
+    let want = greedy_tokens(&target, &mut cache, &SIX_TOKENS, 24);
     let costs = [
         CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
         CostModel::paper(vec![1.0; 8], 10.0).unwrap(), // experts dear: verify little
@@ -247,7 +248,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
         let options = decode_options(24, Sampling::Greedy, 0);
         let routes = Routes::Atlas(&mut atlas);
-        let start = Start::Prompt(&prompt);
+        let start = Start::Prompt(&SIX_TOKENS);
         let wall = std::time::Instant::now();
         let got = pair
             .speculate(&mut cache, &mut policy, routes, start, &options)
@@ -278,7 +279,7 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
     let mut policy = specfit_policy(cost);
     let (_, mut cache) = fixture_target(2);
     let options = decode_options(4, Sampling::Greedy, 0);
-    let start = Start::Prompt(&prompt);
+    let start = Start::Prompt(&SIX_TOKENS);
     let err = pair
         .speculate(&mut cache, &mut policy, Routes::None, start, &options)
         .unwrap_err();
@@ -376,7 +377,7 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     use specfit_engine::spec::Atlas;
     let (target, drafter, mut cache) = fixture_pair(2);
     let prompt = [1u32, 243, 56, 119];
-    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 13);
+    let want = greedy_tokens(&target, &mut cache, &prompt, 13);
     let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
     let mut walk = PoolWalk {
         target: &target,
@@ -415,32 +416,22 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 }
 
 #[test]
-fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens() {
+fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens_with_and_without_read_ahead() {
+    use specfit_engine::spec::Atlas;
+    use specfit_selector::CostModel;
     let file = fixture_expert_file("spec-disk");
     let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
-    let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
+    let want = greedy_tokens(&target, &mut cache, &FIVE_TOKENS, 20);
     for mode in [CacheMode::Lru, CacheMode::NoCache] {
         let mut disk = fixture_disk_cache(&file, 2, mode);
         let options = decode_options(20, Sampling::Greedy, 0);
-        let got = pair.top_k(&mut disk, Start::Prompt(&prompt), 7, &options);
+        let got = pair.top_k(&mut disk, Start::Prompt(&FIVE_TOKENS), 7, &options);
         assert_eq!(got.tokens, want, "{mode:?}");
         assert!(got.copies.misses > 0);
         disk.verify_slots().unwrap();
     }
-    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
-}
-
-#[test]
-fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens() {
-    use specfit_engine::spec::Atlas;
-    use specfit_selector::CostModel;
-    let file = fixture_expert_file("spec-ahead");
-    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
-    let pair = Pair::new(&target, &drafter);
-    let prompt = [1u32, 243, 56, 119, 188];
-    let want = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 20);
+    // Reading each verify's expected experts ahead (SpecFit on atlas routes) keeps the tokens.
     for slots in [2, 4] {
         let mut disk = fixture_disk_cache(&file, slots, CacheMode::Lru);
         let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
@@ -452,7 +443,7 @@ fn reading_the_expected_experts_ahead_from_the_disk_tier_keeps_the_greedy_tokens
             ..DecodeOptions::default()
         };
         let routes = Routes::Atlas(&mut atlas);
-        let start = Start::Prompt(&prompt);
+        let start = Start::Prompt(&FIVE_TOKENS);
         let got = pair
             .speculate(&mut disk, &mut policy, routes, start, &options)
             .unwrap();
@@ -532,8 +523,7 @@ fn logits_computed_later_from_the_final_residual_equal_the_forwards_rows() {
 fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_output() {
     let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let pair = Pair::new(&target, &drafter);
-    let prompt = [1u32, 243, 56, 119, 188, 74];
-    let full = plain_tokens(&target, &mut cache, &prompt, Sampling::Greedy, 0, 30);
+    let full = greedy_tokens(&target, &mut cache, &SIX_TOKENS, 30);
     // Plain decoding stops right after the token during which the flag went up.
     let cancel = specfit_engine::Cancel::default();
     let options = DecodeOptions {
@@ -553,7 +543,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
         ))),
         ..options
     };
-    let start = Start::Prompt(&prompt);
+    let start = Start::Prompt(&SIX_TOKENS);
     let got = specfit_engine::generate(&target, &mut cache, None, start, &options).unwrap();
     assert_eq!(got.tokens, full[..3]);
     // Tree decoding finishes the cycle it is in, then stops.
@@ -573,7 +563,7 @@ fn a_cancelled_generation_stops_at_the_next_cycle_with_a_prefix_of_the_full_outp
             ))),
             ..DecodeOptions::default()
         };
-        let got = pair.top_k(&mut cache, Start::Prompt(&prompt), 7, &options);
+        let got = pair.top_k(&mut cache, Start::Prompt(&SIX_TOKENS), 7, &options);
         assert!(
             got.tokens.len() >= at && got.tokens.len() < 30,
             "{at}: {got:?}"

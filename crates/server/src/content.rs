@@ -14,11 +14,38 @@ use specfit_engine::Tokenizer;
 use crate::chat::{ChatTemplate, Message};
 use crate::error::ApiError;
 
+/// How chat messages become a prompt: the model's template, and whether special token texts in
+/// message content are read as control tokens (`special_tokens_in_content`, the old and unsafe
+/// way) or as text (the default).
+pub struct ChatFormat {
+    pub template: ChatTemplate,
+    pub special_tokens_in_content: bool,
+}
+
+impl ChatFormat {
+    /// The token ids of `messages` (`nonce`: a fresh number per request, see the module docs).
+    pub fn ids(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+        nonce: u64,
+    ) -> Result<Vec<u32>, ApiError> {
+        if !self.special_tokens_in_content {
+            return chat_ids(&self.template, tokenizer, messages, kwargs, nonce);
+        }
+        let text = self.template.render(messages, kwargs)?;
+        tokenizer
+            .encode(&text)
+            .map_err(|e| ApiError::invalid("messages", format!("tokenizing: {e}")))
+    }
+}
+
 const OPEN: char = '\u{E000}';
 const CLOSE: char = '\u{E001}';
 
 /// The token ids of `messages` rendered by `template`, content kept literal.
-pub fn chat_ids(
+fn chat_ids(
     template: &ChatTemplate,
     tokenizer: &Tokenizer,
     messages: &[Message],

@@ -18,8 +18,7 @@ use tokio::sync::mpsc::unbounded_channel;
 use crate::access::{authorize, check_host, cors, Access};
 use crate::answer::{self, Queued};
 use crate::api::{self, Endpoint, Params, Prompt};
-use crate::chat::ChatTemplate;
-use crate::content;
+use crate::content::ChatFormat;
 use crate::decoder::DecodeRequest;
 use crate::error::ApiError;
 use crate::metrics::{Live, Metrics, Outcome};
@@ -31,7 +30,7 @@ pub struct Served {
     /// The `model` id clients name (`GET /v1/models`).
     pub name: String,
     pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    pub chat: ChatFormat,
     /// Positions the model has (`max_position_embeddings`).
     pub context: usize,
     /// Positions a decode needs past its output (the draft tree's levels).
@@ -42,9 +41,6 @@ pub struct Served {
     pub chat_stop_tokens: Vec<u32>,
     /// The decoding policy, for responses and logs.
     pub policy: String,
-    /// Special token texts inside chat message content become control tokens (the old, unsafe
-    /// behaviour; by default they stay text, see [`crate::content`]).
-    pub special_tokens_in_content: bool,
 }
 
 /// Limits on what a client may send.
@@ -425,12 +421,11 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
             .map_err(|e| ApiError::invalid(param, format!("tokenizing: {e}")))
     };
     let ids = match &params.prompt {
-        Prompt::Chat { messages, kwargs } if served.special_tokens_in_content => {
-            encode(&served.template.render(messages, kwargs)?, "messages")?
-        }
         Prompt::Chat { messages, kwargs } => {
             let nonce = fresh_seed(messages.len() as u64);
-            content::chat_ids(&served.template, &served.tokenizer, messages, kwargs, nonce)?
+            served
+                .chat
+                .ids(&served.tokenizer, messages, kwargs, nonce)?
         }
         Prompt::Text(text) => encode(text, "prompt")?,
         Prompt::Ids(ids) => ids.clone(),

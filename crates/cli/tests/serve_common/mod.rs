@@ -143,15 +143,20 @@ pub fn ids(v: &Value) -> String {
     ids.join(",")
 }
 
-/// A raw JSON request; the status and the parsed body.
-pub async fn post(url: &str, body: &str) -> (u16, Value) {
-    let r = reqwest::Client::new()
+/// `body` POSTed to `url` as JSON; the response, unread.
+pub async fn send_json(url: &str, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
         .post(url)
         .header("content-type", "application/json")
         .body(body.to_string())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("POST {url} {body}: {e}"));
+        .unwrap_or_else(|e| panic!("POST {url} {body}: {e}"))
+}
+
+/// A raw JSON request; the status and the parsed body.
+pub async fn post(url: &str, body: &str) -> (u16, Value) {
+    let r = send_json(url, body).await;
     let status = r.status().as_u16();
     let bytes = r.bytes().await.unwrap();
     let v = serde_json::from_slice(&bytes)

@@ -171,6 +171,16 @@ pub fn plain_tokens(
         .tokens
 }
 
+/// Plain decoding's `max_tokens` greedy tokens after `prompt`.
+pub fn greedy_tokens(
+    target: &Qwen3Moe,
+    cache: &mut ExpertCache,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Vec<u32> {
+    plain_tokens(target, cache, prompt, Sampling::Greedy, 0, max_tokens)
+}
+
 /// The fixture target with a drafter for it: what every speculative test decodes with.
 #[derive(Clone, Copy)]
 pub struct Pair<'a> {

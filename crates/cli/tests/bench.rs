@@ -101,7 +101,7 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             .collect::<Vec<_>>()
     };
     let says = "on the ram tier but they are on the disk tier";
-    fails_with(&words(&sweep(&cal)), None, says);
+    ends_in_error(&words(&sweep(&cal)), says);
     let disk_cal = temp("bench-cal-disk.json");
     ok(&cli(
         "calibrate --store disk --cycles 4 --limit 12 --out {}",

@@ -107,6 +107,18 @@ pub fn temp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// `args` exits 2 and its last stderr line (after any progress lines) says `want`.
+pub fn ends_in_error(args: &[&str], want: &str) {
+    let out = specfit(args, None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: ") && last.contains(want),
+        "{args:?}: {stderr}"
+    );
+}
+
 pub fn fails_with(args: &[&str], stdin: Option<&str>, want: &str) {
     let out = specfit(args, stdin);
     let stderr = String::from_utf8_lossy(&out.stderr);

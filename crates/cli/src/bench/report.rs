@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
+use specfit_engine::experts::LayerStats;
 use specfit_engine::policy::PolicyName;
 use specfit_engine::DecodeStats;
 use specfit_selector::json::CalibrationJson;
@@ -23,13 +24,8 @@ pub struct Outcome {
     pub verified: usize,
     pub committed: usize,
     pub atlas_seconds: f64,
-    pub misses: u64,
-    pub hits: u64,
-    pub bytes: u64,
-    /// Time the decode stood still waiting for expert reads.
-    pub wait_seconds: f64,
-    /// Sum of the reads' own durations (they overlap each other and compute).
-    pub read_seconds: f64,
+    /// Expert hits, copies, bytes, and the reads' own and waited-for time.
+    pub copies: LayerStats,
 }
 
 impl Outcome {
@@ -42,11 +38,7 @@ impl Outcome {
             verified: g.verified_nodes,
             committed: g.committed,
             atlas_seconds: g.atlas_seconds,
-            misses: g.copies.misses,
-            hits: g.copies.hits,
-            bytes: g.copies.bytes_copied,
-            wait_seconds: g.copies.wait_seconds,
-            read_seconds: g.copies.copy_seconds,
+            copies: g.copies,
         }
     }
 
@@ -57,11 +49,7 @@ impl Outcome {
         self.verified += o.verified;
         self.committed += o.committed;
         self.atlas_seconds += o.atlas_seconds;
-        self.misses += o.misses;
-        self.hits += o.hits;
-        self.bytes += o.bytes;
-        self.wait_seconds += o.wait_seconds;
-        self.read_seconds += o.read_seconds;
+        self.copies.add(&o.copies);
     }
 }
 
@@ -513,10 +501,10 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 nodes_per_cycle: ratio(t.sum.verified as f64, cycles),
                 tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
                 cycle_ms: 1e3 * ratio(t.sum.decode_seconds, cycles),
-                copies_per_token: ratio(t.sum.misses as f64, t.decoded as f64),
-                mb_per_token: ratio(t.sum.bytes as f64, t.decoded as f64) / 1e6,
-                copy_wait_share: ratio(t.sum.wait_seconds, t.sum.decode_seconds),
-                read_us: 1e6 * ratio(t.sum.read_seconds, t.sum.misses as f64),
+                copies_per_token: ratio(t.sum.copies.misses as f64, t.decoded as f64),
+                mb_per_token: ratio(t.sum.copies.bytes_copied as f64, t.decoded as f64) / 1e6,
+                copy_wait_share: ratio(t.sum.copies.wait_seconds, t.sum.decode_seconds),
+                read_us: 1e6 * ratio(t.sum.copies.copy_seconds, t.sum.copies.misses as f64),
                 select_us_median: us.get(us.len() / 2).copied(),
                 atlas_ms_per_cycle: 1e3 * ratio(t.sum.atlas_seconds, cycles),
                 decoded_tokens: t.decoded,

@@ -21,7 +21,8 @@ pub struct LayerStats {
 }
 
 impl LayerStats {
-    pub(crate) fn add(&mut self, other: &LayerStats) {
+    /// Adds `other`'s counts and times to these.
+    pub fn add(&mut self, other: &LayerStats) {
         self.hits += other.hits;
         self.misses += other.misses;
         self.bytes_copied += other.bytes_copied;

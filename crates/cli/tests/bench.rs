@@ -4,11 +4,6 @@
 mod common;
 use common::*;
 
-/// Owned command-line words as the `&str`s the helpers take.
-fn words(args: &[String]) -> Vec<&str> {
-    args.iter().map(String::as_str).collect()
-}
-
 #[test]
 fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_losslessly() {
     let cal = temp("bench-cal.json");

@@ -212,12 +212,9 @@ fn calibrate_stores_drafting_costs_measured_elsewhere_and_refuses_bad_ones() {
     };
     let run = |d: &std::path::Path| {
         let a = args(d);
-        specfit(&a.iter().map(String::as_str).collect::<Vec<_>>(), None)
+        specfit(&words(&a), None)
     };
-    ok(&args(&drafting)
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>());
+    ok(&words(&args(&drafting)));
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
     assert_eq!(file["drafting"]["ms_per_level"], 1.5);

@@ -43,7 +43,7 @@ async fn every_policy_gives_a_standard_client_what_specfit_generate_prints() {
         };
         let run = |extra: &[&str]| {
             let a = gen_args(extra);
-            generate(&a.iter().map(String::as_str).collect::<Vec<_>>())
+            generate(&common::words(&a))
         };
         // Chat, whole and streamed, against `generate --chat`.
         let whole = client.chat().create(chat_request(24, false)).await.unwrap();

@@ -34,6 +34,11 @@ pub fn cli<'a>(text: &'a str, values: &[&'a str]) -> Vec<&'a str> {
     words
 }
 
+/// Owned command-line words as the `&str`s the helpers take.
+pub fn words(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 /// `--policy specfit --drafter DRAFTER --calibration CAL`: SpecFit with `drafter` believing
 /// calibration `cal` (append to a `generate` line).
 pub fn specfit_flags<'a>(drafter: &'a str, cal: &'a Path) -> Vec<&'a str> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
 use specfit_engine::{Eagle3, Tokenizer};
+use specfit_server::content::ChatFormat;
 use specfit_server::{
     Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
 };
@@ -264,10 +265,7 @@ fn served(
     chat_stop_tokens.dedup();
     Ok(Served {
         name,
-        chat: specfit_server::content::ChatFormat {
-            template,
-            special_tokens_in_content: args.special_tokens_in_content,
-        },
+        chat: ChatFormat::new(template, &tokenizer, args.special_tokens_in_content),
         context,
         tree_positions: decoder.tree_positions(),
         vocab: cfg.vocab_size,

@@ -29,9 +29,6 @@ pub struct Access {
     pub loopback: bool,
 }
 
-/// The names a loopback server always answers to.
-const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
-
 impl Access {
     /// Checks the settings of a server bound to `bind` (an IP or host name): a key of visible
     /// ASCII, origins written `scheme://host[:port]` (or `*`), host names without scheme, path or
@@ -68,7 +65,8 @@ impl Access {
         }
         let loopback = is_loopback(bind);
         let allowed_hosts = if loopback {
-            let mut names: Vec<String> = LOOPBACK_NAMES.iter().map(|n| n.to_string()).collect();
+            // Loopback IPs are answered through `loopback`.
+            let mut names = vec!["localhost".to_string()];
             names.extend(allowed_hosts.iter().map(|h| h.to_ascii_lowercase()));
             Some(names)
         } else if allowed_hosts.is_empty() {

@@ -18,11 +18,25 @@ use crate::error::ApiError;
 /// message content are read as control tokens (`special_tokens_in_content`, the old and unsafe
 /// way) or as text (the default).
 pub struct ChatFormat {
-    pub template: ChatTemplate,
-    pub special_tokens_in_content: bool,
+    template: ChatTemplate,
+    special_tokens_in_content: bool,
+    /// The tokenizer's special token texts, longest first (read once, not per request).
+    specials: Vec<String>,
 }
 
 impl ChatFormat {
+    pub fn new(
+        template: ChatTemplate,
+        tokenizer: &Tokenizer,
+        special_tokens_in_content: bool,
+    ) -> ChatFormat {
+        ChatFormat {
+            template,
+            special_tokens_in_content,
+            specials: tokenizer.special_tokens(),
+        }
+    }
+
     /// The token ids of `messages` (`nonce`: a fresh number per request, see the module docs).
     pub fn ids(
         &self,
@@ -32,7 +46,7 @@ impl ChatFormat {
         nonce: u64,
     ) -> Result<Vec<u32>, ApiError> {
         if !self.special_tokens_in_content {
-            return chat_ids(&self.template, tokenizer, messages, kwargs, nonce);
+            return chat_ids(self, tokenizer, messages, kwargs, nonce);
         }
         let text = self.template.render(messages, kwargs)?;
         tokenizer
@@ -44,23 +58,23 @@ impl ChatFormat {
 const OPEN: char = '\u{E000}';
 const CLOSE: char = '\u{E001}';
 
-/// The token ids of `messages` rendered by `template`, content kept literal.
+/// The token ids of `messages` rendered by `format`'s template, content kept literal.
 fn chat_ids(
-    template: &ChatTemplate,
+    format: &ChatFormat,
     tokenizer: &Tokenizer,
     messages: &[Message],
     kwargs: &serde_json::Map<String, serde_json::Value>,
     nonce: u64,
 ) -> Result<Vec<u32>, ApiError> {
-    let specials = tokenizer.special_tokens();
+    let specials = &format.specials;
     let escaped: Vec<Message> = messages
         .iter()
         .map(|m| Message {
             role: m.role.clone(),
-            content: escape(&m.content, &specials, nonce),
+            content: escape(&m.content, specials, nonce),
         })
         .collect();
-    let rendered = template.render(&escaped, kwargs)?;
+    let rendered = format.template.render(&escaped, kwargs)?;
     let mut ids = Vec::new();
     for piece in split(&rendered, nonce) {
         let encoded = match piece {

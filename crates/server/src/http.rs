@@ -43,6 +43,42 @@ pub struct Served {
     pub policy: String,
 }
 
+/// A request body checked and turned into what a decode needs.
+pub struct Admitted {
+    pub params: Params,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+}
+
+impl Served {
+    /// Parses and checks a request `body` for `endpoint` (no I/O, no queue): the model it names,
+    /// the prompt's token ids, and the tokens it may generate within the context.
+    pub fn admit(&self, endpoint: Endpoint, body: &[u8]) -> Result<Admitted, ApiError> {
+        let params = api::parse(endpoint, body)?;
+        if let Some(name) = params.model.as_deref().filter(|n| *n != self.name) {
+            return Err(ApiError {
+                param: Some("model".into()),
+                ..ApiError::request(
+                    404,
+                    format!(
+                        "the model {name:?} does not exist; this server serves {:?}",
+                        self.name
+                    ),
+                )
+                .with_kind("not_found_error")
+                .with_code("model_not_found")
+            });
+        }
+        let prompt = prompt_ids(self, &params)?;
+        let max_tokens = fit_context(self, &params, prompt.len())?;
+        Ok(Admitted {
+            params,
+            prompt,
+            max_tokens,
+        })
+    }
+}
+
 /// Limits on what a client may send.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -282,24 +318,12 @@ async fn admit(app: &App, endpoint: Endpoint, req: Request) -> Result<Queued, Ap
         return Err(ApiError::busy(503, "the server is shutting down", 5));
     }
     let body = read_body(req, app.limits).await?;
-    let params = api::parse(endpoint, &body)?;
     let served = &app.served;
-    if let Some(name) = params.model.as_deref().filter(|n| *n != served.name) {
-        return Err(ApiError {
-            param: Some("model".into()),
-            ..ApiError::request(
-                404,
-                format!(
-                    "the model {name:?} does not exist; this server serves {:?}",
-                    served.name
-                ),
-            )
-            .with_kind("not_found_error")
-            .with_code("model_not_found")
-        });
-    }
-    let prompt = prompt_ids(served, &params)?;
-    let max_tokens = fit_context(served, &params, prompt.len())?;
+    let Admitted {
+        params,
+        prompt,
+        max_tokens,
+    } = served.admit(endpoint, &body)?;
     let stop = match endpoint {
         _ if params.ignore_eos => Vec::new(),
         Endpoint::Chat => served.chat_stop_tokens.clone(),
@@ -456,7 +480,7 @@ fn prompt_ids(served: &Served, params: &Params) -> Result<Vec<u32>, ApiError> {
 fn fit_context(served: &Served, params: &Params, prompt: usize) -> Result<usize, ApiError> {
     let room = served
         .context
-        .saturating_sub(prompt + served.tree_positions);
+        .saturating_sub(prompt.saturating_add(served.tree_positions));
     if room == 0 {
         let param = params.endpoint.prompt_field();
         return Err(ApiError::invalid(

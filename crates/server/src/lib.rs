@@ -27,7 +27,7 @@ use std::time::Duration;
 pub use access::Access;
 pub use decoder::{DecodeRequest, DraftRoutes, EngineDecoder, RequestStats, Speculation};
 pub use error::{ApiError, ServerError};
-pub use http::{Limits, Served};
+pub use http::{Admitted, Limits, Served};
 
 /// How the server listens and how much it takes.
 #[derive(Debug, Clone)]

@@ -102,6 +102,9 @@ pub struct GenerationConfig {
     pub eos_token_id: Option<TokenIds>,
 }
 
+/// Most decoder layers a config may have (the selector's bound).
+pub const MAX_LAYERS: usize = specfit_selector::MAX_LAYERS;
+
 fn bad(field: &'static str, value: impl ToString, reason: &'static str) -> EngineError {
     EngineError::Config {
         field,
@@ -149,6 +152,57 @@ impl Qwen3MoeConfig {
         ];
         if let Some((field, v)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(bad(field, v, "must be positive"));
+        }
+        // Far above any released model, low enough that nothing sized from them overflows or
+        // asks for memory the machine cannot have before a tensor is read.
+        let most = [
+            (
+                "num_hidden_layers",
+                self.num_hidden_layers,
+                MAX_LAYERS,
+                "more than 1024 layers",
+            ),
+            (
+                "vocab_size",
+                self.vocab_size,
+                1 << 22,
+                "more than 4,194,304 tokens",
+            ),
+            ("hidden_size", self.hidden_size, 1 << 16, "more than 65,536"),
+            (
+                "num_attention_heads",
+                self.num_attention_heads,
+                1024,
+                "more than 1024 heads",
+            ),
+            (
+                "num_key_value_heads",
+                self.num_key_value_heads,
+                1024,
+                "more than 1024 heads",
+            ),
+            ("head_dim", self.head_dim(), 1024, "more than 1024"),
+            (
+                "intermediate_size",
+                self.intermediate_size,
+                1 << 20,
+                "more than 1,048,576",
+            ),
+            (
+                "moe_intermediate_size",
+                self.moe_intermediate_size,
+                1 << 20,
+                "more than 1,048,576",
+            ),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                1 << 24,
+                "more than 16,777,216 positions",
+            ),
+        ];
+        if let Some((field, v, _, reason)) = most.iter().find(|(_, v, max, _)| v > max) {
+            return Err(bad(field, v, reason));
         }
         if !self
             .num_attention_heads
@@ -288,5 +342,47 @@ impl GenerationConfig {
             path: path.clone(),
             message: e.to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> serde_json::Value {
+        serde_json::json!({
+            "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64,
+            "moe_intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4,
+            "num_experts_per_tok": 2, "max_position_embeddings": 64
+        })
+    }
+
+    fn check(v: serde_json::Value) -> Result<(), EngineError> {
+        serde_json::from_value::<Qwen3MoeConfig>(v)
+            .unwrap()
+            .validate()
+    }
+
+    #[test]
+    fn sizes_past_their_bound_are_refused_naming_the_field_before_anything_loops_over_them() {
+        assert!(check(tiny()).is_ok());
+        for (field, value) in [
+            ("num_hidden_layers", 1_000_000_000_000u64),
+            ("vocab_size", 1 << 40),
+            ("hidden_size", 1 << 40),
+            ("head_dim", 1 << 40),
+            ("moe_intermediate_size", 1 << 40),
+            ("max_position_embeddings", u64::MAX),
+        ] {
+            let mut v = tiny();
+            v[field] = value.into();
+            let start = std::time::Instant::now();
+            match check(v) {
+                Err(EngineError::Config { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field} {value}: {other:?}"),
+            }
+            assert!(start.elapsed().as_secs() < 5, "{field} took too long");
+        }
     }
 }

@@ -93,3 +93,28 @@ fn every_kept_input_runs_through_its_target() {
     }
     assert!(ran >= seeds::all().len(), "only {ran} inputs ran");
 }
+
+#[test]
+fn a_gguf_claiming_four_billion_layers_is_refused_naming_the_key() {
+    let mut bytes = seeds::tiny_gguf(false);
+    let key = b"qwen3moe.block_count";
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("the key is in the file")
+        + key.len();
+    // After the key: the value's type (u32, 4 bytes) and the value (u32).
+    bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let dir = std::env::temp_dir().join(format!("specfit-fuzz-layers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("huge.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let err = specfit_engine::Qwen3MoeConfig::load(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("qwen3moe.block_count") && err.contains("4294967295"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -56,7 +56,7 @@ pub mod synth;
 #[cfg(test)]
 mod tests;
 
-pub use bitset::{words_for, MAX_EXPERTS};
+pub use bitset::{words_for, MAX_EXPERTS, MAX_LAYERS};
 pub use calibrate::{calibrate, Calibration, Fit, Probe};
 pub use cost::{CostModel, ExpertCost, ResidentSet};
 pub use error::{Error, Owner};

@@ -47,6 +47,15 @@ pub fn config_of(path: &Path, g: &Gguf) -> Result<Qwen3MoeConfig, EngineError> {
     };
     let token = |key: &str| g.get(key).and_then(|v| v.as_u64()).map(|v| v as u32);
     let layers = int("block_count")?;
+    if layers > crate::config::MAX_LAYERS {
+        return Err(bad(
+            &format!("{ARCH}.block_count"),
+            format!(
+                "{layers} layers; at most {} are supported",
+                crate::config::MAX_LAYERS
+            ),
+        ));
+    }
     let head_dim = int("attention.key_length")?;
     if let Ok(v) = int("attention.value_length") {
         if v != head_dim {

@@ -118,3 +118,12 @@ fn a_gguf_claiming_four_billion_layers_is_refused_naming_the_key() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_tensor_whose_data_would_end_past_two_to_the_64_is_refused() {
+    // Found by the gguf target: offset + size wrapped around and passed the bounds check.
+    let path = seeds::repo().join("fuzz/regressions/gguf/tensor-end-past-u64.gguf");
+    let bytes = std::fs::read(path).unwrap();
+    let err = specfit_gguf::Gguf::parse(&bytes).unwrap_err().to_string();
+    assert!(err.contains("the data of tensor"), "{err}");
+}

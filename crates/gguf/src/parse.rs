@@ -147,14 +147,18 @@ impl Gguf {
 fn check_data(tensors: &[TensorInfo], data_offset: u64, len: u64) -> Result<(), GgufError> {
     let mut spans: Vec<(u64, u64, &str)> = tensors
         .iter()
-        .map(|t| (t.offset, t.offset + t.size, t.name.as_str()))
+        .map(|t| {
+            // An end past u64 is past the file too: saturating keeps the check below honest.
+            let end = t.offset.saturating_add(t.size);
+            (t.offset, end, t.name.as_str())
+        })
         .collect();
     spans.sort_unstable();
     for (i, &(start, end, name)) in spans.iter().enumerate() {
-        if data_offset + end > len {
+        if data_offset.saturating_add(end) > len {
             return Err(GgufError::Truncated {
                 what: format!("the data of tensor {name:?}"),
-                at: data_offset + start,
+                at: data_offset.saturating_add(start),
                 need: end - start,
                 len,
             });

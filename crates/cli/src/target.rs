@@ -119,6 +119,13 @@ impl TargetArgs {
         if self.store == StoreArg::Ram {
             warn_if_larger_than_memory(&self.model);
         }
+        if specfit_engine::gguf::is_gguf(&self.model) {
+            let made = specfit_engine::gguf::ensure_checksums(&self.model)
+                .with_context(|| format!("loading {}", self.model.display()))?;
+            if let Some(made) = made {
+                eprintln!("{made}");
+            }
+        }
         load_target(
             &self.model,
             &tier,

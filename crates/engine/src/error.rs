@@ -99,6 +99,20 @@ pub enum EngineError {
     NotAModel { path: PathBuf, head: Vec<u8> },
     #[error("decoder layer {layer}'s {block} put out a NaN or an infinity: a weight of model.layers.{layer}.{block} is corrupt or overflows; the forward stopped rather than decode wrong tokens")]
     NonFinite { layer: usize, block: &'static str },
+    #[error("{}: tensor {tensor} holds a NaN or an infinity (element or block {at}): the file is corrupt or was written wrong", path.display())]
+    NonFiniteTensor {
+        path: PathBuf,
+        tensor: String,
+        at: usize,
+    },
+    #[error("{}: tensor {tensor} is corrupt: its CRC32C is {got:08x} but {} recorded {want:08x} when the file was first used", path.display(), sidecar.display())]
+    CorruptTensor {
+        path: PathBuf,
+        tensor: String,
+        got: u32,
+        want: u32,
+        sidecar: PathBuf,
+    },
     #[error("a draft tree of branching {branching} and {levels} levels drafts {} nodes; both must be positive and the pool at most {limit} nodes", nodes.map_or("too many".to_string(), |n| n.to_string()))]
     TreeTooLarge {
         branching: usize,

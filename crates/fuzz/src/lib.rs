@@ -11,8 +11,11 @@ mod targets;
 
 pub use targets::{calibration, config, gguf, pool, request, safetensors};
 
+/// A fuzz target: runs one input.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name its corpus folder and `cargo fuzz` binary carry.
-pub const TARGETS: [(&str, fn(&[u8])); 6] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("gguf", gguf),
     ("safetensors", safetensors),
     ("config", config),

@@ -12,6 +12,7 @@ mod types;
 mod value;
 
 pub mod dequant;
+pub mod finite;
 pub mod quant;
 pub mod write;
 

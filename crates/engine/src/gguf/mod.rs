@@ -5,12 +5,14 @@
 
 mod config;
 mod names;
+mod sidecar;
 mod store;
 mod tokenizer;
 
 pub use config::config_of;
 pub use names::GgufTensors;
-pub use store::GgufStore;
+pub use sidecar::{sidecar_path, Made};
+pub use store::{ensure_checksums, GgufStore};
 pub use tokenizer::{metadata_of, tokenizer_json};
 
 use std::path::Path;

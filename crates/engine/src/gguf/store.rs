@@ -7,14 +7,12 @@
 //! stay quantized and the tier is RAM, used in place ([`GgufStore::open_mapped`]): the kernels
 //! read the memory-mapped file itself, as llama.cpp's mmap does, with no slots and no copies;
 //! every expert is checked when the file is opened, unless its checksums were just computed from
-//! those bytes (a corrupt one is checked again, and named, when a forward uses it). GGUF carries
-//! no checksums, so the first use of a file writes a sidecar
-//! (`NAME.specfit-checksums.json` beside `NAME.gguf`) with the CRC32C of every expert part, tied
-//! to the file's size and header; later reads are checked against it.
+//! those bytes (a corrupt one is checked again, and named, when a forward uses it). The
+//! checksums come from the file's sidecar ([`super::sidecar`]).
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -24,6 +22,7 @@ use crate::error::EngineError;
 use crate::experts::aligned::AlignedBuf;
 use crate::experts::disk::ExpertFile;
 use crate::experts::{ExpertLayout, ExpertMatrices, ExpertStore};
+use crate::gguf::sidecar::{self, Made, Stack};
 use crate::gguf::GgufTensors;
 use crate::kernels::quant::QuantView;
 use crate::kernels::{WeightBuf, WeightDtype};
@@ -49,6 +48,27 @@ struct Part {
     ty: GgmlType,
 }
 
+impl Part {
+    fn stack(self) -> Stack {
+        Stack {
+            offset: self.offset,
+            per_expert: self.per_expert,
+        }
+    }
+}
+
+/// The sidecar of the GGUF file at `path` made now when the one beside it does not serve the
+/// file as it is (None: it does, and nothing was read), for a caller that wants to say so before
+/// loading.
+pub fn ensure_checksums(path: &Path) -> Result<Option<Made>, EngineError> {
+    let file = std::sync::Arc::new(super::open(path)?);
+    let cfg = super::config_of(path, file.header())?;
+    let tensors = GgufTensors::new(file);
+    let (parts, experts) = expert_parts(&tensors, &cfg.moe_layers())?;
+    let stacks: Vec<[Stack; 3]> = parts.iter().map(|l| l.map(Part::stack)).collect();
+    sidecar::ensure(tensors.file(), &stacks, experts)
+}
+
 /// The experts of a GGUF file.
 pub struct GgufStore {
     source: ExpertFile,
@@ -61,27 +81,6 @@ pub struct GgufStore {
     /// Used in place: the mapped file, and which experts (`moe layer · experts + expert`) have
     /// been checked against their checksums.
     mapped: Option<(Arc<GgufFile>, Vec<AtomicBool>)>,
-}
-
-/// The checksum sidecar of a GGUF file.
-#[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-struct Sidecar {
-    format: String,
-    /// The GGUF file's length and the CRC32C of its header (everything before the data).
-    gguf_bytes: u64,
-    header_crc32c: u32,
-    moe_layers: usize,
-    experts: usize,
-    /// `[(moe layer · experts + expert) · 3 + part]`, parts gate, up, down.
-    crc32c: Vec<u32>,
-}
-
-const SIDECAR_FORMAT: &str = "specfit-gguf-checksums/1";
-
-/// Where the checksums of `gguf` are kept.
-pub fn sidecar_path(gguf: &Path) -> PathBuf {
-    gguf.with_extension("specfit-checksums.json")
 }
 
 impl std::fmt::Debug for GgufStore {
@@ -122,36 +121,10 @@ impl GgufStore {
         in_place: bool,
     ) -> Result<GgufStore, EngineError> {
         let path = tensors.path().to_path_buf();
-        let mut parts = Vec::with_capacity(moe_layers.len());
-        let mut experts = 0;
-        for &layer in moe_layers {
-            let mut part = |proj: &str| -> Result<Part, EngineError> {
-                let info = tensors.expert_stack(layer, proj).ok_or_else(|| {
-                    EngineError::MissingTensor {
-                        name: format!("model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"),
-                        searched: path.display().to_string(),
-                    }
-                })?;
-                if !specfit_gguf::dequant::supports(info.ty) {
-                    return Err(EngineError::Gguf {
-                        path: path.clone(),
-                        error: specfit_gguf::GgufError::UnsupportedType {
-                            name: info.name.clone(),
-                            ty: info.ty.name(),
-                            supported: specfit_gguf::dequant::SUPPORTED,
-                        },
-                    });
-                }
-                experts = info.dims[2] as usize;
-                Ok(Part {
-                    offset: tensors.file().absolute_offset(info),
-                    per_expert: info.size / info.dims[2],
-                    ty: info.ty,
-                })
-            };
-            parts.push([part("gate")?, part("up")?, part("down")?]);
-        }
-        let (checksums, computed_now) = checksums(tensors, &parts, experts)?;
+        let (parts, experts) = expert_parts(tensors, moe_layers)?;
+        let stacks: Vec<[Stack; 3]> = parts.iter().map(|l| l.map(Part::stack)).collect();
+        let sums = sidecar::load_or_make(tensors.file(), &stacks, experts)?;
+        let (checksums, computed_now) = (sums.experts, sums.fresh);
         let plain = File::open(&path).map_err(EngineError::io(&path))?;
         let mapped = in_place.then(|| {
             tensors.file().will_need();
@@ -296,7 +269,7 @@ impl GgufStore {
                     "{}: MoE layer {layer} expert {expert} ({}) is corrupt (CRC32C {got:08x}, {} recorded {want:08x})",
                     self.source.path.display(),
                     ["gate", "up", "down"][which],
-                    sidecar_path(&self.source.path).display()
+                    sidecar::sidecar_path(&self.source.path).display()
                 ),
             });
         }
@@ -316,58 +289,44 @@ impl Raw {
     }
 }
 
-/// The CRC32C of every expert part, and whether they were computed now: from the sidecar when it
-/// matches the file, else computed (reading every expert once) and saved beside the file
-/// (atomically; a read-only folder only means they are computed again next time).
-fn checksums(
+/// Where each MoE layer's gate, up and down expert stacks lie (`moe_layers`: decoder layer
+/// indices), and the experts per stack.
+fn expert_parts(
     tensors: &GgufTensors,
-    parts: &[[Part; 3]],
-    experts: usize,
-) -> Result<(Vec<u32>, bool), EngineError> {
-    let file = tensors.file();
-    let path = sidecar_path(file.path());
-    let header = crc32c::crc32c(file.prefix());
-    let gguf_bytes = file.len();
-    let fits = |s: &Sidecar| {
-        s.format == SIDECAR_FORMAT
-            && s.gguf_bytes == gguf_bytes
-            && s.header_crc32c == header
-            && s.moe_layers == parts.len()
-            && s.experts == experts
-            && s.crc32c.len() == parts.len() * experts * 3
-    };
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if let Ok(s) = serde_json::from_str::<Sidecar>(&text) {
-            if fits(&s) {
-                return Ok((s.crc32c, false));
+    moe_layers: &[usize],
+) -> Result<(Vec<[Part; 3]>, usize), EngineError> {
+    let path = tensors.path().to_path_buf();
+    let mut parts = Vec::with_capacity(moe_layers.len());
+    let mut experts = 0;
+    for &layer in moe_layers {
+        let mut part = |proj: &str| -> Result<Part, EngineError> {
+            let info =
+                tensors
+                    .expert_stack(layer, proj)
+                    .ok_or_else(|| EngineError::MissingTensor {
+                        name: format!("model.layers.{layer}.mlp.experts.0.{proj}_proj.weight"),
+                        searched: path.display().to_string(),
+                    })?;
+            if !specfit_gguf::dequant::supports(info.ty) {
+                return Err(EngineError::Gguf {
+                    path: path.clone(),
+                    error: specfit_gguf::GgufError::UnsupportedType {
+                        name: info.name.clone(),
+                        ty: info.ty.name(),
+                        supported: specfit_gguf::dequant::SUPPORTED,
+                    },
+                });
             }
-        }
+            experts = info.dims[2] as usize;
+            Ok(Part {
+                offset: tensors.file().absolute_offset(info),
+                per_expert: info.size / info.dims[2],
+                ty: info.ty,
+            })
+        };
+        parts.push([part("gate")?, part("up")?, part("down")?]);
     }
-    let mut crc = Vec::with_capacity(parts.len() * experts * 3);
-    for layer in parts {
-        for e in 0..experts as u64 {
-            for part in layer {
-                let at = (part.offset + e * part.per_expert) as usize;
-                crc.push(crc32c::crc32c(
-                    &file.raw()[at..at + part.per_expert as usize],
-                ));
-            }
-        }
-    }
-    let sidecar = Sidecar {
-        format: SIDECAR_FORMAT.into(),
-        gguf_bytes,
-        header_crc32c: header,
-        moe_layers: parts.len(),
-        experts,
-        crc32c: crc,
-    };
-    let tmp = path.with_extension("json.tmp");
-    let text = serde_json::to_string(&sidecar).expect("serialisable");
-    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    Ok((sidecar.crc32c, true))
+    Ok((parts, experts))
 }
 
 /// Whether expert reads should bypass the page cache: no unless `SPECFIT_GGUF_DIRECT=1`. Reads

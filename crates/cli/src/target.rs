@@ -174,20 +174,25 @@ fn warn_if_larger_than_memory(model: &std::path::Path) {
     }
 }
 
-/// Converts a checkpoint's experts to the disk file when it does not exist yet or was written
-/// by an older build in another format (a GGUF file is its own expert store).
+/// Converts a checkpoint's experts to the disk file when it does not exist yet, was written by
+/// an older build in another format, or was made from the checkpoint as it was before it
+/// changed (a GGUF file is its own expert store).
 pub fn ensure_expert_file(model: &std::path::Path) -> Result<()> {
     if specfit_engine::gguf::is_gguf(model) {
         return Ok(());
     }
     let file = specfit_engine::default_expert_file(model);
     if specfit_engine::experts::is_current_format(&file) {
-        return Ok(());
+        match specfit_engine::experts::staleness(&file, model)? {
+            None => return Ok(()),
+            Some(why) => eprintln!("{}: {why}: converting the checkpoint again", file.display()),
+        }
+    } else {
+        eprintln!(
+            "no expert file in this build's format at {}: converting the checkpoint first",
+            file.display()
+        );
     }
-    eprintln!(
-        "no expert file in this build's format at {}: converting the checkpoint first",
-        file.display()
-    );
     let report = specfit_engine::experts::convert(model, &file, None)
         .with_context(|| format!("converting {}", model.display()))?;
     eprintln!(

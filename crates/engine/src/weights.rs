@@ -1,7 +1,8 @@
 //! Reads a Hugging Face checkpoint's safetensors — one `model.safetensors` or the shards named by
 //! `model.safetensors.index.json` — memory-mapped, or a GGUF file under Hugging Face names
 //! ([`crate::gguf::GgufTensors`]), and hands out tensors as `f32` (F32 as is, BF16/F16 widened
-//! exactly, quantized blocks decoded exactly) after checking each name, shape and dtype. Tracks
+//! exactly, quantized blocks decoded exactly) after checking each name, shape and dtype, and that
+//! every value is finite (a GGUF file's are checked once, by its checksum sidecar). Tracks
 //! which tensors were taken so that leftovers are reported. Knows nothing of the model's
 //! structure.
 
@@ -75,6 +76,14 @@ impl Checkpoint {
         Ok(ck)
     }
 
+    /// The files the tensors are read from: every safetensors shard, or the GGUF file.
+    pub fn files(&self) -> Vec<&Path> {
+        match &self.gguf {
+            Some(g) => vec![g.path()],
+            None => self.shards.iter().map(|s| s.path.as_path()).collect(),
+        }
+    }
+
     /// Whether quantized GGUF matrices are kept quantized (no storage dtype forced).
     pub fn keeps_quantized(&self) -> bool {
         self.gguf.is_some() && self.keep_quantized
@@ -122,11 +131,15 @@ impl Checkpoint {
         let (shard, info) = self.info(name, shape)?;
         let (start, end) = info.data_offsets;
         let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
-        widen(bytes, info.dtype).ok_or_else(|| EngineError::TensorDtype {
+        let values = widen(bytes, info.dtype).ok_or_else(|| EngineError::TensorDtype {
             path: shard.path.clone(),
             name: name.to_string(),
             dtype: format!("{:?}", info.dtype),
-        })
+        })?;
+        match values.iter().position(|v| !v.is_finite()) {
+            None => Ok(values),
+            Some(at) => Err(non_finite(shard, name, at)),
+        }
     }
 
     /// Keeps matrices taken with [`Checkpoint::take_weight`] in `dtype` from now on, and
@@ -210,6 +223,10 @@ impl Checkpoint {
         if dtype == WeightDtype::Bf16 && info.dtype == Dtype::BF16 {
             let (start, end) = info.data_offsets;
             let bytes = &shard.map[shard.data_start + start..shard.data_start + end];
+            let bf16 = specfit_gguf::GgmlType::BF16;
+            if let Ok(Some(at)) = specfit_gguf::finite::first_non_finite(bf16, bytes) {
+                return Err(non_finite(shard, name, at));
+            }
             return Ok(WeightBuf::Bf16(
                 bytes
                     .chunks_exact(2)
@@ -385,6 +402,15 @@ fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, EngineError> {
             }
         })
         .collect()
+}
+
+/// Tensor `name` of `shard` holds a NaN or an infinity at element `at`.
+fn non_finite(shard: &Shard, name: &str, at: usize) -> EngineError {
+    EngineError::NonFiniteTensor {
+        path: shard.path.clone(),
+        tensor: name.to_string(),
+        at,
+    }
 }
 
 fn open_shard(path: PathBuf) -> Result<Shard, EngineError> {

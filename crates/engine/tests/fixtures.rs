@@ -469,7 +469,7 @@ fn disk_files_that_are_truncated_corrupt_or_from_another_model_are_rejected() {
     };
     let err = open(&file, b);
     assert!(
-        err.contains("made for") || err.contains("fingerprint"),
+        err.contains("made for") || err.contains("another checkpoint"),
         "{err}"
     );
     let bytes = std::fs::read(&file).unwrap();
@@ -571,7 +571,9 @@ fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
 }
 
 /// `src` copied to a fresh folder with the first float of tensor `name` set to NaN.
-fn with_nan_in(src: &Path, name: &str, tag: &str) -> PathBuf {
+/// A copy of the checkpoint in `src` (under temp folder `tag`) with tensor `name`'s bytes
+/// edited by `edit`.
+fn patched(src: &Path, name: &str, tag: &str, edit: impl FnOnce(&mut [u8])) -> PathBuf {
     let dir = temp_dir(tag);
     for f in std::fs::read_dir(src).unwrap() {
         let f = f.unwrap().path();
@@ -581,16 +583,22 @@ fn with_nan_in(src: &Path, name: &str, tag: &str) -> PathBuf {
     let mut bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
     let header: Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let at = 8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
-    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    let offsets = &header[name]["data_offsets"];
+    let (start, end) = (offsets[0].as_u64().unwrap(), offsets[1].as_u64().unwrap());
+    edit(&mut bytes[8 + n + start as usize..8 + n + end as usize]);
     std::fs::write(&path, bytes).unwrap();
     dir
 }
 
 #[test]
-fn a_nan_in_a_weight_stops_the_forward_naming_the_layer_and_block() {
-    let src = fixture("eagle_target");
-    let dir = with_nan_in(&src, "model.layers.1.self_attn.o_proj.weight", "nan-weight");
+fn activations_that_overflow_stop_the_forward_naming_the_layer_and_block() {
+    // Every weight finite (so the load accepts them), but a norm of f32::MAX overflows layer 1's
+    // attention input.
+    let norm = "model.layers.1.input_layernorm.weight";
+    let dir = patched(&fixture("eagle_target"), norm, "overflow", |b| {
+        b.chunks_exact_mut(4)
+            .for_each(|v| v.copy_from_slice(&f32::MAX.to_le_bytes()))
+    });
     let (model, mut cache) =
         specfit_engine::load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
     let mut kv = model.new_kv_cache();
@@ -603,4 +611,78 @@ fn a_nan_in_a_weight_stops_the_forward_naming_the_layer_and_block() {
         "{text}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_expert_file_made_before_its_checkpoint_changed_is_refused_saying_so() {
+    let tmp = temp_dir("disk-stale");
+    let model = tmp.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    let source = fixture("topk_norm");
+    for name in ["config.json", "model.safetensors"] {
+        std::fs::copy(source.join(name), model.join(name)).unwrap();
+    }
+    let file = tmp.join("experts.specfit");
+    specfit_engine::experts::convert(&model, &file, None).unwrap();
+    let load = || {
+        specfit_engine::load_target(&model, &Tier::Disk(file.clone()), 4, CacheMode::Lru, None)
+            .map(|_| ())
+    };
+    load().unwrap();
+    assert_eq!(
+        specfit_engine::experts::staleness(&file, &model).unwrap(),
+        None
+    );
+    // The checkpoint rewritten in place (same bytes here, as a re-download would be): new time.
+    let weights = std::fs::File::options()
+        .write(true)
+        .open(model.join("model.safetensors"))
+        .unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+    weights.set_modified(later).unwrap();
+    let err = load().unwrap_err().to_string();
+    assert!(
+        err.contains("it was made from model.safetensors (")
+            && err.contains("the checkpoint changed since")
+            && err.contains("rerun `specfit convert`"),
+        "{err}"
+    );
+    let why = specfit_engine::experts::staleness(&file, &model)
+        .unwrap()
+        .unwrap();
+    assert!(why.contains("the checkpoint changed since"), "{why}");
+    // Converted again, it serves the checkpoint as it is now.
+    specfit_engine::experts::convert(&model, &file, None).unwrap();
+    load().unwrap();
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+#[test]
+fn a_nan_or_infinity_in_any_safetensors_tensor_is_refused_at_load_naming_it() {
+    // An f32 checkpoint (NaN in an attention weight) and a bf16 one (infinity in an expert, which
+    // the RAM store keeps in bf16, bit for bit); each in the third element.
+    for (fixture_name, tensor, bad) in [
+        (
+            "topk_norm",
+            "model.layers.1.self_attn.k_proj.weight",
+            f32::NAN.to_le_bytes().to_vec(),
+        ),
+        (
+            "bf16",
+            "model.layers.0.mlp.experts.3.up_proj.weight",
+            vec![0x80, 0x7f],
+        ),
+    ] {
+        let tag = format!("nan-{fixture_name}");
+        let dir = patched(&fixture(fixture_name), tensor, &tag, |b| {
+            b[2 * bad.len()..3 * bad.len()].copy_from_slice(&bad)
+        });
+        match specfit_engine::load_target(&dir, &Tier::Ram, 4, CacheMode::Lru, None) {
+            Err(specfit_engine::EngineError::NonFiniteTensor { tensor: t, at, .. }) => {
+                assert_eq!((t.as_str(), at), (tensor, 2), "{fixture_name}")
+            }
+            other => panic!("{fixture_name}: {:?}", other.err()),
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -3,8 +3,8 @@
 //! through mmap page faults (59–89 MiB/s for random 128 KiB faults on this kind of machine,
 //! against ~1 GB/s for direct reads).
 //!
-//! Layout: `b"SPFTEXP\0"`, `u32` version (3), `u32` header length, a JSON header (shape, dtype,
-//! strides, a fingerprint of the source model, where the checksums are), zero padding to
+//! Layout: `b"SPFTEXP\0"`, `u32` version (4), `u32` header length, a JSON header (shape, dtype,
+//! strides, the [`Fingerprint`] of the source checkpoint, where the checksums are), zero padding to
 //! `data_offset` (4 KiB-aligned), then one block per (MoE layer, expert) in that order, each an
 //! [`ExpertLayout`] block (`gate | up` and `down` in K-major panels; version 1 stored them
 //! row-major) as little-endian f32 or bf16 padded to `stride_bytes` (a multiple of 4 KiB), then
@@ -28,53 +28,10 @@ use crate::experts::store::{ExpertLayout, ExpertStore};
 use crate::kernels::WeightDtype;
 use crate::weights::Checkpoint;
 
+use super::fingerprint::Fingerprint;
+
 const MAGIC: &[u8; 8] = b"SPFTEXP\0";
-const VERSION: u32 = 3;
-
-/// Identifies the model a disk file was made from: shape plus an FNV-1a hash of two expert blocks
-/// (the first expert of the first sparse layer and the last of the last), taken as f32 so that
-/// it does not depend on the storage dtype.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Fingerprint(pub u64);
-
-impl Fingerprint {
-    /// The fingerprint of a checkpoint's experts (reads two blocks).
-    pub fn of_checkpoint(
-        ck: &Checkpoint,
-        cfg: &Qwen3MoeConfig,
-    ) -> Result<Fingerprint, EngineError> {
-        let layers = cfg.moe_layers();
-        let mut h = Fnv::new();
-        for v in [
-            layers.len(),
-            cfg.num_experts,
-            cfg.hidden_size,
-            cfg.moe_intermediate_size,
-        ] {
-            h.write(&(v as u64).to_le_bytes());
-        }
-        if let (Some(&first), Some(&last)) = (layers.first(), layers.last()) {
-            for (layer, expert) in [(first, 0), (last, cfg.num_experts - 1)] {
-                let block = expert_block_bytes(ck, cfg, layer, expert, WeightDtype::F32)?;
-                h.write(&block);
-            }
-        }
-        Ok(Fingerprint(h.0))
-    }
-}
-
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ b as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
+const VERSION: u32 = 4;
 
 /// One expert's block (see [`ExpertLayout`]) as little-endian bytes of `dtype`.
 pub(crate) fn expert_block_bytes(
@@ -227,6 +184,45 @@ pub fn convert(
     })
 }
 
+/// The header of the expert file `path` (open as `plain`): magic, version and JSON checked.
+fn read_header(path: &Path, plain: &File) -> Result<DiskHeader, EngineError> {
+    let bad = |reason: String| EngineError::ExpertStore {
+        reason: format!("{}: {reason}", path.display()),
+    };
+    let mut prefix = [0u8; 16];
+    plain
+        .read_exact_at(&mut prefix, 0)
+        .map_err(|_| bad("too short for a specfit expert file".into()))?;
+    if &prefix[..8] != MAGIC {
+        return Err(bad(
+            "not a specfit expert file (bad magic); make one with `specfit convert`".into(),
+        ));
+    }
+    let version = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes"));
+    if version != VERSION {
+        return Err(bad(format!(
+            "version {version}, this build reads version {VERSION}; rerun `specfit convert`"
+        )));
+    }
+    let json_len = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes")) as usize;
+    let mut json = vec![0u8; json_len];
+    plain
+        .read_exact_at(&mut json, 16)
+        .map_err(|_| bad("truncated header".into()))?;
+    serde_json::from_slice(&json).map_err(|e| bad(format!("bad header: {e}")))
+}
+
+/// Why the expert file `file` does not serve the checkpoint in `model` as it is now (None: it
+/// does); the file must be in this build's format ([`is_current_format`]).
+pub fn staleness(file: &Path, model: &Path) -> Result<Option<String>, EngineError> {
+    let plain = File::open(file).map_err(EngineError::io(file))?;
+    let header = read_header(file, &plain)?;
+    let cfg = Qwen3MoeConfig::load(model)?;
+    let ck = Checkpoint::open(model)?;
+    let now = Fingerprint::of_checkpoint(&ck, &cfg)?;
+    Ok(header.fingerprint.differs(&now))
+}
+
 /// The open file a store reads expert bytes from: O_DIRECT where asked for and the filesystem
 /// allows it, else buffered through the page cache.
 #[derive(Debug)]
@@ -296,28 +292,7 @@ impl DiskStore {
             ),
             _ => EngineError::io(path)(e),
         })?;
-        let mut prefix = [0u8; 16];
-        plain
-            .read_exact_at(&mut prefix, 0)
-            .map_err(|_| bad("too short for a specfit expert file".into()))?;
-        if &prefix[..8] != MAGIC {
-            return Err(bad(
-                "not a specfit expert file (bad magic); make one with `specfit convert`".into(),
-            ));
-        }
-        let version = u32::from_le_bytes(prefix[8..12].try_into().expect("4 bytes"));
-        if version != VERSION {
-            return Err(bad(format!(
-                "version {version}, this build reads version {VERSION}; rerun `specfit convert`"
-            )));
-        }
-        let json_len = u32::from_le_bytes(prefix[12..16].try_into().expect("4 bytes")) as usize;
-        let mut json = vec![0u8; json_len];
-        plain
-            .read_exact_at(&mut json, 16)
-            .map_err(|_| bad("truncated header".into()))?;
-        let header: DiskHeader =
-            serde_json::from_slice(&json).map_err(|e| bad(format!("bad header: {e}")))?;
+        let header = read_header(path, &plain)?;
         let layout = ExpertLayout {
             hidden: cfg.hidden_size,
             intermediate: cfg.moe_intermediate_size,
@@ -341,10 +316,9 @@ impl DiskStore {
                 "made for (moe layers, experts, hidden, intermediate) = {got:?}, this model is {expected:?}"
             )));
         }
-        if header.fingerprint != fingerprint {
+        if let Some(why) = header.fingerprint.differs(&fingerprint) {
             return Err(bad(format!(
-                "fingerprint {:016x} does not match this model's {:016x}: it was made from another checkpoint; rerun `specfit convert`",
-                header.fingerprint.0, fingerprint.0
+                "{why}; rerun `specfit convert` (`serve` and `bench` convert again themselves)"
             )));
         }
         if header.dtype != dtype.name() || header.block_bytes != layout.bytes() {

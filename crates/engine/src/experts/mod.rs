@@ -6,12 +6,14 @@
 pub mod aligned;
 mod cache;
 pub mod disk;
+mod fingerprint;
 mod io;
 mod stats;
 mod store;
 
 pub use cache::{CacheMode, ExpertCache};
-pub use disk::{convert, is_current_format, ConvertReport, DiskStore, Fingerprint};
+pub use disk::{convert, is_current_format, staleness, ConvertReport, DiskStore};
+pub use fingerprint::{Fingerprint, SourceFile};
 pub use io::reads_in_flight;
 pub use stats::{CopyStats, LayerStats};
 pub use store::{ExpertLayout, ExpertMatrices, ExpertStore, RamStore};

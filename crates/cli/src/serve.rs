@@ -9,6 +9,7 @@ use anyhow::{bail, ensure, Context, Result};
 use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
 use specfit_engine::{Eagle3, Tokenizer};
 use specfit_server::content::ChatFormat;
+use specfit_server::queue::MAX_QUEUE;
 use specfit_server::{
     Access, DraftRoutes, EngineDecoder, Limits, ServeOptions, Served, Speculation,
 };
@@ -103,9 +104,6 @@ pub struct Args {
     #[arg(long, default_value_t = 10.0)]
     shutdown_grace: f64,
 }
-
-/// The longest queue `--queue` may ask for (each waiting request holds its prompt).
-const MAX_QUEUE: usize = 4096;
 
 /// `secs` of flag `name` as a duration: a number of seconds from 0 to one day.
 fn seconds(name: &str, secs: f64) -> Result<Duration> {

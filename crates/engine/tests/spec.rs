@@ -97,6 +97,29 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
 }
 
 #[test]
+fn a_probe_plan_that_could_run_past_the_context_is_refused_before_it_starts() {
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
+    let context = target.config().max_position_embeddings;
+    for cycles in [usize::MAX, context] {
+        let plan = ProbePlan {
+            shape: TreeShape::default(),
+            max_nodes: 3,
+            cycles,
+            plain: 0,
+            seed: 1,
+        };
+        let start = std::time::Instant::now();
+        match probe(&target, &drafter, &mut cache, None, &[1, 243], &plan) {
+            Err(specfit_engine::EngineError::ContextExceeded { context: c, .. }) => {
+                assert_eq!(c, context)
+            }
+            other => panic!("{cycles} cycles: {:?}", other.map(|p| p.verify.len())),
+        }
+        assert!(start.elapsed().as_secs() < 5, "refused at once");
+    }
+}
+
+#[test]
 fn calibration_probes_and_plain_steps_alternate_an_emptied_cache_with_the_decoding_cache_never_emptied(
 ) {
     // Every expert fits: the decoding cache misses each expert at most once, unless it were

@@ -123,6 +123,11 @@ pub enum ServerError {
     /// An access setting (API key, origin, host) that cannot work.
     #[error("{0}")]
     Access(String),
+    #[error(
+        "a request queue of {capacity}: it must be between 1 and {}",
+        crate::queue::MAX_QUEUE
+    )]
+    Queue { capacity: usize },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

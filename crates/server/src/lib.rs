@@ -79,7 +79,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let metrics = Arc::new(metrics::Metrics::default());
-    let engine = queue::Engine::start(decoder, options.queue, metrics.clone());
+    let engine = queue::Engine::start(decoder, options.queue, metrics.clone())?;
     let app = Arc::new(http::App::new(
         served,
         engine,

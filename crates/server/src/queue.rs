@@ -13,6 +13,7 @@ use specfit_engine::Cancel;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::decoder::{DecodeRequest, EngineDecoder, RequestStats};
+use crate::error::ServerError;
 use crate::metrics::Metrics;
 
 /// What a job sends back.
@@ -43,6 +44,10 @@ pub enum Refused {
 }
 
 /// The handle the HTTP side submits jobs through.
+/// The longest queue [`Engine::start`] takes (each waiting request holds its prompt; the
+/// channel's slots are allocated up front).
+pub const MAX_QUEUE: usize = 4096;
+
 pub struct Engine {
     sender: Mutex<Option<SyncSender<Job>>>,
     waiting: Arc<AtomicUsize>,
@@ -54,8 +59,15 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the decoding thread with room for `capacity` waiting jobs.
-    pub fn start(mut decoder: EngineDecoder, capacity: usize, metrics: Arc<Metrics>) -> Engine {
+    /// Starts the decoding thread with room for `capacity` waiting jobs (1 to [`MAX_QUEUE`]).
+    pub fn start(
+        mut decoder: EngineDecoder,
+        capacity: usize,
+        metrics: Arc<Metrics>,
+    ) -> Result<Engine, ServerError> {
+        if !(1..=MAX_QUEUE).contains(&capacity) {
+            return Err(ServerError::Queue { capacity });
+        }
         let (sender, receiver) = sync_channel::<Job>(capacity);
         let waiting = Arc::new(AtomicUsize::new(0));
         let busy = Arc::new(AtomicUsize::new(0));
@@ -91,15 +103,15 @@ impl Engine {
                     }
                 }
             })
-            .expect("spawning the decoding thread");
-        Engine {
+            .map_err(ServerError::Io)?;
+        Ok(Engine {
             sender: Mutex::new(Some(sender)),
             waiting,
             busy,
             abort,
             dead,
             thread: Mutex::new(Some(thread)),
-        }
+        })
     }
 
     /// Queues `job`, or refuses it when the queue is full or the engine stopped.

@@ -12,11 +12,24 @@ use specfit_server::queue::{Engine, Event, Job, Refused};
 use specfit_server::{DecodeRequest, EngineDecoder};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-fn engine(capacity: usize) -> Engine {
+fn decoder() -> EngineDecoder {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/target");
     let (model, cache) = load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
-    let decoder = EngineDecoder::new(model, cache, None, "ar");
-    Engine::start(decoder, capacity, Arc::new(Metrics::default()))
+    EngineDecoder::new(model, cache, None, "ar")
+}
+
+fn engine(capacity: usize) -> Engine {
+    Engine::start(decoder(), capacity, Arc::new(Metrics::default())).unwrap()
+}
+
+#[test]
+fn a_queue_of_no_room_or_past_the_bound_is_refused_before_anything_is_allocated() {
+    for capacity in [0, specfit_server::queue::MAX_QUEUE + 1, usize::MAX] {
+        match Engine::start(decoder(), capacity, Arc::new(Metrics::default())) {
+            Err(e) => assert!(e.to_string().contains("between 1 and 4096"), "{e}"),
+            Ok(_) => panic!("a queue of {capacity} was taken"),
+        }
+    }
 }
 
 /// A job of `max_tokens` sampled tokens that never stops early.

@@ -288,7 +288,7 @@ impl DiskStore {
         };
         let plain = File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => bad(
-                "no expert file here: write it once with `specfit convert --model MODEL` (or pass --expert-file FILE)".into(),
+                "no expert file here: write it once with `specfit convert --model MODEL --out FILE`, or name another with `--expert-file FILE` where the command has it".into(),
             ),
             _ => EngineError::io(path)(e),
         })?;
@@ -323,11 +323,12 @@ impl DiskStore {
         }
         if header.dtype != dtype.name() || header.block_bytes != layout.bytes() {
             return Err(bad(format!(
-                "stores {} experts but the model is loaded with {} weights; load with --weights {} or rerun `specfit convert --weights {}`",
+                "stores {} experts but the model is loaded with {} weights; convert again with `specfit convert --weights {}`, or load the model with {} weights (`--weights {}` where the command has it)",
                 header.dtype,
                 dtype.name(),
+                dtype.name(),
                 header.dtype,
-                dtype.name()
+                header.dtype
             )));
         }
         if !header.stride_bytes.is_multiple_of(ALIGN)

@@ -75,7 +75,7 @@ pub fn probe(
     // Each cycle commits at least one token: refuse up front a plan that cannot fit in the
     // context even so, rather than at its last position (a run that accepts many tokens per
     // cycle may still reach the end of the context, and stops there with `PastContext`).
-    let least = plan.cycles.checked_add(plan.plain).unwrap_or(usize::MAX);
+    let least = plan.cycles.saturating_add(plan.plain);
     crate::spec::check_context(target.config(), prompt.len(), least, plan.shape.levels)?;
     let mut rng = specfit_selector::synth::Rng::new(plan.seed);
     let (max_nodes, cycles) = (plan.max_nodes, plan.cycles);

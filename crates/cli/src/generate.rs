@@ -5,7 +5,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{ensure, Result};
-use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
+use specfit_engine::policy::{verify_policy, PolicyName, PolicySpec};
 use specfit_engine::spec::{Routes, Speculation, Start, TokenSink};
 use specfit_engine::{
     generate, DecodeOptions, DecodeStats, ExpertCache, Qwen3Moe, Sampling, TextDecoder, Tokenizer,
@@ -190,9 +190,9 @@ fn speculate(
     let saved =
         crate::paths::calibration(&args.target.model, specfit_engine::policy::tier_key(cache));
     let calibration = match &args.calibration {
-        Some(path) => Some(load_calibration(path, model.config(), cache)?),
+        Some(path) => Some(crate::policy::calibration(path, model, cache)?),
         None if args.policy.needs_routes() && saved.exists() => {
-            Some(load_calibration(&saved, model.config(), cache)?)
+            Some(crate::policy::calibration(&saved, model, cache)?)
         }
         None if args.policy.needs_routes() => anyhow::bail!(
             "--policy {} needs --calibration FILE, or a calibration saved at {} (run `specfit calibrate`)",

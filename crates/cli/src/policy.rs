@@ -10,6 +10,20 @@ use specfit_engine::predictor::{HeadShape, RoutePredictor};
 use specfit_engine::spec::Atlas;
 use specfit_engine::{Eagle3, Qwen3Moe};
 
+/// Reads the calibration at `path` for `model` and `cache` (checked against both), saying so in
+/// one line when it was measured with another number of slots.
+pub fn calibration(
+    path: &Path,
+    model: &Qwen3Moe,
+    cache: &specfit_engine::ExpertCache,
+) -> Result<specfit_selector::json::CalibrationJson> {
+    let cal = specfit_engine::policy::load_calibration(path, model.config(), cache)?;
+    if let Some(note) = specfit_engine::policy::slots_note(path, &cal, cache) {
+        eprintln!("{note}");
+    }
+    Ok(cal)
+}
+
 /// Parses `--policy` (the names of [`PolicyName::ALL`]).
 pub fn parse_policy() -> impl clap::builder::TypedValueParser<Value = PolicyName> {
     use clap::builder::TypedValueParser;

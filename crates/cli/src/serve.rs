@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use specfit_engine::policy::{load_calibration, verify_policy, PolicyName, PolicySpec};
+use specfit_engine::policy::{verify_policy, PolicyName, PolicySpec};
 use specfit_engine::{Eagle3, Tokenizer};
 use specfit_server::content::ChatFormat;
 use specfit_server::queue::MAX_QUEUE;
@@ -283,11 +283,11 @@ fn calibration(
     tokenizer: &Tokenizer,
 ) -> Result<specfit_selector::json::CalibrationJson> {
     if let Some(path) = &args.calibration {
-        return Ok(load_calibration(path, model.config(), cache)?);
+        return crate::policy::calibration(path, model, cache);
     }
     let path = crate::paths::calibration(&args.model, specfit_engine::policy::tier_key(cache));
     if path.exists() {
-        return Ok(load_calibration(&path, model.config(), cache)?);
+        return crate::policy::calibration(&path, model, cache);
     }
     eprintln!(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",

@@ -161,6 +161,19 @@ fn speculative_generation_prints_the_same_tokens_as_plain_decoding() {
         );
         same_output(&run, &plain, policy);
     }
+    // One measured with another slot count still drives the run, with a note saying so.
+    let other_slots = temp("spec-cal-16-slots.json");
+    let mut stamped: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
+    stamped["target"]["slots"] = 16.into();
+    std::fs::write(&other_slots, stamped.to_string()).unwrap();
+    let noted = ok(&[&spec_args[..], &specfit_flags_for(&other_slots)].concat());
+    same_output(&noted, &plain, "another slot count");
+    let note = String::from_utf8_lossy(&noted.stderr);
+    assert!(
+        note.contains("was measured with 16 expert slots per layer; this run has 2"),
+        "{note}"
+    );
     let corrupt = ok(&[
         &spec_args[..],
         &[
@@ -287,4 +300,14 @@ fn feed_ids_decode_a_fixed_sequence_and_bad_feeds_get_one_clear_line() {
     );
     assert_eq!(with_drafter.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&with_drafter.stderr).contains("cannot be used with"));
+}
+
+/// `--policy specfit --calibration CAL`.
+fn specfit_flags_for(cal: &std::path::Path) -> [&str; 4] {
+    [
+        "--policy",
+        "specfit",
+        "--calibration",
+        cal.to_str().unwrap(),
+    ]
 }

@@ -217,6 +217,20 @@ pub fn load_calibration(
     Ok(cal)
 }
 
+/// A note when `cal` (read from `path`) was measured with another number of slots per layer
+/// than `cache` has: its per-expert costs still apply, but the hit rates it was fitted at were
+/// another cache's (None: the same, or not stamped).
+pub fn slots_note(path: &Path, cal: &CalibrationJson, cache: &ExpertCache) -> Option<String> {
+    let there = cal.target.as_ref()?.get("slots")?.as_u64()?;
+    let here = cache.slots_per_layer();
+    (there != here as u64).then(|| {
+        format!(
+            "note: calibration {} was measured with {there} expert slots per layer; this run has {here} (its per-expert costs still apply; `specfit calibrate --slots {here}` measures this cache)",
+            path.display()
+        )
+    })
+}
+
 /// The tier a calibration is measured on and stamped with: `disk` (the expert file or a GGUF
 /// read into slots) or `ram`.
 pub fn tier_key(cache: &ExpertCache) -> &'static str {

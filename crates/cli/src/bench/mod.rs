@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use specfit_engine::policy::{load_calibration, verify_policy, PolicySpec};
+use specfit_engine::policy::{verify_policy, PolicySpec};
 use specfit_engine::spec::{Atlas, Routes, Speculation, Start};
 use specfit_engine::{
     generate, CacheMode, DecodeOptions, Eagle3, ExpertCache, Prefix, Qwen3Moe, Tokenizer,
@@ -501,11 +501,11 @@ fn calibration(
 ) -> Result<(CalibrationJson, PathBuf)> {
     if let Some(path) = &args.calibration {
         // (A missing --calibration file was refused in `setup`.)
-        return Ok((load_calibration(path, model.config(), base)?, path.clone()));
+        return Ok((crate::policy::calibration(path, model, base)?, path.clone()));
     }
     let path = crate::paths::calibration(&args.pair.model, specfit_engine::policy::tier_key(base));
     if args.reuse_calibration && path.exists() {
-        return Ok((load_calibration(&path, model.config(), base)?, path));
+        return Ok((crate::policy::calibration(&path, model, base)?, path));
     }
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"

@@ -17,6 +17,9 @@ pub struct Tokenizer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     path: PathBuf,
+    /// A copy that reads special token texts as plain text, made on first use
+    /// ([`Tokenizer::encode_literal`]).
+    literal: std::sync::OnceLock<tokenizers::Tokenizer>,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -77,6 +80,7 @@ impl Tokenizer {
             bos_token: special("bos_token"),
             eos_token: special("eos_token"),
             path,
+            literal: std::sync::OnceLock::new(),
         })
     }
 
@@ -98,6 +102,7 @@ impl Tokenizer {
             inner,
             chat_template,
             path: path.to_path_buf(),
+            literal: std::sync::OnceLock::new(),
         })
     }
 
@@ -113,10 +118,14 @@ impl Tokenizer {
     }
 
     /// Token ids of `text` with every special token's text read as plain text (what a user
-    /// typed can never become a control token this way).
+    /// typed can never become a control token this way). The first call makes a second copy of
+    /// the tokenizer for this, kept for later calls.
     pub fn encode_literal(&self, text: &str) -> Result<Vec<u32>, EngineError> {
-        let mut literal = self.inner.clone();
-        literal.set_encode_special_tokens(true);
+        let literal = self.literal.get_or_init(|| {
+            let mut literal = self.inner.clone();
+            literal.set_encode_special_tokens(true);
+            literal
+        });
         literal
             .encode(text, false)
             .map(|e| e.get_ids().to_vec())

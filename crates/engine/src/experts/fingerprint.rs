@@ -28,7 +28,8 @@ pub struct SourceFile {
 }
 
 impl SourceFile {
-    fn of(path: &Path) -> Result<SourceFile, EngineError> {
+    /// The file at `path` as it is now.
+    pub(crate) fn of(path: &Path) -> Result<SourceFile, EngineError> {
         let meta = std::fs::metadata(path).map_err(EngineError::io(path))?;
         let modified_ns = meta
             .modified()

@@ -9,11 +9,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::time::{Instant, UNIX_EPOCH};
+use std::time::Instant;
 
 use specfit_gguf::{GgufFile, TensorInfo};
 
 use crate::error::EngineError;
+use crate::experts::SourceFile;
 
 /// Where one expert stack's experts lie: its first byte in the file and the bytes of each.
 #[derive(Debug, Clone, Copy)]
@@ -87,54 +88,49 @@ pub struct Checksums {
 /// has used since: the load right after it need not check the bytes just checksummed again.
 static MADE_HERE: std::sync::Mutex<Vec<(PathBuf, Identity)>> = std::sync::Mutex::new(Vec::new());
 
-/// Whether [`ensure`] just made `file`'s sidecar (forgotten once asked).
-fn take_made_here(file: &GgufFile) -> Result<bool, EngineError> {
-    let id = identity(file)?;
+/// Whether [`ensure`] just made the sidecar of `file` as `id` says it is (forgotten once
+/// asked).
+fn take_made_here(file: &GgufFile, id: Identity) -> bool {
     let mut made = MADE_HERE.lock().unwrap_or_else(|e| e.into_inner());
     let before = made.len();
     made.retain(|(p, i)| !(p == file.path() && *i == id));
-    Ok(made.len() < before)
+    made.len() < before
 }
 
 /// What a sidecar is tied to: the file's length, modification time (ns since the Unix epoch)
 /// and header CRC32C.
 type Identity = (u64, u64, u32);
 
-/// The file's [`Identity`] now.
+/// The file's [`Identity`] now (length and time as the expert file's fingerprint reads them).
 fn identity(file: &GgufFile) -> Result<Identity, EngineError> {
-    let meta = std::fs::metadata(file.path()).map_err(EngineError::io(file.path()))?;
-    let modified = meta
-        .modified()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos() as u64);
-    Ok((file.len(), modified, crc32c::crc32c(file.prefix())))
+    let now = SourceFile::of(file.path())?;
+    Ok((now.bytes, now.modified_ns, crc32c::crc32c(file.prefix())))
 }
 
-/// Why the sidecar at hand does not serve `file` (None: it does), with its checksums.
+/// The sidecar at hand when it serves `file` (as `id` says it is now), else why not.
 fn current(
     file: &GgufFile,
+    id: Identity,
     stacks: &[[Stack; 3]],
     experts: usize,
-) -> Result<Result<Sidecar, &'static str>, EngineError> {
+) -> Result<Sidecar, &'static str> {
     let Ok(text) = std::fs::read_to_string(sidecar_path(file.path())) else {
-        return Ok(Err("it had no checksums yet"));
+        return Err("it had no checksums yet");
     };
     let Ok(s) = serde_json::from_str::<Sidecar>(&text) else {
-        return Ok(Err("its checksums were of an older format"));
+        return Err("its checksums were of an older format");
     };
-    let (bytes, modified, header) = identity(file)?;
     if s.format != FORMAT {
-        return Ok(Err("its checksums were of an older format"));
+        return Err("its checksums were of an older format");
     }
-    if (s.gguf_bytes, s.modified_ns, s.header_crc32c) != (bytes, modified, header)
+    if (s.gguf_bytes, s.modified_ns, s.header_crc32c) != id
         || s.moe_layers != stacks.len()
         || s.experts != experts
         || s.crc32c.len() != stacks.len() * experts * 3
     {
-        return Ok(Err("the file changed since its checksums were made"));
+        return Err("the file changed since its checksums were made");
     }
-    Ok(Ok(s))
+    Ok(s)
 }
 
 /// The checksums of `file`'s experts (`stacks[moe layer]` = gate, up, down), from its sidecar
@@ -146,8 +142,9 @@ pub fn load_or_make(
     stacks: &[[Stack; 3]],
     experts: usize,
 ) -> Result<Checksums, EngineError> {
-    match current(file, stacks, experts)? {
-        Ok(s) if take_made_here(file)? => Ok(Checksums {
+    let id = identity(file)?;
+    match current(file, id, stacks, experts) {
+        Ok(s) if take_made_here(file, id) => Ok(Checksums {
             experts: s.crc32c,
             fresh: true,
         }),
@@ -158,7 +155,7 @@ pub fn load_or_make(
                 fresh: false,
             })
         }
-        Err(why) => Ok(make(file, stacks, experts, why)?.0),
+        Err(why) => Ok(make(file, id, stacks, experts, why)?.0),
     }
 }
 
@@ -168,11 +165,11 @@ pub fn ensure(
     stacks: &[[Stack; 3]],
     experts: usize,
 ) -> Result<Option<Made>, EngineError> {
-    match current(file, stacks, experts)? {
+    let id = identity(file)?;
+    match current(file, id, stacks, experts) {
         Ok(_) => Ok(None),
         Err(why) => {
-            let made = make(file, stacks, experts, why)?.1;
-            let id = identity(file)?;
+            let made = make(file, id, stacks, experts, why)?.1;
             let mut here = MADE_HERE.lock().unwrap_or_else(|e| e.into_inner());
             here.push((file.path().to_path_buf(), id));
             Ok(Some(made))
@@ -215,12 +212,13 @@ fn check_finite(
 /// Checks every tensor is finite, checksums it, and saves the sidecar.
 fn make(
     file: &GgufFile,
+    id: Identity,
     stacks: &[[Stack; 3]],
     experts: usize,
     why: &'static str,
 ) -> Result<(Checksums, Made), EngineError> {
     let start = Instant::now();
-    let (gguf_bytes, modified_ns, header_crc32c) = identity(file)?;
+    let (gguf_bytes, modified_ns, header_crc32c) = id;
     let by_offset: HashMap<u64, &TensorInfo> = file
         .header()
         .tensors

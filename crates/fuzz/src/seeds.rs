@@ -128,32 +128,6 @@ pub fn tiny_safetensors() -> Vec<u8> {
     safetensors::serialize(views, None).expect("serializes")
 }
 
-/// The GGUF name of the tiny target's non-expert tensor `hf`.
-fn gguf_name(hf: &str) -> String {
-    let fixed = [
-        ("model.embed_tokens.weight", "token_embd.weight"),
-        ("model.norm.weight", "output_norm.weight"),
-        ("lm_head.weight", "output.weight"),
-    ];
-    if let Some((_, g)) = fixed.iter().find(|(h, _)| *h == hf) {
-        return g.to_string();
-    }
-    let suffix = hf.strip_prefix("model.layers.0.").expect("a layer tensor");
-    let g = match suffix {
-        "input_layernorm.weight" => "attn_norm.weight",
-        "self_attn.q_proj.weight" => "attn_q.weight",
-        "self_attn.k_proj.weight" => "attn_k.weight",
-        "self_attn.v_proj.weight" => "attn_v.weight",
-        "self_attn.o_proj.weight" => "attn_output.weight",
-        "self_attn.q_norm.weight" => "attn_q_norm.weight",
-        "self_attn.k_norm.weight" => "attn_k_norm.weight",
-        "post_attention_layernorm.weight" => "ffn_norm.weight",
-        "mlp.gate.weight" => "ffn_gate_inp.weight",
-        other => panic!("no GGUF name for {other}"),
-    };
-    format!("blk.0.{g}")
-}
-
 /// The tiny target as a `qwen3moe` GGUF: dense tensors F32 (the seeded values), expert stacks
 /// Q8_0 (seeded blocks); with `tokenizer`, the shipped tokenizer's first 32 tokens.
 pub fn tiny_gguf(tokenizer: bool) -> Vec<u8> {
@@ -164,7 +138,7 @@ pub fn tiny_gguf(tokenizer: bool) -> Vec<u8> {
         .filter(|t| !t.name.contains(".experts."))
     {
         specs.push(TensorSpec {
-            name: gguf_name(&t.name),
+            name: specfit_engine::gguf::gguf_name(&t.name).expect("a tensor GGUF stores alone"),
             dims: t.shape.iter().rev().map(|&d| d as u64).collect(),
             ty: GgmlType::F32,
         });

@@ -10,7 +10,7 @@ mod store;
 mod tokenizer;
 
 pub use config::config_of;
-pub use names::GgufTensors;
+pub use names::{gguf_name, GgufTensors};
 pub use sidecar::{sidecar_path, Made};
 pub use store::{ensure_checksums, GgufStore};
 pub use tokenizer::{metadata_of, tokenizer_json};

@@ -29,8 +29,15 @@ pub struct GgufTensors {
     entries: BTreeMap<String, Entry>,
 }
 
+/// GGUF name → Hugging Face name of the tensors outside the blocks.
+const TOP: [(&str, &str); 3] = [
+    ("token_embd.weight", "model.embed_tokens.weight"),
+    ("output_norm.weight", "model.norm.weight"),
+    ("output.weight", "lm_head.weight"),
+];
+
 /// Per-block GGUF suffix → Hugging Face suffix (after `model.layers.{i}.`).
-const BLOCK: [(&str, &str); 17] = [
+const BLOCK: [(&str, &str); 19] = [
     ("attn_norm.weight", "input_layernorm.weight"),
     ("attn_q.weight", "self_attn.q_proj.weight"),
     ("attn_k.weight", "self_attn.k_proj.weight"),
@@ -48,25 +55,33 @@ const BLOCK: [(&str, &str); 17] = [
     ("ffn_up.weight", "mlp.up_proj.weight"),
     ("ffn_down.weight", "mlp.down_proj.weight"),
     ("ffn_gate_exps.weight", "mlp.experts.{e}.gate_proj.weight"),
+    ("ffn_up_exps.weight", "mlp.experts.{e}.up_proj.weight"),
+    ("ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight"),
 ];
 
 /// The Hugging Face name of GGUF tensor `name` (`{e}` marks a per-expert name), if it has one.
 fn hf_name(name: &str) -> Option<String> {
-    match name {
-        "token_embd.weight" => return Some("model.embed_tokens.weight".into()),
-        "output_norm.weight" => return Some("model.norm.weight".into()),
-        "output.weight" => return Some("lm_head.weight".into()),
-        _ => {}
+    if let Some((_, hf)) = TOP.iter().find(|(g, _)| *g == name) {
+        return Some(hf.to_string());
     }
     let rest = name.strip_prefix("blk.")?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf = match suffix {
-        "ffn_up_exps.weight" => "mlp.experts.{e}.up_proj.weight",
-        "ffn_down_exps.weight" => "mlp.experts.{e}.down_proj.weight",
-        _ => BLOCK.iter().find(|(g, _)| *g == suffix)?.1,
-    };
+    let hf = BLOCK.iter().find(|(g, _)| *g == suffix)?.1;
     Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// The GGUF name of the Hugging Face tensor `name`, if it is one GGUF stores on its own (the
+/// per-expert tensors are parts of stacks, so they have none).
+pub fn gguf_name(name: &str) -> Option<String> {
+    if let Some((g, _)) = TOP.iter().find(|(_, hf)| *hf == name) {
+        return Some(g.to_string());
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (layer, suffix) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    let g = BLOCK.iter().find(|(_, hf)| *hf == suffix)?.0;
+    Some(format!("blk.{layer}.{g}"))
 }
 
 impl GgufTensors {
@@ -220,5 +235,23 @@ mod tests {
         );
         assert_eq!(hf_name("blk.x.attn_q.weight"), None);
         assert_eq!(hf_name("rope_freqs.weight"), None);
+    }
+
+    #[test]
+    fn every_tensor_gguf_stores_on_its_own_maps_back_to_its_gguf_name() {
+        let names = TOP.iter().map(|(g, _)| g.to_string()).chain(
+            BLOCK
+                .iter()
+                .filter(|(_, hf)| !hf.contains("{e}"))
+                .map(|(g, _)| format!("blk.7.{g}")),
+        );
+        for g in names {
+            let hf = hf_name(&g).unwrap();
+            assert_eq!(gguf_name(&hf).as_deref(), Some(g.as_str()), "{hf}");
+        }
+        assert_eq!(
+            gguf_name("model.layers.0.mlp.experts.3.up_proj.weight"),
+            None
+        );
     }
 }

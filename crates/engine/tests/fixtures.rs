@@ -571,14 +571,20 @@ fn an_f32_checkpoint_stored_as_bf16_stays_close_to_the_reference() {
 }
 
 /// `src` copied to a fresh folder with the first float of tensor `name` set to NaN.
-/// A copy of the checkpoint in `src` (under temp folder `tag`) with tensor `name`'s bytes
-/// edited by `edit`.
-fn patched(src: &Path, name: &str, tag: &str, edit: impl FnOnce(&mut [u8])) -> PathBuf {
+/// A copy of the checkpoint folder `src` in temp folder `tag`.
+fn copy_of(src: &Path, tag: &str) -> PathBuf {
     let dir = temp_dir(tag);
     for f in std::fs::read_dir(src).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
     }
+    dir
+}
+
+/// A copy of the checkpoint in `src` (under temp folder `tag`) with tensor `name`'s bytes
+/// edited by `edit`.
+fn patched(src: &Path, name: &str, tag: &str, edit: impl FnOnce(&mut [u8])) -> PathBuf {
+    let dir = copy_of(src, tag);
     let path = dir.join("model.safetensors");
     let mut bytes = std::fs::read(&path).unwrap();
     let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -615,14 +621,8 @@ fn activations_that_overflow_stop_the_forward_naming_the_layer_and_block() {
 
 #[test]
 fn an_expert_file_made_before_its_checkpoint_changed_is_refused_saying_so() {
-    let tmp = temp_dir("disk-stale");
-    let model = tmp.join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    let source = fixture("topk_norm");
-    for name in ["config.json", "model.safetensors"] {
-        std::fs::copy(source.join(name), model.join(name)).unwrap();
-    }
-    let file = tmp.join("experts.specfit");
+    let model = copy_of(&fixture("topk_norm"), "disk-stale");
+    let file = model.join("experts.specfit");
     specfit_engine::experts::convert(&model, &file, None).unwrap();
     let load = || {
         specfit_engine::load_target(&model, &Tier::Disk(file.clone()), 4, CacheMode::Lru, None)
@@ -654,7 +654,7 @@ fn an_expert_file_made_before_its_checkpoint_changed_is_refused_saying_so() {
     // Converted again, it serves the checkpoint as it is now.
     specfit_engine::experts::convert(&model, &file, None).unwrap();
     load().unwrap();
-    std::fs::remove_dir_all(&tmp).unwrap();
+    std::fs::remove_dir_all(&model).unwrap();
 }
 
 #[test]

@@ -177,22 +177,24 @@ impl<'a> QuantView<'a> {
         let (elems, block_bytes) = self.ty.block();
         let blocks = self.k / elems;
         let row_bytes = blocks * block_bytes;
-        let mut acc = vec![0.0f32; acts.rows];
+        // Padded to `acts.lanes`, as the fast kernels' contract asks.
+        let mut acc = vec![0.0f32; acts.lanes];
         let fast = fast_kernel(isa, self.ty);
         for j in cols {
             acc.fill(0.0);
             let row = &self.data[j * row_bytes..(j + 1) * row_bytes];
             match fast {
                 // SAFETY: `fast_kernel` only returns a kernel the CPU can run; `row` is whole
-                // blocks of the kernel's type and `acts` was quantized for it.
+                // blocks of the kernel's type, `acts` was quantized for it and `acc` holds
+                // `acts.lanes` floats.
                 Some(kernel) => unsafe { kernel(row, acts, &mut acc) },
                 None => {
                     for (b, block) in row.chunks_exact(block_bytes).enumerate() {
-                        block_reference(self.ty, self.form, block, acts, b, &mut acc);
+                        block_reference(self.ty, self.form, block, acts, b, &mut acc[..acts.rows]);
                     }
                 }
             }
-            for (r, &v) in acc.iter().enumerate() {
+            for (r, &v) in acc[..acts.rows].iter().enumerate() {
                 // SAFETY: `(r, j)` is inside `out` (the caller's contract).
                 unsafe { *out.add(r * self.n + j) = v };
             }
@@ -213,7 +215,18 @@ pub struct QuantActs {
     d: Vec<f32>,
     /// Sums of `q` over each 16 consecutive elements, `rows × k / 16`.
     sum16: Vec<i32>,
+    /// `sum16` narrowed (each at most 16 · 128 in magnitude, so exact), for `vpmaddwd`.
+    sum16_i16: Vec<i16>,
+    /// `rows` rounded up to a multiple of [`LANES`]: the padded accumulators' count.
+    lanes: usize,
+    /// `d` by block: block `b`'s scales of every row at `b × lanes`, zeros past `rows`.
+    d_by_block: Vec<f32>,
+    /// Each block's sum of `q`, laid out as `d_by_block`.
+    sum_by_block: Vec<i32>,
 }
+
+/// Rows whose products the AVX2 kernels finish together (one 8-lane vector of accumulators).
+pub(crate) const LANES: usize = 8;
 
 /// Elements per activation block for weights of `ty`.
 fn act_block(ty: GgmlType) -> usize {
@@ -237,6 +250,10 @@ impl QuantActs {
             q: vec![0; rows * k],
             d: vec![0.0; rows * k / block],
             sum16: vec![0; rows * k / 16],
+            sum16_i16: Vec::new(),
+            lanes: rows.div_ceil(LANES) * LANES,
+            d_by_block: Vec::new(),
+            sum_by_block: Vec::new(),
         };
         for (b, (xs, qs)) in x
             .chunks_exact(block)
@@ -252,7 +269,27 @@ impl QuantActs {
         for (s, qs) in acts.sum16.iter_mut().zip(acts.q.chunks_exact(16)) {
             *s = qs.iter().map(|&v| v as i32).sum();
         }
+        acts.sum16_i16 = acts.sum16.iter().map(|&s| s as i16).collect();
+        acts.lay_out_by_block();
         acts
+    }
+
+    /// Fills `d_by_block` and `sum_by_block` from `d` and `sum16`.
+    fn lay_out_by_block(&mut self) {
+        let blocks = self.k / self.block;
+        let per_block = self.block / 16;
+        self.d_by_block = vec![0.0; blocks * self.lanes];
+        self.sum_by_block = vec![0; blocks * self.lanes];
+        for r in 0..self.rows {
+            for b in 0..blocks {
+                let at = r * blocks + b;
+                self.d_by_block[b * self.lanes + r] = self.d[at];
+                self.sum_by_block[b * self.lanes + r] = self.sum16
+                    [at * per_block..(at + 1) * per_block]
+                    .iter()
+                    .sum();
+            }
+        }
     }
 
     /// Row `r`'s block `b`: its integers and scale.
@@ -331,7 +368,8 @@ pub(crate) fn block_reference(
     }
 }
 
-/// A whole row of weights against every activation row, added to `acc`.
+/// A whole row of weights against every activation row, added to `acc` (`acts.lanes` floats,
+/// one per activation row, then padding the kernel may write).
 type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 
 /// The fast kernel for `ty` on `isa`: the VNNI kernels on AVX-512 with VNNI, the AVX2 ones
@@ -454,7 +492,7 @@ mod tests {
                 let bytes = random_gguf(ty, n, k, n as u64);
                 let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
                 let mut state = 9u64;
-                for rows in [1, 2, 3, 5, 8, 17, 32] {
+                for rows in [1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 17, 32] {
                     let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut state)).collect();
                     let want = naive(ty, &bytes, n, k, &x, rows);
                     for isa in Isa::available() {
@@ -489,14 +527,16 @@ mod tests {
                     blk[at + 1] = 0x3C; // f16 scales near 1
                 }
             }
-            let x: Vec<f32> = (0..2 * k)
+            // 7 rows: every row group size the kernels special-case up to 8 but one.
+            let rows = 7;
+            let x: Vec<f32> = (0..rows * k)
                 .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
                 .collect();
             let m = QuantMatrix::from_gguf(ty, &w, n, k).unwrap();
-            let want = naive(ty, &w, n, k, &x, 2);
+            let want = naive(ty, &w, n, k, &x, rows);
             for isa in Isa::available() {
-                let mut got = vec![0.0; 2 * n];
-                m.view().gemm_with(isa, &x, 2, &mut got, false);
+                let mut got = vec![0.0; rows * n];
+                m.view().gemm_with(isa, &x, rows, &mut got, false);
                 assert!(same(&got, &want), "{} {isa:?}", ty.name());
             }
         }

@@ -3,9 +3,14 @@
 //! types' unsigned weights, or 2 · 128 · 127 for Q8_0's through the sign trick, so never saturated)
 //! and `vpmaddwd` (the integer scales, or ones, summed to 32 bits); the same exact sums, so the
 //! same bits.
+//!
+//! The rows go [`LANES`] at a time through a row of weights, each weight block decoded once for
+//! them: their integer vectors are summed by one transposing tree ([`hsum_rows`], exact), and the
+//! float steps run on one vector holding the rows' accumulators ([`fma_rows`]): per row the same
+//! two roundings as the scalar `(d · da).mul_add(f32(S), acc)`, so the same bits as a row alone.
 
 use super::x86::{half, k4_scales};
-use super::QuantActs;
+use super::{QuantActs, LANES};
 use std::arch::x86_64::*;
 
 /// The sum of the 8 lanes (exact).
@@ -18,38 +23,104 @@ fn hsum(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(x)
 }
 
-/// One activation row's 256-element block at `at` against a k-quant block decoded to 8
-/// registers of unsigned bytes (32 elements each, 16-bit scales per pair of 16): the scaled
-/// dot products, and the block's 16 activation sums times `per_sum` (8 + 8 i32 factors),
-/// each as 8 lanes to be summed.
-///
-/// # Safety
-/// The CPU has AVX2; `at` is a block start inside `acts`.
+/// The lane sums of `v[0]`, …, `v[N − 1]` as lanes `0..N` of one vector, zeros above (exact
+/// integer adds: one reduction for 1 vector, a transposing tree of `vphaddd` for up to 4 or 8).
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn k_row(
+fn hsum_rows<const N: usize>(v: &[__m256i; N]) -> __m256i {
+    let zero = _mm256_setzero_si256();
+    let at = |i: usize| if i < N { v[i] } else { zero };
+    if N == 1 {
+        return _mm256_castsi128_si256(_mm_cvtsi32_si128(hsum(v[0])));
+    }
+    // Each hadd sums adjacent lanes of two vectors within each 128-bit half; after two levels
+    // lane i < 4 holds vector i's low half summed and lane 4 + i its high half.
+    let a0 = _mm256_hadd_epi32(at(0), at(1));
+    let a1 = _mm256_hadd_epi32(at(2), at(3));
+    let b0 = _mm256_hadd_epi32(a0, a1);
+    if N <= 4 {
+        let x = _mm_add_epi32(
+            _mm256_castsi256_si128(b0),
+            _mm256_extracti128_si256::<1>(b0),
+        );
+        return _mm256_castsi128_si256(x);
+    }
+    let a2 = _mm256_hadd_epi32(at(4), at(5));
+    let a3 = _mm256_hadd_epi32(at(6), at(7));
+    let b1 = _mm256_hadd_epi32(a2, a3);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(b0, b1),
+        _mm256_permute2x128_si256::<0x31>(b0, b1),
+    )
+}
+
+/// One float step of the module docs for [`LANES`] rows' accumulators `acc`:
+/// `acc = fma(d · da, f32(s), acc)` lane by lane, `da` the rows' activation scales.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fma_rows(acc: __m256, d: f32, da: __m256, s: __m256i) -> __m256 {
+    _mm256_fmadd_ps(
+        _mm256_mul_ps(_mm256_set1_ps(d), da),
+        _mm256_cvtepi32_ps(s),
+        acc,
+    )
+}
+
+/// Runs `$kernel::<N>($args…)` for each group of up to [`LANES`] rows of `$acts`, `N` the
+/// group's row count, the group's first row passed last.
+macro_rules! by_row_groups {
+    ($kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {{
+        let rows = $acts.rows;
+        for r0 in (0..rows).step_by(LANES) {
+            match rows - r0 {
+                1 => $kernel::<$($g,)* 1>($($arg,)* r0),
+                2 => $kernel::<$($g,)* 2>($($arg,)* r0),
+                3 => $kernel::<$($g,)* 3>($($arg,)* r0),
+                4 => $kernel::<$($g,)* 4>($($arg,)* r0),
+                5 => $kernel::<$($g,)* 5>($($arg,)* r0),
+                6 => $kernel::<$($g,)* 6>($($arg,)* r0),
+                7 => $kernel::<$($g,)* 7>($($arg,)* r0),
+                _ => $kernel::<$($g,)* 8>($($arg,)* r0),
+            }
+        }
+    }};
+}
+
+/// The `N` activation rows' 256-element blocks at `at + i · acts.k` against a k-quant block
+/// decoded to 8 registers of unsigned bytes (32 elements each, 16-bit scales per pair of 16):
+/// each row's scaled dot products, and its block's 16 activation sums times the 16-bit factors
+/// `per_sum`, each as 8 lanes to be summed. Each weight register goes through every row before
+/// the next, so the weights stay in registers.
+///
+/// # Safety
+/// The CPU has AVX2; `at` is a block start inside `acts` with `N − 1` rows after it.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn k_rows<const N: usize>(
     w: &[__m256i; 8],
     scale: &[__m256i; 8],
     acts: &QuantActs,
     at: usize,
-    per_sum: &[__m256i; 2],
-) -> (__m256i, __m256i) {
+    per_sum: __m256i,
+) -> ([__m256i; N], [__m256i; N]) {
+    let mut sum = [_mm256_setzero_si256(); N];
+    let mut side = [_mm256_setzero_si256(); N];
     // SAFETY: the caller's contract.
     unsafe {
         let a = acts.q.as_ptr().add(at);
-        let mut sum = _mm256_setzero_si256();
         for v in 0..8 {
-            let av = _mm256_loadu_si256(a.add(32 * v) as *const __m256i);
-            let pairs = _mm256_maddubs_epi16(w[v], av);
-            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(pairs, scale[v]));
+            for (i, sum) in sum.iter_mut().enumerate() {
+                let av = _mm256_loadu_si256(a.add(i * acts.k + 32 * v) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(w[v], av);
+                *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(pairs, scale[v]));
+            }
         }
-        let sums = acts.sum16.as_ptr().add(at / 16) as *const __m256i;
-        let side = _mm256_add_epi32(
-            _mm256_mullo_epi32(_mm256_loadu_si256(sums), per_sum[0]),
-            _mm256_mullo_epi32(_mm256_loadu_si256(sums.add(1)), per_sum[1]),
-        );
-        (sum, side)
+        for (i, side) in side.iter_mut().enumerate() {
+            let sums = acts.sum16_i16.as_ptr().add((at + i * acts.k) / 16);
+            *side = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), per_sum);
+        }
     }
+    (sum, side)
 }
 
 /// `Q4_K` blocks (see the VNNI kernel), or with `FIVE` `Q5_K` ones (176 bytes: the same
@@ -58,34 +129,45 @@ unsafe fn k_row(
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `row` is whole blocks of the type, `acts` quantized for it
-/// with as many blocks per row, `acc` one per activation row.
+/// with as many blocks per row, `acc` holds `acts.lanes` floats.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q4_k_rows<FIVE>, acts; row, acts, acc) }
+}
+
+/// [`q4_k`] for the `N` rows from `r0`.
+///
+/// # Safety
+/// As [`q4_k`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
+    row: &[u8],
+    acts: &QuantActs,
+    acc: &mut [f32],
+    r0: usize,
+) {
     let block = if FIVE { 176 } else { 144 };
     let nibbles = if FIVE { 48 } else { 16 };
     let mask = _mm256_set1_epi8(0x0F);
-    let stride = acts.k / 256;
-    // Picks, for each 8 sums of 16, the min of their groups (mins are bytes 8–15).
-    let pick_min = [
-        _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 0, 0, 0, 0, 0, 0, 0, 0),
-        _mm_setr_epi8(12, 12, 13, 13, 14, 14, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0),
-    ];
-    for b in 0..row.len() / block {
-        // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
-        // of each activation row (the caller's contract).
-        unsafe {
+    let one = _mm256_set1_epi8(1);
+    // Each group's min (bytes 8–15) for both of its sums of 16.
+    let pick_min = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+    // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
+    // and `acc` (the caller's contract).
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        for b in 0..row.len() / block {
             let blk = row.as_ptr().add(block * b);
             let (d, dmin) = (half(blk), -half(blk.add(2)));
             let sc = k4_scales(blk.add(4));
             let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
-            let mins = [
-                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[0])),
-                _mm256_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min[1])),
-            ];
+            let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
             let mut w = [_mm256_setzero_si256(); 8];
             let mut scale = [_mm256_setzero_si256(); 8];
             let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
-            let one = _mm256_set1_epi8(1);
             for t in 0..4 {
                 let raw = _mm256_loadu_si256(blk.add(nibbles + 32 * t) as *const __m256i);
                 w[2 * t] = _mm256_and_si256(raw, mask);
@@ -100,13 +182,12 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &
                 scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
                 scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
             }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (sum, m) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &mins);
-                let da = *acts.d.get_unchecked(r * stride + b);
-                *acc = (d * da).mul_add(hsum(sum) as f32, *acc);
-                *acc = (dmin * da).mul_add(hsum(m) as f32, *acc);
-            }
+            let (s1, s2) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, mins);
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
+            v = fma_rows(v, d, da, hsum_rows(&s1));
+            v = fma_rows(v, dmin, da, hsum_rows(&s2));
         }
+        _mm256_storeu_ps(at, v);
     }
 }
 
@@ -116,11 +197,23 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &
 /// As [`q4_k`], for `Q6_K`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q6_k_rows<>, acts; row, acts, acc) }
+}
+
+/// [`q6_k`] for the `N` rows from `r0`.
+///
+/// # Safety
+/// As [`q6_k`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let stride = acts.k / 256;
-    for b in 0..row.len() / 210 {
-        // SAFETY (whole body): as in `q4_k`.
-        unsafe {
+    // SAFETY (whole body): as in `q4_k_rows`.
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        for b in 0..row.len() / 210 {
             let p = row.as_ptr().add(210 * b);
             let d = half(p.add(208));
             // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
@@ -148,18 +241,14 @@ pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
                 let pick = _mm_setr_epi8(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
                 _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
             });
-            // 32 · sc[g] per group: the +32 of the stored values comes back out.
-            let bias = [
-                _mm256_slli_epi32(_mm256_cvtepi8_epi32(sc), 5),
-                _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(sc)), 5),
-            ];
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let (sum, off) = k_row(&w, &scale, acts, r * acts.k + 256 * b, &bias);
-                let s1 = hsum(_mm256_sub_epi32(sum, off));
-                let da = *acts.d.get_unchecked(r * stride + b);
-                *acc = (d * da).mul_add(s1 as f32, *acc);
-            }
+            // 32 · sc[g] per sum of 16 (group g): the +32 of the stored values comes back out.
+            let bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
+            let (sum, off) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, bias);
+            let s: [__m256i; N] = std::array::from_fn(|i| _mm256_sub_epi32(sum[i], off[i]));
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
+            v = fma_rows(v, d, da, hsum_rows(&s));
         }
+        _mm256_storeu_ps(at, v);
     }
 }
 
@@ -176,6 +265,22 @@ pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
     acts: &QuantActs,
     acc: &mut [f32],
 ) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(legacy_rows<FIVE, MIN>, acts; row, acts, acc) }
+}
+
+/// [`legacy`] for the `N` rows from `r0`.
+///
+/// # Safety
+/// As [`legacy`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
+    row: &[u8],
+    acts: &QuantActs,
+    acc: &mut [f32],
+    r0: usize,
+) {
     let block = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
     let nibbles = block - 16;
     let bias = match (FIVE, MIN) {
@@ -190,13 +295,13 @@ pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
         3, 3,
     );
     let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
-    let stride = acts.k / 32;
-    for b in 0..row.len() / block {
-        // SAFETY (whole body): as in `q4_k`.
-        unsafe {
+    // SAFETY (whole body): as in `q4_k_rows`.
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        for b in 0..row.len() / block {
             let blk = row.as_ptr().add(block * b);
             let d = half(blk);
-            let m = if MIN { half(blk.add(2)) } else { 0.0 };
             let raw = _mm_loadu_si128(blk.add(nibbles) as *const __m128i);
             let lo = _mm_and_si128(raw, mask);
             let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
@@ -208,19 +313,24 @@ pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
                 let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
                 w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
             }
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let at = r * acts.k + 32 * b;
+            let mut dots = [_mm256_setzero_si256(); N];
+            for (i, dot) in dots.iter_mut().enumerate() {
+                let at = (r0 + i) * acts.k + 32 * b;
                 let a = _mm256_loadu_si256(acts.q.as_ptr().add(at) as *const __m256i);
-                let dot = hsum(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), one));
-                let sum =
-                    *acts.sum16.get_unchecked(at / 16) + *acts.sum16.get_unchecked(at / 16 + 1);
-                let da = *acts.d.get_unchecked(r * stride + b);
-                *acc = (d * da).mul_add((dot - bias * sum) as f32, *acc);
-                if MIN {
-                    *acc = (m * da).mul_add(sum as f32, *acc);
-                }
+                *dot = _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), one);
+            }
+            let by_block = b * acts.lanes + r0;
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(by_block));
+            let sum =
+                _mm256_loadu_si256(acts.sum_by_block.as_ptr().add(by_block) as *const __m256i);
+            // dot − bias · sum, exact (bias is 0, 8 or 16).
+            let biased = _mm256_mullo_epi32(sum, _mm256_set1_epi32(bias));
+            v = fma_rows(v, d, da, _mm256_sub_epi32(hsum_rows(&dots), biased));
+            if MIN {
+                v = fma_rows(v, half(blk.add(2)), da, sum);
             }
         }
+        _mm256_storeu_ps(at, v);
     }
 }
 
@@ -230,23 +340,36 @@ pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
 /// As [`q4_k`], for `Q8_0`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q8_0_rows<>, acts; row, acts, acc) }
+}
+
+/// [`q8_0`] for the `N` rows from `r0`.
+///
+/// # Safety
+/// As [`q8_0`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_0_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
     let ones = _mm256_set1_epi16(1);
-    let stride = acts.k / 32;
-    for b in 0..row.len() / 34 {
-        // SAFETY (whole body): as in `q4_k`.
-        unsafe {
+    // SAFETY (whole body): as in `q4_k_rows`.
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        for b in 0..row.len() / 34 {
             let blk = row.as_ptr().add(34 * b);
-            let d = half(blk);
             let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
             let magnitude = _mm256_sign_epi8(w, w);
-            for (r, acc) in acc.iter_mut().enumerate() {
-                let a =
-                    _mm256_loadu_si256(acts.q.as_ptr().add(r * acts.k + 32 * b) as *const __m256i);
+            let mut s = [_mm256_setzero_si256(); N];
+            for (i, s) in s.iter_mut().enumerate() {
+                let at = (r0 + i) * acts.k + 32 * b;
+                let a = _mm256_loadu_si256(acts.q.as_ptr().add(at) as *const __m256i);
                 let pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, w));
-                let s1 = hsum(_mm256_madd_epi16(pairs, ones));
-                let da = *acts.d.get_unchecked(r * stride + b);
-                *acc = (d * da).mul_add(s1 as f32, *acc);
+                *s = _mm256_madd_epi16(pairs, ones);
             }
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
+            v = fma_rows(v, half(blk), da, hsum_rows(&s));
         }
+        _mm256_storeu_ps(at, v);
     }
 }

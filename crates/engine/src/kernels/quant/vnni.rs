@@ -42,9 +42,10 @@ unsafe fn k_row(
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI and F16C; `row` is whole `Q4_K` blocks, `acts`
-/// quantized for `Q4_K` with as many blocks per row, `acc` one per activation row.
+/// quantized for `Q4_K` with as many blocks per row, `acc` at least one per activation row.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    let acc = &mut acc[..acts.rows];
     let mask = _mm256_set1_epi8(0x0F);
     // Byte patterns picking, for register t, group 2t's scale for lanes 0–7 and group
     // 2t + 1's for lanes 8–15; and each group's min for both of its sums of 16.
@@ -87,6 +88,7 @@ pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
 /// As [`q4_k`], for `Q6_K`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
 pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    let acc = &mut acc[..acts.rows];
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     let pick: [__m128i; 4] = std::array::from_fn(|t| {
         let g = |j: i8| 4 * t as i8 + j;

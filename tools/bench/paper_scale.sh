@@ -27,9 +27,14 @@ PART=${PART:-both}
 CAL_FILE=data/calibration/paper_scale.jsonl
 
 [ -x "$BIN" ] || { echo "paper_scale.sh: build first: cargo build --release" >&2; exit 2; }
-for f in target-q4_k_m.gguf target-q8_0.gguf drafter/config.json route-predictor.safetensors; do
+case $PART in
+    a) targets=target-q4_k_m.gguf; types=q4_k_m ;;
+    b) targets=target-q8_0.gguf; types=q8_0 ;;
+    *) targets="target-q4_k_m.gguf target-q8_0.gguf"; types=q4_k_m,q8_0 ;;
+esac
+for f in $targets drafter/config.json route-predictor.safetensors; do
     [ -e "$P/$f" ] || {
-        echo "paper_scale.sh: $P/$f missing: run $BIN inflate --out $P --type q4_k_m,q8_0" >&2
+        echo "paper_scale.sh: $P/$f missing: run $BIN inflate --out $P --type $types" >&2
         exit 2
     }
 done

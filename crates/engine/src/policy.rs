@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{CostModel, ExpertCost, Objective, Selector, VerifyPolicy};
+use specfit_selector::{Bursts, CostModel, ExpertCost, Objective, Selector, VerifyPolicy};
 
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
@@ -20,14 +20,16 @@ pub enum PolicyName {
     Ar,
     /// Verify the K most probable pool nodes (vanilla EAGLE-3 with `--slots 0`).
     Eagle3,
-    /// SpecFit: the selector's ratio rule on the draft nodes' routes, plus the draft-stop rule.
+    /// SpecFit: the selector's ratio rule on the draft nodes' routes, plus the draft-stop rule,
+    /// decoding plainly while its measured cycles cost more per token than plain steps
+    /// ([`Bursts::NeverLose`]).
     Specfit,
     /// SpecFit with the throughput rule (1 + ΣP) − λ·time.
     SpecfitLambda,
     /// SpecFit with the residency-aware cost on the live slot contents.
     SpecfitResident,
     /// SpecFit that decodes plainly (no drafting) for 1, 2, 4, … 16 tokens after each cycle
-    /// whose best subtree is empty (an extension beyond the paper; still lossless).
+    /// whose best subtree is empty, whatever the cycles measure ([`Bursts::AfterEmpty`]).
     SpecfitAdaptive,
 }
 
@@ -112,7 +114,7 @@ impl<'a> PolicySpec<'a> {
 
 /// The verify policy `spec` names on a target of shape `cfg`: plain decoding for `ar`, top-K for
 /// `eagle3`, SpecFit's selector on the calibrated costs otherwise (K capped at the largest
-/// subtree the calibration measured).
+/// subtree the calibration measured), with the never-lose bursts but for `specfit-adaptive`.
 pub fn verify_policy(
     spec: &PolicySpec<'_>,
     cfg: &Qwen3MoeConfig,
@@ -134,9 +136,13 @@ pub fn verify_policy(
     let residency = name == PolicyName::SpecfitResident;
     let cost = scale_beta(&cal.cost_model(residency)?, spec.beta_scale)?;
     let selector = Selector::new(cost, spec.max_nodes.min(cal.max_nodes), objective)?;
+    let bursts = match name {
+        PolicyName::SpecfitAdaptive => Bursts::AfterEmpty,
+        _ => Bursts::NeverLose,
+    };
     Ok(VerifyPolicy::specfit(selector)
         .residency(residency)
-        .plain_bursts(name == PolicyName::SpecfitAdaptive))
+        .bursts(bursts))
 }
 
 /// The cost model with its per-expert charge multiplied by `scale`.

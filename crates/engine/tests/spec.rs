@@ -494,7 +494,7 @@ fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
         let mut bursts = Vec::new();
         for beta in [0.0, 50.0] {
             let cost = CostModel::paper(vec![1.0; 8], beta).unwrap();
-            let mut policy = specfit_policy(cost).plain_bursts(true);
+            let mut policy = specfit_policy(cost).bursts(specfit_selector::Bursts::AfterEmpty);
             let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
             let options = decode_options(40, sampling, 7);
             let routes = Routes::Atlas(&mut atlas);

@@ -1,8 +1,10 @@
 //! The verify policy: after each drafted level, whether to draft another one or which
 //! ancestor-closed subtree of the pool to verify — plain decoding, vanilla EAGLE-3's top-K, or
-//! SpecFit's exact search with its draft-stop rule, residency and plain bursts. One decision
-//! function ([`VerifyPolicy::decide`]) serves the engine's decoder and the simulator, so both
-//! stop and choose alike. It does not draft, route or time anything.
+//! SpecFit's exact search with its draft-stop rule, residency and plain bursts — and, between
+//! cycles, how many tokens to decode plainly ([`Bursts`]). One decision function
+//! ([`VerifyPolicy::decide`]) serves the engine's decoder and the simulator, so both stop and
+//! choose alike. It does not draft, route or time anything: the caller reports what cycles and
+//! plain steps took ([`VerifyPolicy::observe_cycle`], [`VerifyPolicy::observe_plain`]).
 
 use crate::cost::ResidentSet;
 use crate::error::Error;
@@ -23,8 +25,127 @@ pub enum Choice {
     SpecFit(Box<Selector>),
 }
 
-/// The longest plain burst of a policy with plain bursts.
+/// The longest plain burst after cycles that verify nothing ([`Bursts::AfterEmpty`]).
 pub const MAX_BURST: usize = 16;
+
+/// The longest plain burst while speculation loses ([`Bursts::NeverLose`]).
+pub const MAX_LOSING_BURST: usize = 256;
+
+/// Under [`Bursts::NeverLose`], the share of decoding time that probing cycles may lose while
+/// speculation loses: each burst is long enough that one more losing cycle costs at most this
+/// share of the burst's time.
+pub const PROBE_SHARE: f64 = 0.02;
+
+/// Under [`Bursts::NeverLose`], the speculative cycles whose time per token is compared (the
+/// latest ones: enough that the spread of accepted tokens per cycle averages out).
+pub const CYCLE_WINDOW: usize = 32;
+
+/// Under [`Bursts::NeverLose`], cycles in the window before bursts grow: before, a losing cycle
+/// is followed by one plain step (the first cycles run on cold caches and are no verdict).
+pub const SURE_CYCLES: usize = 8;
+
+/// Under [`Bursts::NeverLose`], one plain step after this many winning cycles in a row keeps
+/// the plain cost it compares against current (context grows, caches change); before, one
+/// after the 1st, 2nd, 4th, … win in a row, so plain steps measured on cold caches at the
+/// start leave the median soon.
+pub const REFRESH_CYCLES: u32 = 32;
+
+/// Under [`Bursts::NeverLose`], the plain steps that measure plain decoding before the first
+/// cycle (the first of them pays for cold caches).
+pub const FIRST_PLAIN_STEPS: usize = 4;
+
+/// Under [`Bursts::NeverLose`], the plain steps that refresh the measure of plain decoding
+/// while speculation wins: the first step after a cycle pays for what the cycle left in the
+/// processor's caches and is not reported ([`VerifyPolicy::observe_plain`]), the second is.
+pub const REFRESH_STEPS: usize = 2;
+
+/// When a policy decodes plainly between speculative cycles (plain steps commit the tokens
+/// plain decoding commits, so every rule is lossless).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bursts {
+    /// Never: every cycle drafts (the paper's SpecFit, EAGLE-3).
+    Off,
+    /// After a cycle whose best subtree is empty: 1, 2, 4, … up to [`MAX_BURST`] tokens, until a
+    /// cycle verifies nodes again (`specfit-adaptive`).
+    AfterEmpty,
+    /// Never lose: compares the measured time per committed token of the latest
+    /// [`CYCLE_WINDOW`] speculative cycles (drafting included) with that of plain steps. While
+    /// speculation costs more, it decodes plainly between probing cycles: one token while the
+    /// window holds fewer than [`SURE_CYCLES`] cycles, then 1, 2, 4, … doubling while it keeps
+    /// losing, and at least enough that the next probe's extra time is at most
+    /// [`PROBE_SHARE`] of the burst's; at most
+    /// [`MAX_LOSING_BURST`]. Plain decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain
+    /// steps first and refreshed by [`REFRESH_STEPS`] every [`REFRESH_CYCLES`] winning cycles
+    /// (more often at first); it is the median of
+    /// the latest plain observations, so one slow step (cold caches, a page fault) does not make
+    /// speculation look good.
+    NeverLose,
+}
+
+/// The latest [`CYCLE_WINDOW`] cycles' times and committed tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Window {
+    ms: [f64; CYCLE_WINDOW],
+    tokens: [usize; CYCLE_WINDOW],
+    len: usize,
+    next: usize,
+}
+
+impl Window {
+    fn add(&mut self, tokens: usize, ms: f64) {
+        if tokens == 0 || !(ms.is_finite() && ms >= 0.0) {
+            return;
+        }
+        (self.ms[self.next], self.tokens[self.next]) = (ms, tokens);
+        self.next = (self.next + 1) % CYCLE_WINDOW;
+        self.len = (self.len + 1).min(CYCLE_WINDOW);
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The window's time over its tokens.
+    fn ms_per_token(&self) -> Option<f64> {
+        let tokens: usize = self.tokens[..self.len].iter().sum();
+        (tokens > 0).then(|| self.ms[..self.len].iter().sum::<f64>() / tokens as f64)
+    }
+
+    /// Tokens per cycle (0 before any).
+    fn tokens_each(&self) -> f64 {
+        let tokens: usize = self.tokens[..self.len].iter().sum();
+        tokens as f64 / self.len.max(1) as f64
+    }
+}
+
+/// The latest observations of time per token, for their median.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Recent {
+    ms_per_token: [f64; Recent::KEPT],
+    len: usize,
+    next: usize,
+}
+
+impl Recent {
+    const KEPT: usize = 8;
+
+    fn add(&mut self, tokens: usize, ms: f64) {
+        if tokens == 0 || !(ms.is_finite() && ms >= 0.0) {
+            return;
+        }
+        self.ms_per_token[self.next] = ms / tokens as f64;
+        self.next = (self.next + 1) % Self::KEPT;
+        self.len = (self.len + 1).min(Self::KEPT);
+    }
+
+    /// The lower median of the kept observations.
+    fn median(&self) -> Option<f64> {
+        let mut kept = self.ms_per_token;
+        let kept = &mut kept[..self.len];
+        kept.sort_by(f64::total_cmp);
+        kept.get(self.len.saturating_sub(1) / 2).copied()
+    }
+}
 
 /// A verify policy with its state between cycles (the selector's scratch, the burst counter).
 #[derive(Debug, Clone)]
@@ -35,9 +156,16 @@ pub struct VerifyPolicy {
     stop_rule: bool,
     /// Charge resident experts `beta_hit` (SpecFit with a residency-aware cost).
     residency: bool,
-    /// After a cycle that verifies nothing, decode 1, 2, 4, … up to [`MAX_BURST`] tokens plainly.
-    plain_bursts: bool,
-    empty_streak: u32,
+    /// When to decode plainly between cycles.
+    bursts: Bursts,
+    /// Cycles in a row that verified nothing ([`Bursts::AfterEmpty`]) or lost
+    /// ([`Bursts::NeverLose`]).
+    streak: u32,
+    /// Winning cycles in a row ([`Bursts::NeverLose`]).
+    wins: u32,
+    /// Measured time per token of speculative cycles and of plain steps.
+    speculative: Window,
+    plain: Recent,
     burst: usize,
 }
 
@@ -56,8 +184,11 @@ impl VerifyPolicy {
             choice,
             stop_rule: true,
             residency: false,
-            plain_bursts: false,
-            empty_streak: 0,
+            bursts: Bursts::Off,
+            streak: 0,
+            wins: 0,
+            speculative: Window::default(),
+            plain: Recent::default(),
             burst: 0,
         }
     }
@@ -90,10 +221,24 @@ impl VerifyPolicy {
         self
     }
 
-    /// Turns plain bursts on or off (`specfit-adaptive`).
-    pub fn plain_bursts(mut self, on: bool) -> VerifyPolicy {
-        self.plain_bursts = on;
+    /// Sets when to decode plainly between cycles. A plain policy has no cycles, so it keeps
+    /// [`Bursts::Off`].
+    pub fn bursts(mut self, bursts: Bursts) -> VerifyPolicy {
+        if self.drafts() {
+            self.bursts = bursts;
+            // Never lose starts by measuring plain decoding's cost.
+            self.burst = if bursts == Bursts::NeverLose {
+                FIRST_PLAIN_STEPS
+            } else {
+                0
+            };
+        }
         self
+    }
+
+    /// The burst rule.
+    pub fn burst_rule(&self) -> Bursts {
+        self.bursts
     }
 
     pub fn choice(&self) -> &Choice {
@@ -116,10 +261,57 @@ impl VerifyPolicy {
         self.residency && self.needs_routes()
     }
 
-    /// Tokens to decode plainly before the next speculative cycle (then 0 until a cycle again
-    /// verifies nothing).
+    /// Tokens to decode plainly before the next speculative cycle (handed out once; 0 when the
+    /// next cycle should speculate).
     pub fn take_burst(&mut self) -> usize {
         std::mem::take(&mut self.burst)
+    }
+
+    /// Reports a speculative cycle: `tokens` committed in `ms` (drafting, choosing and
+    /// verifying). Under [`Bursts::NeverLose`] this sets the next burst.
+    pub fn observe_cycle(&mut self, tokens: usize, ms: f64) {
+        if self.bursts != Bursts::NeverLose {
+            return;
+        }
+        self.speculative.add(tokens, ms);
+        let (Some(spec), Some(plain)) = (self.speculative.ms_per_token(), self.plain.median())
+        else {
+            self.burst = 1;
+            return;
+        };
+        if spec > plain {
+            self.wins = 0;
+            // One plain step while the first cycles run on cold caches; from SURE_CYCLES
+            // cycles on, doubling, and at least enough that a probing cycle's extra time over
+            // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
+            if self.speculative.len() < SURE_CYCLES {
+                self.burst = 1;
+                return;
+            }
+            self.streak += 1;
+            let doubling = 1usize << (self.streak - 1).min(8);
+            let excess = self.speculative.tokens_each() * (spec - plain);
+            let enough = (excess / (PROBE_SHARE * plain)).ceil();
+            let enough = enough.min(MAX_LOSING_BURST as f64) as usize;
+            self.burst = doubling.max(enough).clamp(1, MAX_LOSING_BURST);
+        } else {
+            self.streak = 0;
+            self.wins += 1;
+            // Soon after the (cold) start, then every REFRESH_CYCLES wins.
+            let refresh = match self.wins < REFRESH_CYCLES {
+                true => self.wins.is_power_of_two(),
+                false => self.wins.is_multiple_of(REFRESH_CYCLES),
+            };
+            self.burst = if refresh { REFRESH_STEPS } else { 0 };
+        }
+    }
+
+    /// Reports plain steps that followed plain steps: `tokens` committed in `ms`. Report one step
+    /// at a time (the median then sets a slow one aside), and not the first step of a burst: it
+    /// pays for what the cycle before it left in the processor's caches, which plain decoding
+    /// does not.
+    pub fn observe_plain(&mut self, tokens: usize, ms: f64) {
+        self.plain.add(tokens, ms);
     }
 
     /// The decision after drafting the newest level of `pool`; `more` says whether another level
@@ -159,17 +351,17 @@ impl VerifyPolicy {
         })
     }
 
-    /// Plain bursts: a cycle verifying nothing doubles the next burst, one verifying nodes ends
-    /// the streak.
+    /// [`Bursts::AfterEmpty`]: a cycle verifying nothing doubles the next burst, one verifying
+    /// nodes ends the streak.
     fn count_burst(&mut self, nodes: &[usize]) {
-        if !self.plain_bursts {
+        if self.bursts != Bursts::AfterEmpty {
             return;
         }
         if nodes.is_empty() {
-            self.empty_streak += 1;
-            self.burst = (1usize << (self.empty_streak - 1).min(4)).min(MAX_BURST);
+            self.streak += 1;
+            self.burst = (1usize << (self.streak - 1).min(4)).min(MAX_BURST);
         } else {
-            self.empty_streak = 0;
+            self.streak = 0;
             self.burst = 0;
         }
     }
@@ -282,7 +474,7 @@ mod tests {
         // Experts so dear that nothing is worth verifying.
         let dear = CostModel::paper(vec![1.0; 8], 50.0).unwrap();
         let mut p = VerifyPolicy::specfit(Selector::new(dear, 7, Objective::Ratio).unwrap())
-            .plain_bursts(true);
+            .bursts(Bursts::AfterEmpty);
         // One improbable node that needs two experts of its own.
         let mut b = PoolBuilder::new(1, 8).unwrap();
         b.root_routes(&[vec![0u32, 1]]).unwrap();
@@ -310,6 +502,88 @@ mod tests {
         let mut off = specfit();
         off.decide(&unlikely, None, false).unwrap();
         assert_eq!(off.take_burst(), 0);
+    }
+
+    #[test]
+    fn never_lose_measures_plain_first_then_bursts_double_while_speculation_costs_more() {
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        assert_eq!(
+            p.take_burst(),
+            FIRST_PLAIN_STEPS,
+            "plain steps measure plain first"
+        );
+        // A cold first step and three warm ones: the median ignores the cold one.
+        for ms in [90.0, 10.0, 10.0, 10.0] {
+            p.observe_plain(1, ms);
+        }
+        // Cycles of 1 token in 10.1 ms lose by a hair: one plain step each while the first
+        // cycles run, then bursts double up to the cap.
+        let mut bursts = Vec::new();
+        for _ in 0..SURE_CYCLES + 9 {
+            p.observe_cycle(1, 10.1);
+            bursts.push(p.take_burst());
+            assert_eq!(p.take_burst(), 0, "a burst is handed out once");
+        }
+        let doubling = [1, 2, 4, 8, 16, 32, 64, 128, 256, 256];
+        assert_eq!(bursts[..SURE_CYCLES - 1], [1; SURE_CYCLES - 1]);
+        assert_eq!(bursts[SURE_CYCLES - 1..], doubling[..]);
+        // Cycles of 2 tokens in 50 ms lose 30 ms each: from the 8th cycle on, the burst is
+        // long enough that 30 ms is 2% of it (150 plain tokens of 10 ms).
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        p.take_burst();
+        p.observe_plain(4, 40.0);
+        let mut bursts = Vec::new();
+        for _ in 0..SURE_CYCLES {
+            p.observe_cycle(2, 50.0);
+            bursts.push(p.take_burst());
+        }
+        assert_eq!(bursts, [1, 1, 1, 1, 1, 1, 1, 150]);
+        // Cycles of 3 tokens in 15 ms win once they outweigh the window's losing ones.
+        let mut good = 0;
+        loop {
+            p.observe_cycle(3, 15.0);
+            good += 1;
+            // Losing bursts are 150 long; a win gives none, or its refreshing plain steps.
+            if p.take_burst() <= REFRESH_STEPS {
+                break;
+            }
+        }
+        // 8 cycles of (2, 50) and k of (3, 15) cost at most 10 ms a token from k = 16.
+        assert_eq!(good, 16);
+        // Winning, it speculates on, with REFRESH_STEPS plain steps after the 1st, 2nd, 4th,
+        // 8th, 16th and then every REFRESH_CYCLES-th win in a row.
+        let mut refreshes = Vec::new();
+        for win in 2..=3 * REFRESH_CYCLES {
+            p.observe_cycle(3, 15.0);
+            match p.take_burst() {
+                0 => {}
+                REFRESH_STEPS => refreshes.push(win),
+                other => panic!("a burst of {other} while winning"),
+            }
+        }
+        assert_eq!(refreshes, [2, 4, 8, 16, 32, 64, 96]);
+    }
+
+    #[test]
+    fn only_never_lose_reads_the_measured_times_and_plain_decoding_has_no_bursts() {
+        for rule in [Bursts::Off, Bursts::AfterEmpty] {
+            let mut p = specfit().bursts(rule);
+            p.observe_plain(1, 1.0);
+            p.observe_cycle(1, 100.0);
+            assert_eq!(p.take_burst(), 0, "{rule:?}");
+        }
+        let mut plain = VerifyPolicy::plain().bursts(Bursts::NeverLose);
+        assert_eq!(plain.burst_rule(), Bursts::Off);
+        plain.observe_cycle(1, 100.0);
+        assert_eq!(plain.take_burst(), 0);
+        // Observations without tokens, or with a time that is not one, are ignored.
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        p.take_burst();
+        for (tokens, ms) in [(0, 5.0), (1, f64::NAN), (1, -1.0), (1, f64::INFINITY)] {
+            p.observe_plain(tokens, ms);
+        }
+        p.observe_cycle(1, 1.0);
+        assert_eq!(p.take_burst(), 1, "plain decoding is still unmeasured");
     }
 
     #[test]

@@ -81,7 +81,10 @@ pub struct Drafting {
 /// What a replay measured.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimReport {
+    /// Speculative cycles (or plain steps, for a plain policy).
     pub cycles: usize,
+    /// Plain steps of a drafting policy's bursts.
+    pub plain_steps: usize,
     pub committed: usize,
     pub verified_nodes: usize,
     pub hits: u64,
@@ -215,27 +218,41 @@ fn replay(
     }
     let mut i = 0;
     while i < steps.len() {
+        let burst = policy.take_burst();
+        if burst > 0 {
+            // The policy's plain burst: the root alone at each position, no drafting.
+            let end = (i + burst).min(steps.len());
+            for (k, step) in steps[i..end].iter().enumerate() {
+                let union = verify_union(header, step, &[]);
+                let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
+                let ms = plain_step_ms(config, hits, misses, read_rounds, step.position as f64);
+                // As the engine's decoder: every step but a burst's first.
+                if k > 0 {
+                    policy.observe_plain(1, ms);
+                }
+                report.time_ms += ms;
+                report.hits += hits;
+                report.misses += misses;
+            }
+            report.plain_steps += end - i;
+            report.committed += end - i;
+            i = end;
+            continue;
+        }
         let step = &steps[i];
         let (chosen, levels) = choose(header, step, policy, lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
         let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
         let context = step.position as f64;
-        report.time_ms += match (policy.drafts(), &config.plain) {
-            (false, Some(p)) => {
-                p.intercept
-                    + p.beta_hit * hits as f64
-                    + p.beta_miss * misses as f64
-                    + p.read_round_ms * read_rounds as f64
-                    + p.context_ms * context
-            }
-            _ => {
-                config
-                    .true_cost
-                    .time_ms(chosen.len(), hits as u32, misses as u32)
-                    + config.read_round_ms * read_rounds as f64
-                    + config.context_ms * (chosen.len() + 1) as f64 * context
-            }
+        let mut ms = if policy.drafts() {
+            config
+                .true_cost
+                .time_ms(chosen.len(), hits as u32, misses as u32)
+                + config.read_round_ms * read_rounds as f64
+                + config.context_ms * (chosen.len() + 1) as f64 * context
+        } else {
+            plain_step_ms(config, hits, misses, read_rounds, context)
         };
         report.hits += hits;
         report.misses += misses;
@@ -251,17 +268,43 @@ fn replay(
         }
         if policy.drafts() {
             let d = &config.drafting;
-            report.time_ms += (d.ms_per_level + d.level_context_ms * context)
-                * levels.saturating_sub(1) as f64
+            ms += (d.ms_per_level + d.level_context_ms * context) * levels.saturating_sub(1) as f64
                 + d.feed_ms
                 + (d.feed_ms_per_token + d.feed_context_ms * context) * (accepted + 1) as f64;
+            policy.observe_cycle(accepted + 1, ms);
         }
+        report.time_ms += ms;
         report.cycles += 1;
         report.verified_nodes += chosen.len();
         report.committed += accepted + 1;
         i += accepted + 1;
     }
     Ok(())
+}
+
+/// A plain decoding step's time: the plain-step cost when the machine has one, else a
+/// root-only verify's (with its read rounds and attention term).
+fn plain_step_ms(
+    config: &SimConfig,
+    hits: u64,
+    misses: u64,
+    read_rounds: usize,
+    context: f64,
+) -> f64 {
+    match &config.plain {
+        Some(p) => {
+            p.intercept
+                + p.beta_hit * hits as f64
+                + p.beta_miss * misses as f64
+                + p.read_round_ms * read_rounds as f64
+                + p.context_ms * context
+        }
+        None => {
+            config.true_cost.time_ms(0, hits as u32, misses as u32)
+                + config.read_round_ms * read_rounds as f64
+                + config.context_ms * context
+        }
+    }
 }
 
 /// The experts per layer a verify forward of the root and `chosen` needs (distinct, sorted).

@@ -7,7 +7,7 @@
 use anyhow::Result;
 use serde::Serialize;
 use specfit_engine::measure::PoolWalk;
-use specfit_engine::policy::{verify_policy, PolicyName, PolicySpec};
+use specfit_engine::policy::{verify_policy, PolicySpec};
 use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
@@ -72,12 +72,8 @@ pub struct Machine<'a> {
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
 /// hold: corrupted or predicted routes).
 fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
-    // The trace holds atlas routes only, and the simulator has no plain bursts and no
-    // read-ahead.
-    if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
-        || c.policy == PolicyName::SpecfitAdaptive
-        || c.read_ahead
-    {
+    // The trace holds atlas routes only, and the simulator has no read-ahead.
+    if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas) || c.read_ahead {
         return Ok(None);
     }
     let spec = PolicySpec {

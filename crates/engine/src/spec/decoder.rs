@@ -214,8 +214,12 @@ impl<'a> Decoder<'a> {
         self.read_ahead(routes.as_ref(), &chosen);
         let verified = self.verify(&pool, &chosen)?;
         self.advance_drafter(&verified)?;
-        clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
+        let outside = self.outside_clock_seconds();
+        clock.lap(Phase::Verify, outside, &mut self.stats);
         let committed = verified.committed.len();
+        if let Some(s) = self.speculation.as_mut() {
+            s.policy.observe_cycle(committed, clock.total_ms(outside));
+        }
         self.stats
             .count_cycle(chosen.len(), pool_depth(&pool), committed);
         self.emit(&verified.committed);
@@ -233,6 +237,7 @@ impl<'a> Decoder<'a> {
             if step > 0 && self.done() {
                 break;
             }
+            let step_clock = Clock::start(self.outside_clock_seconds());
             let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
@@ -247,6 +252,12 @@ impl<'a> Decoder<'a> {
             if let (true, Some(s), Some(draft)) = (last, &self.speculation, self.draft.as_mut()) {
                 let features = concat_taps(&out.taps, 1, h);
                 learn(self.target, s.drafter, draft, &[next], &features, at)?;
+            }
+            // Every step but the first, which pays for what the cycle before it left in the
+            // processor's caches.
+            let ms = step_clock.total_ms(self.outside_clock_seconds());
+            if let (true, Some(s)) = (step > 0, self.speculation.as_mut()) {
+                s.policy.observe_plain(1, ms);
             }
         }
         clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);

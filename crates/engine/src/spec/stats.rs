@@ -107,14 +107,25 @@ pub(crate) enum Phase {
 pub(crate) struct Clock {
     lap: Instant,
     outside: f64,
+    start: Instant,
+    start_outside: f64,
 }
 
 impl Clock {
     pub(crate) fn start(outside: f64) -> Clock {
+        let now = Instant::now();
         Clock {
-            lap: Instant::now(),
+            lap: now,
             outside,
+            start: now,
+            start_outside: outside,
         }
+    }
+
+    /// Milliseconds inside the clock since it started (`outside` as in [`Clock::lap`]).
+    pub(crate) fn total_ms(&self, outside: f64) -> f64 {
+        let away = outside - self.start_outside;
+        1e3 * (self.start.elapsed().as_secs_f64() - away)
     }
 
     /// Ends the current lap as `phase`; returns its seconds inside the clock.

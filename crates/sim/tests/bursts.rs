@@ -1,0 +1,92 @@
+//! Plain bursts in replay: the never-lose rule against plain decoding and against the paper's
+//! SpecFit on synthetic paper-shaped traces, where drafting pays and where it cannot.
+
+use specfit_selector::{
+    Bursts, CostModel, Objective, Selector, VerifyPolicy, FIRST_PLAIN_STEPS, REFRESH_STEPS,
+    SURE_CYCLES,
+};
+use specfit_sim::synth::{trace, SynthParams};
+use specfit_sim::{simulate, Drafting, SimConfig};
+
+/// SpecFit believing the true verify cost, with a burst rule.
+fn specfit(cost: &CostModel, bursts: Bursts) -> VerifyPolicy {
+    let selector = Selector::new(cost.clone(), 7, Objective::Ratio).unwrap();
+    VerifyPolicy::specfit(selector).bursts(bursts)
+}
+
+/// A 48-slot machine whose verify costs `20 ms + 0.2 ms` per missed expert and whose drafter
+/// costs `ms_per_level` per level past the first and as much again to feed.
+fn machine(ms_per_level: f64) -> (CostModel, SimConfig) {
+    let cost = CostModel::residency(vec![20.0; 8], 0.0, 0.2).unwrap();
+    let mut config = SimConfig::verify_only(48, cost.clone());
+    config.drafting = Drafting {
+        ms_per_level,
+        feed_ms: ms_per_level,
+        ..Drafting::default()
+    };
+    (cost, config)
+}
+
+#[test]
+fn never_lose_decodes_at_plain_speed_where_drafting_cannot_pay() {
+    let mut p = SynthParams::paper(0.7, 3);
+    p.positions = 2000;
+    let (header, steps) = trace(&p);
+    // Each drafted level and the feeding cost two thirds of a plain step.
+    let (cost, config) = machine(20.0);
+    let plain = simulate(&header, &steps, &VerifyPolicy::plain(), &config).unwrap();
+    let paper = simulate(&header, &steps, &specfit(&cost, Bursts::Off), &config).unwrap();
+    let never = simulate(&header, &steps, &specfit(&cost, Bursts::NeverLose), &config).unwrap();
+    let (plain, paper, never) = (
+        plain.tokens_per_second(),
+        paper.tokens_per_second(),
+        never.tokens_per_second(),
+    );
+    assert!(
+        paper < 0.8 * plain,
+        "drafting should lose here: {paper} vs {plain}"
+    );
+    assert!(
+        never >= 0.97 * plain,
+        "never lose: {never} vs plain {plain}"
+    );
+}
+
+#[test]
+fn never_lose_keeps_speculating_where_drafting_pays() {
+    let mut p = SynthParams::paper(0.8, 5);
+    p.positions = 300;
+    let (header, steps) = trace(&p);
+    let (cost, config) = machine(1.0);
+    let plain = simulate(&header, &steps, &VerifyPolicy::plain(), &config).unwrap();
+    let paper = simulate(&header, &steps, &specfit(&cost, Bursts::Off), &config).unwrap();
+    let never = simulate(&header, &steps, &specfit(&cost, Bursts::NeverLose), &config).unwrap();
+    assert!(paper.tokens_per_second() > 1.2 * plain.tokens_per_second());
+    // The measuring plain steps at the start, one after each of the first (cold) cycles that
+    // lost, and the refreshes: after the 1st, 2nd, 4th, 8th, 16th win and every 32nd.
+    let most = FIRST_PLAIN_STEPS + SURE_CYCLES + REFRESH_STEPS * (5 + never.cycles / 32);
+    assert!(
+        never.plain_steps > 0 && never.plain_steps <= most,
+        "{never:?}"
+    );
+    assert!(
+        never.tokens_per_second() >= 0.95 * paper.tokens_per_second(),
+        "{} vs {}",
+        never.tokens_per_second(),
+        paper.tokens_per_second()
+    );
+}
+
+#[test]
+fn every_position_is_committed_once_with_or_without_bursts() {
+    let mut p = SynthParams::paper(0.6, 9);
+    p.positions = 120;
+    let (header, steps) = trace(&p);
+    let (cost, config) = machine(40.0);
+    for bursts in [Bursts::Off, Bursts::AfterEmpty, Bursts::NeverLose] {
+        let r = simulate(&header, &steps, &specfit(&cost, bursts), &config).unwrap();
+        // The last cycle may accept past the trace's end.
+        assert!(r.committed >= steps.len(), "{bursts:?}: {r:?}");
+        assert!(r.committed <= steps.len() + 8, "{bursts:?}: {r:?}");
+    }
+}

@@ -222,6 +222,8 @@ fn replay(
         if burst > 0 {
             // The policy's plain burst: the root alone at each position, no drafting.
             let end = (i + burst).min(steps.len());
+            // A burst past the trace's end goes on into the next trace, as in the engine.
+            policy.keep_burst(i + burst - end);
             for (k, step) in steps[i..end].iter().enumerate() {
                 let union = verify_union(header, step, &[]);
                 let (hits, misses, read_rounds) = lru.access(&union, config.read_width);

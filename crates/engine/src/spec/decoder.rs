@@ -235,6 +235,10 @@ impl<'a> Decoder<'a> {
         let h = self.target.config().hidden_size;
         for step in 0..burst {
             if step > 0 && self.done() {
+                // The generation ended first: the policy keeps the rest for the next one.
+                if let Some(s) = self.speculation.as_mut() {
+                    s.policy.keep_burst(burst - step);
+                }
                 break;
             }
             let step_clock = Clock::start(self.outside_clock_seconds());

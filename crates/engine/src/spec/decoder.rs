@@ -245,14 +245,20 @@ impl<'a> Decoder<'a> {
             let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
+            // Only the burst's last step feeds the drafter, so only it keeps the drafter's taps
+            // (a generation that ends sooner needs none).
+            let last = step + 1 == burst;
+            let taps = match (last, &self.speculation) {
+                (true, Some(s)) => s.drafter.taps(),
+                _ => &[],
+            };
             let batch = Batch::causal(&input)
-                .with_taps(self.speculation.as_ref().map_or(&[], |s| s.drafter.taps()))
+                .with_taps(taps)
                 .with_logits(Logits::Last);
             let out = self.target.forward(&batch, &mut self.kv, self.cache)?;
             let next = self.sampler.sample(out.row(0));
             self.stats.count_plain_step();
             self.emit(&[next]);
-            let last = step + 1 == burst || self.done();
             if let (true, Some(s), Some(draft)) = (last, &self.speculation, self.draft.as_mut()) {
                 let features = concat_taps(&out.taps, 1, h);
                 learn(self.target, s.drafter, draft, &[next], &features, at)?;

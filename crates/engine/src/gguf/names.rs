@@ -59,29 +59,33 @@ const BLOCK: [(&str, &str); 19] = [
     ("ffn_down_exps.weight", "mlp.experts.{e}.down_proj.weight"),
 ];
 
-/// The Hugging Face name of GGUF tensor `name` (`{e}` marks a per-expert name), if it has one.
-fn hf_name(name: &str) -> Option<String> {
-    if let Some((_, hf)) = TOP.iter().find(|(g, _)| *g == name) {
-        return Some(hf.to_string());
+/// `name` looked up in [`TOP`] and [`BLOCK`] read as `(from, to)` pairs by `pair`: a top-level
+/// name directly, a per-layer one (`{from_layer}N.suffix`) by its suffix.
+fn translate(
+    name: &str,
+    from_layer: &str,
+    to_layer: &str,
+    pair: fn(&(&'static str, &'static str)) -> (&'static str, &'static str),
+) -> Option<String> {
+    if let Some((_, to)) = TOP.iter().map(pair).find(|(from, _)| *from == name) {
+        return Some(to.to_string());
     }
-    let rest = name.strip_prefix("blk.")?;
+    let rest = name.strip_prefix(from_layer)?;
     let (layer, suffix) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let hf = BLOCK.iter().find(|(g, _)| *g == suffix)?.1;
-    Some(format!("model.layers.{layer}.{hf}"))
+    let to = BLOCK.iter().map(pair).find(|(from, _)| *from == suffix)?.1;
+    Some(format!("{to_layer}{layer}.{to}"))
+}
+
+/// The Hugging Face name of GGUF tensor `name` (`{e}` marks a per-expert name), if it has one.
+fn hf_name(name: &str) -> Option<String> {
+    translate(name, "blk.", "model.layers.", |&(gguf, hf)| (gguf, hf))
 }
 
 /// The GGUF name of the Hugging Face tensor `name`, if it is one GGUF stores on its own (the
 /// per-expert tensors are parts of stacks, so they have none).
 pub fn gguf_name(name: &str) -> Option<String> {
-    if let Some((g, _)) = TOP.iter().find(|(_, hf)| *hf == name) {
-        return Some(g.to_string());
-    }
-    let rest = name.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let g = BLOCK.iter().find(|(_, hf)| *hf == suffix)?.0;
-    Some(format!("blk.{layer}.{g}"))
+    translate(name, "model.layers.", "blk.", |&(gguf, hf)| (hf, gguf))
 }
 
 impl GgufTensors {

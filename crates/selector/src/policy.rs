@@ -50,10 +50,10 @@ pub const CYCLE_WINDOW: usize = 32;
 /// is followed by one plain step (the first cycles run on cold caches and are no verdict).
 pub const SURE_CYCLES: usize = 8;
 
-/// Under [`Bursts::NeverLose`], one plain step after this many winning cycles in a row keeps
-/// the plain cost it compares against current (context grows, caches change); before, one
-/// after the 1st, 2nd, 4th, … win in a row, so plain steps measured on cold caches at the
-/// start leave the median soon.
+/// Under [`Bursts::NeverLose`], [`REFRESH_STEPS`] plain steps after this many winning cycles in
+/// a row keep the plain cost it compares against current (context grows, caches change);
+/// before, after the 1st, 2nd, 4th, … win in a row, so plain steps measured on cold caches at
+/// the start leave the median soon.
 pub const REFRESH_CYCLES: u32 = 32;
 
 /// Under [`Bursts::NeverLose`], the plain steps that measure plain decoding before the first
@@ -76,82 +76,81 @@ pub enum Bursts {
     AfterEmpty,
     /// Never lose: compares the measured time per committed token of the latest
     /// [`CYCLE_WINDOW`] speculative cycles (drafting included) with that of plain steps. While
-    /// speculation does not cost [`WIN_MARGIN`] less, it decodes plainly between probing cycles: one token while the
-    /// window holds fewer than [`SURE_CYCLES`] cycles, then 1, 2, 4, … doubling while it keeps
-    /// losing, and at least enough that the next probe's extra time is at most
-    /// [`PROBE_SHARE`] of the burst's; at most
-    /// [`MAX_LOSING_BURST`]. Plain decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain
-    /// steps first and refreshed by [`REFRESH_STEPS`] every [`REFRESH_CYCLES`] winning cycles
-    /// (more often at first); it is the median of
-    /// the latest plain observations, so one slow step (cold caches, a page fault) does not make
-    /// speculation look good.
+    /// speculation does not cost [`WIN_MARGIN`] less, it decodes plainly between probing
+    /// cycles: one token while the window holds fewer than [`SURE_CYCLES`] cycles, then 1, 2,
+    /// 4, … doubling while it keeps losing, and at least enough that the next probe's extra
+    /// time is at most [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`]. Plain
+    /// decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain steps first and refreshed by
+    /// [`REFRESH_STEPS`] every [`REFRESH_CYCLES`] winning cycles (more often at first); it is
+    /// the median of the latest plain observations, so one slow step (cold caches, a page
+    /// fault) does not make speculation look good.
     NeverLose,
 }
 
-/// The latest [`CYCLE_WINDOW`] cycles' times and committed tokens.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Window {
-    ms: [f64; CYCLE_WINDOW],
-    tokens: [usize; CYCLE_WINDOW],
+/// The latest `N` observations: tokens committed and the milliseconds they took.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Latest<const N: usize> {
+    seen: [(usize, f64); N],
     len: usize,
     next: usize,
 }
 
-impl Window {
+impl<const N: usize> Default for Latest<N> {
+    fn default() -> Self {
+        Latest {
+            seen: [(0, 0.0); N],
+            len: 0,
+            next: 0,
+        }
+    }
+}
+
+impl<const N: usize> Latest<N> {
+    /// Keeps an observation (one without tokens, or with a time that is not one, is ignored),
+    /// dropping the oldest once `N` are kept.
     fn add(&mut self, tokens: usize, ms: f64) {
         if tokens == 0 || !(ms.is_finite() && ms >= 0.0) {
             return;
         }
-        (self.ms[self.next], self.tokens[self.next]) = (ms, tokens);
-        self.next = (self.next + 1) % CYCLE_WINDOW;
-        self.len = (self.len + 1).min(CYCLE_WINDOW);
+        self.seen[self.next] = (tokens, ms);
+        self.next = (self.next + 1) % N;
+        self.len = (self.len + 1).min(N);
     }
 
-    fn len(&self) -> usize {
-        self.len
+    fn kept(&self) -> &[(usize, f64)] {
+        &self.seen[..self.len]
     }
 
-    /// The window's time over its tokens.
+    fn tokens(&self) -> usize {
+        self.kept().iter().map(|&(t, _)| t).sum()
+    }
+
+    /// All kept time over all kept tokens.
     fn ms_per_token(&self) -> Option<f64> {
-        let tokens: usize = self.tokens[..self.len].iter().sum();
-        (tokens > 0).then(|| self.ms[..self.len].iter().sum::<f64>() / tokens as f64)
+        let ms: f64 = self.kept().iter().map(|&(_, ms)| ms).sum();
+        let tokens = self.tokens();
+        (tokens > 0).then(|| ms / tokens as f64)
     }
 
-    /// Tokens per cycle (0 before any).
+    /// Tokens per observation (0 before any).
     fn tokens_each(&self) -> f64 {
-        let tokens: usize = self.tokens[..self.len].iter().sum();
-        tokens as f64 / self.len.max(1) as f64
+        self.tokens() as f64 / self.len.max(1) as f64
     }
-}
 
-/// The latest observations of time per token, for their median.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-struct Recent {
-    ms_per_token: [f64; Recent::KEPT],
-    len: usize,
-    next: usize,
-}
-
-impl Recent {
-    const KEPT: usize = 8;
-
-    fn add(&mut self, tokens: usize, ms: f64) {
-        if tokens == 0 || !(ms.is_finite() && ms >= 0.0) {
-            return;
+    /// The lower median of the observations' times per token.
+    fn median_ms_per_token(&self) -> Option<f64> {
+        let mut each = [0.0; N];
+        for (e, &(t, ms)) in each.iter_mut().zip(self.kept()) {
+            *e = ms / t as f64;
         }
-        self.ms_per_token[self.next] = ms / tokens as f64;
-        self.next = (self.next + 1) % Self::KEPT;
-        self.len = (self.len + 1).min(Self::KEPT);
-    }
-
-    /// The lower median of the kept observations.
-    fn median(&self) -> Option<f64> {
-        let mut kept = self.ms_per_token;
-        let kept = &mut kept[..self.len];
-        kept.sort_by(f64::total_cmp);
-        kept.get(self.len.saturating_sub(1) / 2).copied()
+        let each = &mut each[..self.len];
+        each.sort_by(f64::total_cmp);
+        each.get(self.len.saturating_sub(1) / 2).copied()
     }
 }
+
+/// Plain steps whose median time per token is compared.
+const PLAIN_KEPT: usize = 8;
 
 /// A verify policy with its state between cycles (the selector's scratch, the burst counter).
 #[derive(Debug, Clone)]
@@ -170,8 +169,8 @@ pub struct VerifyPolicy {
     /// Winning cycles in a row ([`Bursts::NeverLose`]).
     wins: u32,
     /// Measured time per token of speculative cycles and of plain steps.
-    speculative: Window,
-    plain: Recent,
+    speculative: Latest<CYCLE_WINDOW>,
+    plain: Latest<PLAIN_KEPT>,
     burst: usize,
 }
 
@@ -193,8 +192,8 @@ impl VerifyPolicy {
             bursts: Bursts::Off,
             streak: 0,
             wins: 0,
-            speculative: Window::default(),
-            plain: Recent::default(),
+            speculative: Latest::default(),
+            plain: Latest::default(),
             burst: 0,
         }
     }
@@ -287,8 +286,10 @@ impl VerifyPolicy {
             return;
         }
         self.speculative.add(tokens, ms);
-        let (Some(spec), Some(plain)) = (self.speculative.ms_per_token(), self.plain.median())
-        else {
+        let (Some(spec), Some(plain)) = (
+            self.speculative.ms_per_token(),
+            self.plain.median_ms_per_token(),
+        ) else {
             self.burst = 1;
             return;
         };
@@ -297,7 +298,7 @@ impl VerifyPolicy {
             // One plain step while the first cycles run on cold caches; from SURE_CYCLES
             // cycles on, doubling, and at least enough that a probing cycle's extra time over
             // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
-            if self.speculative.len() < SURE_CYCLES {
+            if self.speculative.kept().len() < SURE_CYCLES {
                 self.burst = 1;
                 return;
             }
@@ -306,7 +307,7 @@ impl VerifyPolicy {
             let excess = self.speculative.tokens_each() * (spec - plain);
             let enough = (excess / (PROBE_SHARE * plain)).ceil();
             let enough = enough.min(MAX_LOSING_BURST as f64) as usize;
-            self.burst = doubling.max(enough).clamp(1, MAX_LOSING_BURST);
+            self.burst = doubling.max(enough);
         } else {
             self.streak = 0;
             self.wins += 1;

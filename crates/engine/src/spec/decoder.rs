@@ -241,7 +241,6 @@ impl<'a> Decoder<'a> {
                 }
                 break;
             }
-            let step_clock = Clock::start(self.outside_clock_seconds());
             let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
@@ -263,14 +262,13 @@ impl<'a> Decoder<'a> {
                 let features = concat_taps(&out.taps, 1, h);
                 learn(self.target, s.drafter, draft, &[next], &features, at)?;
             }
-            // Every step but the first, which pays for what the cycle before it left in the
-            // processor's caches.
-            let ms = step_clock.total_ms(self.outside_clock_seconds());
+            // One lap per step. The policy hears of every step but the first, which pays for
+            // what the cycle before it left in the processor's caches.
+            let seconds = clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
             if let (true, Some(s)) = (step > 0, self.speculation.as_mut()) {
-                s.policy.observe_plain(1, ms);
+                s.policy.observe_plain(1, 1e3 * seconds);
             }
         }
-        clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
         Ok(())
     }
 

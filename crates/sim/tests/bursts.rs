@@ -6,7 +6,7 @@ use specfit_selector::{
     SURE_CYCLES,
 };
 use specfit_sim::synth::{trace, SynthParams};
-use specfit_sim::{simulate, Drafting, SimConfig};
+use specfit_sim::{simulate, Drafting, SimConfig, SimReport};
 
 /// SpecFit believing the true verify cost, with a burst rule.
 fn specfit(cost: &CostModel, bursts: Bursts) -> VerifyPolicy {
@@ -27,16 +27,25 @@ fn machine(ms_per_level: f64) -> (CostModel, SimConfig) {
     (cost, config)
 }
 
+/// Plain decoding, the paper's SpecFit and SpecFit with the never-lose rule replayed on
+/// `positions` of a paper-shaped trace (`confidence`, `seed`) on [`machine`]`(ms_per_level)`.
+fn three_ways(confidence: f64, seed: u64, positions: usize, ms_per_level: f64) -> [SimReport; 3] {
+    let mut p = SynthParams::paper(confidence, seed);
+    p.positions = positions;
+    let (header, steps) = trace(&p);
+    let (cost, config) = machine(ms_per_level);
+    [
+        VerifyPolicy::plain(),
+        specfit(&cost, Bursts::Off),
+        specfit(&cost, Bursts::NeverLose),
+    ]
+    .map(|policy| simulate(&header, &steps, &policy, &config).unwrap())
+}
+
 #[test]
 fn never_lose_decodes_at_plain_speed_where_drafting_cannot_pay() {
-    let mut p = SynthParams::paper(0.7, 3);
-    p.positions = 2000;
-    let (header, steps) = trace(&p);
     // Each drafted level and the feeding cost two thirds of a plain step.
-    let (cost, config) = machine(20.0);
-    let plain = simulate(&header, &steps, &VerifyPolicy::plain(), &config).unwrap();
-    let paper = simulate(&header, &steps, &specfit(&cost, Bursts::Off), &config).unwrap();
-    let never = simulate(&header, &steps, &specfit(&cost, Bursts::NeverLose), &config).unwrap();
+    let [plain, paper, never] = three_ways(0.7, 3, 2000, 20.0);
     let (plain, paper, never) = (
         plain.tokens_per_second(),
         paper.tokens_per_second(),
@@ -54,13 +63,7 @@ fn never_lose_decodes_at_plain_speed_where_drafting_cannot_pay() {
 
 #[test]
 fn never_lose_keeps_speculating_where_drafting_pays() {
-    let mut p = SynthParams::paper(0.8, 5);
-    p.positions = 300;
-    let (header, steps) = trace(&p);
-    let (cost, config) = machine(1.0);
-    let plain = simulate(&header, &steps, &VerifyPolicy::plain(), &config).unwrap();
-    let paper = simulate(&header, &steps, &specfit(&cost, Bursts::Off), &config).unwrap();
-    let never = simulate(&header, &steps, &specfit(&cost, Bursts::NeverLose), &config).unwrap();
+    let [plain, paper, never] = three_ways(0.8, 5, 300, 1.0);
     assert!(paper.tokens_per_second() > 1.2 * plain.tokens_per_second());
     // The measuring plain steps at the start, one after each of the first (cold) cycles that
     // lost, and the refreshes: after the 1st, 2nd, 4th, 8th, 16th win and every 32nd.

@@ -50,20 +50,24 @@ pub const CYCLE_WINDOW: usize = 32;
 /// is followed by one plain step (the first cycles run on cold caches and are no verdict).
 pub const SURE_CYCLES: usize = 8;
 
-/// Under [`Bursts::NeverLose`], [`REFRESH_STEPS`] plain steps after this many winning cycles in
-/// a row keep the plain cost it compares against current (context grows, caches change);
-/// before, after the 1st, 2nd, 4th, … win in a row, so plain steps measured on cold caches at
-/// the start leave the median soon.
-pub const REFRESH_CYCLES: u32 = 32;
+/// Under [`Bursts::NeverLose`], how many decoded tokens a plain step's time stays current: older
+/// ones were measured under other conditions (emptier slots, colder caches, a shorter context),
+/// and comparing today's cycles with them is how a stale measure makes speculation look good.
+pub const PLAIN_FRESH_TOKENS: u64 = 64;
+
+/// Under [`Bursts::NeverLose`], the current plain steps a verdict needs; with fewer, the next
+/// burst measures [`REFRESH_STEPS`].
+pub const PLAIN_FRESH_STEPS: usize = 2;
 
 /// Under [`Bursts::NeverLose`], the plain steps that measure plain decoding before the first
 /// cycle (the first of them pays for cold caches).
 pub const FIRST_PLAIN_STEPS: usize = 4;
 
 /// Under [`Bursts::NeverLose`], the plain steps that refresh the measure of plain decoding
-/// while speculation wins: the first step after a cycle pays for what the cycle left in the
-/// processor's caches and is not reported ([`VerifyPolicy::observe_plain`]), the second is.
-pub const REFRESH_STEPS: usize = 2;
+/// once it is no longer current: the first step after a cycle pays for what the cycle left in
+/// the processor's caches and is not reported ([`VerifyPolicy::observe_plain`]), the other
+/// [`PLAIN_FRESH_STEPS`] are.
+pub const REFRESH_STEPS: usize = PLAIN_FRESH_STEPS + 1;
 
 /// When a policy decodes plainly between speculative cycles (plain steps commit the tokens
 /// plain decoding commits, so every rule is lossless).
@@ -80,17 +84,19 @@ pub enum Bursts {
     /// cycles: one token while the window holds fewer than [`SURE_CYCLES`] cycles, then 1, 2,
     /// 4, … doubling while it keeps losing, and at least enough that the next probe's extra
     /// time is at most [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`]. Plain
-    /// decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain steps first and refreshed by
-    /// [`REFRESH_STEPS`] every [`REFRESH_CYCLES`] winning cycles (more often at first); it is
-    /// the median of the latest plain observations, so one slow step (cold caches, a page
-    /// fault) does not make speculation look good.
+    /// decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain steps first; it is the
+    /// median of the latest plain steps measured within [`PLAIN_FRESH_TOKENS`] decoded tokens,
+    /// so one slow step (a page fault) does not make speculation look good, nor does a step
+    /// measured on the cold slots at the start; with fewer than [`PLAIN_FRESH_STEPS`] of those,
+    /// the next burst is [`REFRESH_STEPS`] long.
     NeverLose,
 }
 
-/// The latest `N` observations: tokens committed and the milliseconds they took.
+/// The latest `N` observations: tokens committed, the milliseconds they took, and when (the
+/// policy's count of decoded tokens).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Latest<const N: usize> {
-    seen: [(usize, f64); N],
+    seen: [(usize, f64, u64); N],
     len: usize,
     next: usize,
 }
@@ -98,7 +104,7 @@ struct Latest<const N: usize> {
 impl<const N: usize> Default for Latest<N> {
     fn default() -> Self {
         Latest {
-            seen: [(0, 0.0); N],
+            seen: [(0, 0.0, 0); N],
             len: 0,
             next: 0,
         }
@@ -108,26 +114,26 @@ impl<const N: usize> Default for Latest<N> {
 impl<const N: usize> Latest<N> {
     /// Keeps an observation (one without tokens, or with a time that is not one, is ignored),
     /// dropping the oldest once `N` are kept.
-    fn add(&mut self, tokens: usize, ms: f64) {
+    fn add(&mut self, tokens: usize, ms: f64, at: u64) {
         if tokens == 0 || !(ms.is_finite() && ms >= 0.0) {
             return;
         }
-        self.seen[self.next] = (tokens, ms);
+        self.seen[self.next] = (tokens, ms, at);
         self.next = (self.next + 1) % N;
         self.len = (self.len + 1).min(N);
     }
 
-    fn kept(&self) -> &[(usize, f64)] {
+    fn kept(&self) -> &[(usize, f64, u64)] {
         &self.seen[..self.len]
     }
 
     fn tokens(&self) -> usize {
-        self.kept().iter().map(|&(t, _)| t).sum()
+        self.kept().iter().map(|&(t, _, _)| t).sum()
     }
 
     /// All kept time over all kept tokens.
     fn ms_per_token(&self) -> Option<f64> {
-        let ms: f64 = self.kept().iter().map(|&(_, ms)| ms).sum();
+        let ms: f64 = self.kept().iter().map(|&(_, ms, _)| ms).sum();
         let tokens = self.tokens();
         (tokens > 0).then(|| ms / tokens as f64)
     }
@@ -137,15 +143,18 @@ impl<const N: usize> Latest<N> {
         self.tokens() as f64 / self.len.max(1) as f64
     }
 
-    /// The lower median of the observations' times per token.
-    fn median_ms_per_token(&self) -> Option<f64> {
+    /// The lower median of the times per token of the observations made at `since` or later,
+    /// if there are at least `least` of them.
+    fn median_ms_per_token(&self, since: u64, least: usize) -> Option<f64> {
         let mut each = [0.0; N];
-        for (e, &(t, ms)) in each.iter_mut().zip(self.kept()) {
-            *e = ms / t as f64;
+        let mut n = 0;
+        for &(t, ms, _) in self.kept().iter().filter(|o| o.2 >= since) {
+            each[n] = ms / t as f64;
+            n += 1;
         }
-        let each = &mut each[..self.len];
+        let each = &mut each[..n];
         each.sort_by(f64::total_cmp);
-        each.get(self.len.saturating_sub(1) / 2).copied()
+        (n >= least.max(1)).then(|| each[(n - 1) / 2])
     }
 }
 
@@ -166,8 +175,8 @@ pub struct VerifyPolicy {
     /// Cycles in a row that verified nothing ([`Bursts::AfterEmpty`]) or lost
     /// ([`Bursts::NeverLose`]).
     streak: u32,
-    /// Winning cycles in a row ([`Bursts::NeverLose`]).
-    wins: u32,
+    /// Tokens decoded so far: speculative cycles' and plain bursts' ([`Bursts::NeverLose`]).
+    decoded: u64,
     /// Measured time per token of speculative cycles and of plain steps.
     speculative: Latest<CYCLE_WINDOW>,
     plain: Latest<PLAIN_KEPT>,
@@ -191,7 +200,7 @@ impl VerifyPolicy {
             residency: false,
             bursts: Bursts::Off,
             streak: 0,
-            wins: 0,
+            decoded: 0,
             speculative: Latest::default(),
             plain: Latest::default(),
             burst: 0,
@@ -269,6 +278,7 @@ impl VerifyPolicy {
     /// Tokens to decode plainly before the next speculative cycle (handed out once; 0 when the
     /// next cycle should speculate).
     pub fn take_burst(&mut self) -> usize {
+        self.decoded += self.burst as u64;
         std::mem::take(&mut self.burst)
     }
 
@@ -276,6 +286,7 @@ impl VerifyPolicy {
     /// [`VerifyPolicy::take_burst`] hands them out again, so a policy decoding one generation
     /// after another (a bench set, a server) keeps its bursts across them.
     pub fn keep_burst(&mut self, left: usize) {
+        self.decoded = self.decoded.saturating_sub(left as u64);
         self.burst += left;
     }
 
@@ -285,16 +296,17 @@ impl VerifyPolicy {
         if self.bursts != Bursts::NeverLose {
             return;
         }
-        self.speculative.add(tokens, ms);
+        self.decoded += tokens as u64;
+        self.speculative.add(tokens, ms, self.decoded);
+        let since = self.decoded.saturating_sub(PLAIN_FRESH_TOKENS);
         let (Some(spec), Some(plain)) = (
             self.speculative.ms_per_token(),
-            self.plain.median_ms_per_token(),
+            self.plain.median_ms_per_token(since, PLAIN_FRESH_STEPS),
         ) else {
-            self.burst = 1;
+            self.burst = REFRESH_STEPS;
             return;
         };
         if spec > (1.0 - WIN_MARGIN) * plain {
-            self.wins = 0;
             // One plain step while the first cycles run on cold caches; from SURE_CYCLES
             // cycles on, doubling, and at least enough that a probing cycle's extra time over
             // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
@@ -310,13 +322,7 @@ impl VerifyPolicy {
             self.burst = doubling.max(enough);
         } else {
             self.streak = 0;
-            self.wins += 1;
-            // Soon after the (cold) start, then every REFRESH_CYCLES wins.
-            let refresh = match self.wins < REFRESH_CYCLES {
-                true => self.wins.is_power_of_two(),
-                false => self.wins.is_multiple_of(REFRESH_CYCLES),
-            };
-            self.burst = if refresh { REFRESH_STEPS } else { 0 };
+            self.burst = 0;
         }
     }
 
@@ -325,7 +331,7 @@ impl VerifyPolicy {
     /// pays for what the cycle before it left in the processor's caches, which plain decoding
     /// does not.
     pub fn observe_plain(&mut self, tokens: usize, ms: f64) {
-        self.plain.add(tokens, ms);
+        self.plain.add(tokens, ms, self.decoded);
     }
 
     /// The decision after drafting the newest level of `pool`; `more` says whether another level
@@ -518,6 +524,15 @@ mod tests {
         assert_eq!(off.take_burst(), 0);
     }
 
+    /// Decodes a burst as the engine's decoder does: every step but the first reports `ms`.
+    fn run_burst(p: &mut VerifyPolicy, ms: f64) -> usize {
+        let burst = p.take_burst();
+        for _ in 1..burst {
+            p.observe_plain(1, ms);
+        }
+        burst
+    }
+
     #[test]
     fn never_lose_measures_plain_first_then_bursts_double_while_speculation_costs_more() {
         let mut p = specfit().bursts(Bursts::NeverLose);
@@ -526,8 +541,8 @@ mod tests {
             FIRST_PLAIN_STEPS,
             "plain steps measure plain first"
         );
-        // A cold first step and three warm ones: the median ignores the cold one.
-        for ms in [90.0, 10.0, 10.0, 10.0] {
+        // A slow step among warm ones: the median ignores it.
+        for ms in [90.0, 10.0, 10.0] {
             p.observe_plain(1, ms);
         }
         // Cycles of 1 token in 10.1 ms lose by a hair: one plain step each while the first
@@ -535,7 +550,7 @@ mod tests {
         let mut bursts = Vec::new();
         for _ in 0..SURE_CYCLES + 9 {
             p.observe_cycle(1, 10.1);
-            bursts.push(p.take_burst());
+            bursts.push(run_burst(&mut p, 10.0));
             assert_eq!(p.take_burst(), 0, "a burst is handed out once");
         }
         let doubling = [1, 2, 4, 8, 16, 32, 64, 128, 256, 256];
@@ -544,12 +559,11 @@ mod tests {
         // Cycles of 2 tokens in 50 ms lose 30 ms each: from the 8th cycle on, the burst is
         // long enough that 30 ms is 2% of it (150 plain tokens of 10 ms).
         let mut p = specfit().bursts(Bursts::NeverLose);
-        p.take_burst();
-        p.observe_plain(4, 40.0);
+        run_burst(&mut p, 10.0);
         let mut bursts = Vec::new();
         for _ in 0..SURE_CYCLES {
             p.observe_cycle(2, 50.0);
-            bursts.push(p.take_burst());
+            bursts.push(run_burst(&mut p, 10.0));
         }
         assert_eq!(bursts, [1, 1, 1, 1, 1, 1, 1, 150]);
         // Cycles of 3 tokens in 15 ms win once they outweigh the window's losing ones.
@@ -557,26 +571,46 @@ mod tests {
         loop {
             p.observe_cycle(3, 15.0);
             good += 1;
-            // Losing bursts are 150 long; a win gives none, or its refreshing plain steps.
-            if p.take_burst() <= REFRESH_STEPS {
+            // Losing bursts are 150 long; a win gives none (plain was measured just now).
+            if run_burst(&mut p, 10.0) == 0 {
                 break;
             }
         }
         // 8 cycles of (2, 50) and k of (3, 15) cost at most 9.7 ms a token (10 ms less the win
         // margin) from k = 18.
         assert_eq!(good, 18);
-        // Winning, it speculates on, with REFRESH_STEPS plain steps after the 1st, 2nd, 4th,
-        // 8th, 16th and then every REFRESH_CYCLES-th win in a row.
+        // Winning, it speculates on, with REFRESH_STEPS plain steps whenever the latest plain
+        // steps are more than PLAIN_FRESH_TOKENS (64) tokens old: 66 tokens after the burst
+        // (the win's 3 and 21 cycles'), then every 22 cycles of 3 tokens.
         let mut refreshes = Vec::new();
-        for win in 2..=3 * REFRESH_CYCLES {
+        for cycle in 1..=100 {
             p.observe_cycle(3, 15.0);
-            match p.take_burst() {
+            match run_burst(&mut p, 10.0) {
                 0 => {}
-                REFRESH_STEPS => refreshes.push(win),
+                REFRESH_STEPS => refreshes.push(cycle),
                 other => panic!("a burst of {other} while winning"),
             }
         }
-        assert_eq!(refreshes, [2, 4, 8, 16, 32, 64, 96]);
+        assert_eq!(refreshes, [21, 43, 65, 87]);
+    }
+
+    #[test]
+    fn never_lose_does_not_compare_cycles_with_plain_steps_measured_long_ago() {
+        // Plain steps measured on a cold start (40 ms) and cycles, later, on warm caches
+        // (1 token in 12 ms) that plain decoding (10 ms) would beat.
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 40.0);
+        let mut bursts = Vec::new();
+        for _ in 0..PLAIN_FRESH_TOKENS + 8 {
+            p.observe_cycle(1, 12.0);
+            bursts.push(run_burst(&mut p, 10.0));
+        }
+        // Against the stale 40 ms the cycles win, until those steps are too old to count; the
+        // refresh measures the warm 10 ms, and from then on the cycles lose.
+        let stale = PLAIN_FRESH_TOKENS as usize;
+        assert!(bursts[..stale].iter().all(|&b| b == 0), "{bursts:?}");
+        assert_eq!(bursts[stale], REFRESH_STEPS);
+        assert!(bursts[stale + 1..].iter().all(|&b| b > 0), "{bursts:?}");
     }
 
     #[test]
@@ -603,7 +637,11 @@ mod tests {
             p.observe_plain(tokens, ms);
         }
         p.observe_cycle(1, 1.0);
-        assert_eq!(p.take_burst(), 1, "plain decoding is still unmeasured");
+        assert_eq!(
+            p.take_burst(),
+            REFRESH_STEPS,
+            "plain decoding is still unmeasured"
+        );
     }
 
     #[test]

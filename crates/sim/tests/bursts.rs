@@ -2,8 +2,8 @@
 //! SpecFit on synthetic paper-shaped traces, where drafting pays and where it cannot.
 
 use specfit_selector::{
-    Bursts, CostModel, Objective, Selector, VerifyPolicy, FIRST_PLAIN_STEPS, REFRESH_STEPS,
-    SURE_CYCLES,
+    Bursts, CostModel, Objective, Selector, VerifyPolicy, FIRST_PLAIN_STEPS, PLAIN_FRESH_TOKENS,
+    REFRESH_STEPS, SURE_CYCLES,
 };
 use specfit_sim::synth::{trace, SynthParams};
 use specfit_sim::{simulate, Drafting, SimConfig, SimReport};
@@ -66,8 +66,9 @@ fn never_lose_keeps_speculating_where_drafting_pays() {
     let [plain, paper, never] = three_ways(0.8, 5, 300, 1.0);
     assert!(paper.tokens_per_second() > 1.2 * plain.tokens_per_second());
     // The measuring plain steps at the start, one after each of the first (cold) cycles that
-    // lost, and the refreshes: after the 1st, 2nd, 4th, 8th, 16th win and every 32nd.
-    let most = FIRST_PLAIN_STEPS + SURE_CYCLES + REFRESH_STEPS * (5 + never.cycles / 32);
+    // lost, and the refreshes: one whenever the latest plain steps are PLAIN_FRESH_TOKENS old.
+    let refreshes = 1 + never.committed / PLAIN_FRESH_TOKENS as usize;
+    let most = FIRST_PLAIN_STEPS + SURE_CYCLES + REFRESH_STEPS * refreshes;
     assert!(
         never.plain_steps > 0 && never.plain_steps <= most,
         "{never:?}"

@@ -53,11 +53,11 @@ pub const SURE_CYCLES: usize = 8;
 /// Under [`Bursts::NeverLose`], how many decoded tokens a plain step's time stays current: older
 /// ones were measured under other conditions (emptier slots, colder caches, a shorter context),
 /// and comparing today's cycles with them is how a stale measure makes speculation look good.
-pub const PLAIN_FRESH_TOKENS: u64 = 64;
+pub const PLAIN_FRESH_TOKENS: u64 = 32;
 
 /// Under [`Bursts::NeverLose`], the current plain steps a verdict needs; with fewer, the next
 /// burst measures [`REFRESH_STEPS`].
-pub const PLAIN_FRESH_STEPS: usize = 2;
+pub const PLAIN_FRESH_STEPS: usize = 3;
 
 /// Under [`Bursts::NeverLose`], the plain steps that measure plain decoding before the first
 /// cycle (the first of them pays for cold caches).
@@ -580,8 +580,8 @@ mod tests {
         // margin) from k = 18.
         assert_eq!(good, 18);
         // Winning, it speculates on, with REFRESH_STEPS plain steps whenever the latest plain
-        // steps are more than PLAIN_FRESH_TOKENS (64) tokens old: 66 tokens after the burst
-        // (the win's 3 and 21 cycles'), then every 22 cycles of 3 tokens.
+        // steps are more than PLAIN_FRESH_TOKENS (32) tokens old: 33 tokens after the burst
+        // (the win's 3 and 10 cycles'), then every 11 cycles of 3 tokens.
         let mut refreshes = Vec::new();
         for cycle in 1..=100 {
             p.observe_cycle(3, 15.0);
@@ -591,7 +591,7 @@ mod tests {
                 other => panic!("a burst of {other} while winning"),
             }
         }
-        assert_eq!(refreshes, [21, 43, 65, 87]);
+        assert_eq!(refreshes, [10, 21, 32, 43, 54, 65, 76, 87, 98]);
     }
 
     #[test]

@@ -62,6 +62,9 @@ def main() -> None:
         Qwen3MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()
 
     args.outfile.parent.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from compressed import ensure_decompressed  # noqa: E402
+    ensure_decompressed(args.model)
     sys.argv = ["convert_hf_to_gguf.py", str(args.model), "--outfile", str(args.outfile),
                 "--outtype", args.outtype]
     convert_hf_to_gguf.main()

@@ -100,7 +100,8 @@ def model_files(name: str, gguf: pathlib.Path) -> list[pathlib.Path]:
     if name.startswith("llama"):
         return [gguf]
     dirs = [ROOT / "models/target", ROOT / "models/drafter"]
-    return sorted(p for d in dirs for p in d.iterdir() if p.is_file()) + [ROOT / "models/route-predictor.safetensors"]
+    files = (p for d in dirs for p in d.iterdir() if p.is_file() and p.suffix != ".compressed")
+    return sorted(files) + [ROOT / "models/route-predictor.safetensors"]
 
 
 def mlock_flag(llama_server: pathlib.Path) -> list[str]:

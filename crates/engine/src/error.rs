@@ -48,6 +48,8 @@ pub enum EngineError {
         key: String,
         reason: String,
     },
+    #[error("{path}: {reason}; restore it from git, or delete it and put the checkpoint's model.safetensors beside it")]
+    Compressed { path: PathBuf, reason: String },
     #[error("{path}: not a valid safetensors file: {message}")]
     Safetensors { path: PathBuf, message: String },
     #[error("tensor {name} is missing (looked in {searched})")]

@@ -12,6 +12,7 @@
 
 pub mod batch;
 pub mod cancel;
+pub mod compressed;
 pub mod config;
 mod error;
 pub mod experts;

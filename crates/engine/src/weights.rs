@@ -38,8 +38,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens `dir/model.safetensors`, or every shard listed in `dir/model.safetensors.index.json`,
-    /// or, when `dir` is a GGUF file, that file.
+    /// Opens `dir/model.safetensors` (decompressed first from
+    /// `dir/model.safetensors.compressed` when only that is there: [`crate::compressed`]), or
+    /// every shard listed in
+    /// `dir/model.safetensors.index.json`, or, when `dir` is a GGUF file, that file.
     pub fn open(dir: &Path) -> Result<Checkpoint, EngineError> {
         crate::gguf::check_model_path(dir)?;
         if crate::gguf::is_gguf(dir) {
@@ -55,6 +57,7 @@ impl Checkpoint {
             ck.storage = ck.native_dtype();
             return Ok(ck);
         }
+        crate::compressed::ensure_decompressed(dir)?;
         let index = dir.join("model.safetensors.index.json");
         let files = if index.exists() {
             shard_files(dir, &index)?

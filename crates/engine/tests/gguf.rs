@@ -26,15 +26,8 @@ fn reference(name: &str) -> Value {
 
 /// Logits recorded by the fixture script: `{llama,hf}.logits.{prompt}`, `[tokens, vocab]`.
 fn recorded(name: &str, which: &str, prompt: usize) -> Vec<f32> {
-    let bytes = std::fs::read(root().join(format!("fixtures/gguf/tiny-{name}.logits.safetensors")))
-        .unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensor(&format!("{which}.logits.{prompt}"))
-        .unwrap()
-        .data()
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    let path = root().join(format!("fixtures/gguf/tiny-{name}.logits.safetensors"));
+    f32_tensor(&path, &format!("{which}.logits.{prompt}"))
 }
 
 #[test]

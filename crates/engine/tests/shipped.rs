@@ -1,7 +1,8 @@
 //! The shipped target (models/target, a trained Qwen3-MoE) computes what HF `transformers`
 //! computes: logits to 1e-4 relative in f32, the same experts for every token and layer, the
 //! same greedy tokens — on the disk tier with a few slots as well as all in RAM. The reference
-//! comes from tools/fixtures/make_shipped_reference.py.
+//! (fixtures/shipped/reference.json, its logits in reference.logits.safetensors) comes from
+//! tools/fixtures/make_shipped_reference.py.
 
 mod common;
 use common::*;
@@ -17,10 +18,11 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
         &std::fs::read_to_string(root().join("fixtures/shipped/reference.json")).unwrap(),
     )
     .unwrap();
+    let logits = root().join("fixtures/shipped/reference.logits.safetensors");
     let dir = root().join("models/target");
     let (model, mut cache) =
         load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
-    for case in reference["cases"].as_array().unwrap() {
+    for (i, case) in reference["cases"].as_array().unwrap().iter().enumerate() {
         let ids = ints(&case["input_ids"]);
         let rows: Vec<usize> = ints(&case["logit_rows"])
             .into_iter()
@@ -32,14 +34,10 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
             &Batch::causal(&ids).with_logits(Logits::Rows(&rows)),
         );
         let mut worst = 0.0f32;
-        for (r, want) in case["logits"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<f32> = want
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-                .collect();
-            let err = rel_err(out.row(r), &want);
+        let want = f32_tensor(&logits, &format!("logits.{i}")); // rows × V
+        assert_eq!(want.len(), rows.len() * out.vocab);
+        for (r, want) in want.chunks_exact(out.vocab).enumerate() {
+            let err = rel_err(out.row(r), want);
             assert!(
                 err < 1e-4,
                 "{} row {}: relative error {err}",

@@ -106,6 +106,19 @@ pub fn json_file(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
+/// F32 tensor `name` of the safetensors file at `path` (a fixture script's sidecar), row-major.
+pub fn f32_tensor(path: &Path, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensor = st.tensor(name).unwrap();
+    assert_eq!(tensor.dtype(), safetensors::Dtype::F32, "{name}");
+    tensor
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
 /// The fixture target (experts in RAM behind `slots` slots per layer) with the tiny drafter.
 pub fn fixture_pair(slots: usize) -> (Qwen3Moe, Eagle3, ExpertCache) {
     let (target, cache) = fixture_target(slots);

@@ -627,3 +627,51 @@ fn decodes_forwards_and_trees_past_their_limits_are_refused_not_wrapped_around()
         assert!(err.to_string().contains("1024"), "{err}");
     }
 }
+
+#[test]
+fn after_a_plain_burst_the_drafter_drafts_as_if_it_had_been_given_every_token() {
+    use specfit_engine::spec::{Decoder, Speculation};
+    use specfit_engine::{load_target, Eagle3, Tier};
+    // A burst the drafter learns whole leaves it where a prompt holding those tokens would: the
+    // cycles after it draft, and accept, exactly what the cycles after that longer prompt do.
+    // The shipped pair: its trained drafter reads its context (a random one barely does).
+    let (target_dir, drafter_dir) = (root().join("models/target"), root().join("models/drafter"));
+    let load = || load_target(&target_dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let target = load().0;
+    let drafter = Eagle3::load(&drafter_dir, target.config()).unwrap();
+    let options = decode_options(60, Sampling::Greedy, 7);
+    let run = |prompt: &[u32], burst: usize| {
+        let mut policy = VerifyPolicy::top_k(7);
+        let mut cache = load().1;
+        let speculation = Speculation {
+            drafter: &drafter,
+            policy: &mut policy,
+            routes: Routes::None,
+        };
+        let start = Start::Prompt(prompt);
+        let mut d =
+            Decoder::start(&target, &mut cache, Some(speculation), start, &options).unwrap();
+        if burst > 0 {
+            d.commit_plain(burst).unwrap();
+        }
+        for _ in 0..8 {
+            d.step().unwrap();
+        }
+        d.finish()
+    };
+    let tokenizer = specfit_engine::Tokenizer::load(&target_dir).unwrap();
+    let prompt = tokenizer
+        .encode("Natalia sold clips to 48 of her friends in April, and then she sold half as many")
+        .unwrap();
+    let burst = run(&prompt, 12);
+    // The longer prompt ends with the burst's first 12 tokens (the root and 11 burst tokens), so
+    // its root is the burst's last.
+    let mut longer = prompt.clone();
+    longer.extend(&burst.tokens[..12]);
+    let prefilled = run(&longer, 0);
+    assert_eq!(burst.plain_steps, 12);
+    assert_eq!(burst.tokens[12..], prefilled.tokens[..]);
+    assert_eq!(burst.accept_counts, prefilled.accept_counts);
+    assert_eq!(burst.drafted_levels, prefilled.drafted_levels);
+    assert!(burst.accept_counts.len() > 1, "some drafts were accepted");
+}

@@ -227,27 +227,26 @@ impl<'a> Decoder<'a> {
     }
 
     /// Up to `burst` plain decoding steps (one target forward each, one token drawn exactly as
-    /// plain decoding draws it). When speculating, the drafter then learns the last new token
-    /// only: the burst's earlier positions stay out of its cache, which can only cost
-    /// acceptance, never exactness.
+    /// plain decoding draws it). When speculating, the drafter then learns the whole burst in
+    /// one forward (each new token with the target's features at the position before it, as
+    /// after a verified cycle), so its cache has no gaps when drafting resumes.
     pub fn commit_plain(&mut self, burst: usize) -> Result<(), EngineError> {
         let mut clock = Clock::start(self.outside_clock_seconds());
         let h = self.target.config().hidden_size;
+        let learning = self.speculation.is_some() && self.draft.is_some();
+        let (first, mut tokens, mut features) = (self.kv.len(), Vec::new(), Vec::new());
         for step in 0..burst {
             if step > 0 && self.done() {
-                // The generation ended first: the policy keeps the rest for the next one.
+                // The generation ended first: the policy keeps the rest for the next one (and
+                // the drafter need not learn a burst nothing will draft after).
                 if let Some(s) = self.speculation.as_mut() {
                     s.policy.keep_burst(burst - step);
                 }
-                break;
+                return Ok(());
             }
-            let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
-            // Only the burst's last step feeds the drafter, so only it keeps the drafter's taps
-            // (a generation that ends sooner needs none).
-            let last = step + 1 == burst;
-            let taps = match (last, &self.speculation) {
+            let taps = match (learning, &self.speculation) {
                 (true, Some(s)) => s.drafter.taps(),
                 _ => &[],
             };
@@ -258,9 +257,9 @@ impl<'a> Decoder<'a> {
             let next = self.sampler.sample(out.row(0));
             self.stats.count_plain_step();
             self.emit(&[next]);
-            if let (true, Some(s), Some(draft)) = (last, &self.speculation, self.draft.as_mut()) {
-                let features = concat_taps(&out.taps, 1, h);
-                learn(self.target, s.drafter, draft, &[next], &features, at)?;
+            if learning {
+                tokens.push(next);
+                features.extend(concat_taps(&out.taps, 1, h));
             }
             // One lap per step. The policy hears of every step but the first, which pays for
             // what the cycle before it left in the processor's caches.
@@ -268,6 +267,10 @@ impl<'a> Decoder<'a> {
             if let (true, Some(s)) = (step > 0, self.speculation.as_mut()) {
                 s.policy.observe_plain(1, 1e3 * seconds);
             }
+        }
+        if let (Some(s), Some(draft)) = (&self.speculation, self.draft.as_mut()) {
+            learn(self.target, s.drafter, draft, &tokens, &features, first)?;
+            clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
         }
         Ok(())
     }

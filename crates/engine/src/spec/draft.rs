@@ -70,8 +70,8 @@ impl Default for TreeShape {
 /// The drafter's state between cycles.
 pub(crate) struct DraftState {
     pub(crate) kv: KvCache,
-    /// Drafter cache entries of committed tokens (fewer than the target's after plain bursts,
-    /// whose tokens the drafter skips; tree entries come after them).
+    /// Drafter cache entries of committed tokens (one per committed position, plain bursts'
+    /// included; tree entries come after them).
     pub(crate) committed: usize,
     /// Last committed-position hidden output and logits (they predict level 1).
     pub(crate) hidden: Vec<f32>,

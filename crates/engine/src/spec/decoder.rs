@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use specfit_selector::{Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
+use specfit_sim::CATCH_UP_TOKENS;
 
 use crate::batch::{Batch, Logits};
 use crate::cancel::Cancel;
@@ -131,10 +132,35 @@ pub struct Decoder<'a> {
     root: u32,
     /// The drafter's state (when speculating).
     draft: Option<DraftState>,
+    /// Plain-burst tokens the drafter has not learned yet (when speculating): it learns them
+    /// when drafting resumes, inside that cycle's clock, so the policy sees what switching back
+    /// costs.
+    unlearned: Option<Unlearned>,
     stats: DecodeStats,
     /// Copy counters when decoding began (after the prefill).
     copies_before: CopyStats,
     decode_started: Instant,
+}
+
+/// Plain-burst tokens waiting for the drafter: `tokens[i]` followed position `first + i`, whose
+/// target features are `features[i·3H..(i+1)·3H]`.
+struct Unlearned {
+    first: usize,
+    tokens: Vec<u32>,
+    features: Vec<f32>,
+}
+
+impl Unlearned {
+    /// Drops all but the latest `n` tokens (once there are more than `n`).
+    fn keep_latest(&mut self, n: usize) {
+        let drop = self.tokens.len().saturating_sub(n);
+        if drop > 0 {
+            let width = self.features.len() / self.tokens.len();
+            self.tokens.drain(..drop);
+            self.features.drain(..drop * width);
+            self.first += drop;
+        }
+    }
 }
 
 impl<'a> Decoder<'a> {
@@ -183,6 +209,7 @@ impl<'a> Decoder<'a> {
             kv,
             root,
             draft,
+            unlearned: None,
             stats,
             decode_started: Instant::now(),
         })
@@ -206,6 +233,7 @@ impl<'a> Decoder<'a> {
             return self.commit_plain(burst);
         }
         let mut clock = Clock::start(self.outside_clock_seconds());
+        self.catch_up_drafter(&mut clock)?;
         let Drafted {
             pool,
             chosen,
@@ -227,23 +255,23 @@ impl<'a> Decoder<'a> {
     }
 
     /// Up to `burst` plain decoding steps (one target forward each, one token drawn exactly as
-    /// plain decoding draws it). When speculating, the drafter then learns the whole burst in
-    /// one forward (each new token with the target's features at the position before it, as
-    /// after a verified cycle), so its cache has no gaps when drafting resumes.
+    /// plain decoding draws it). When speculating, each new token is kept with the target's
+    /// features at the position before it, for the drafter to learn when drafting resumes (as
+    /// after a verified cycle): the latest [`CATCH_UP_TOKENS`] of them, so its recent context
+    /// has no gaps.
     pub fn commit_plain(&mut self, burst: usize) -> Result<(), EngineError> {
         let mut clock = Clock::start(self.outside_clock_seconds());
         let h = self.target.config().hidden_size;
         let learning = self.speculation.is_some() && self.draft.is_some();
-        let (first, mut tokens, mut features) = (self.kv.len(), Vec::new(), Vec::new());
         for step in 0..burst {
             if step > 0 && self.done() {
-                // The generation ended first: the policy keeps the rest for the next one (and
-                // the drafter need not learn a burst nothing will draft after).
+                // The generation ended first: the policy keeps the rest for the next one.
                 if let Some(s) = self.speculation.as_mut() {
                     s.policy.keep_burst(burst - step);
                 }
-                return Ok(());
+                break;
             }
+            let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
             let taps = match (learning, &self.speculation) {
@@ -258,8 +286,14 @@ impl<'a> Decoder<'a> {
             self.stats.count_plain_step();
             self.emit(&[next]);
             if learning {
-                tokens.push(next);
-                features.extend(concat_taps(&out.taps, 1, h));
+                let u = self.unlearned.get_or_insert_with(|| Unlearned {
+                    first: at,
+                    tokens: Vec::new(),
+                    features: Vec::new(),
+                });
+                u.tokens.push(next);
+                u.features.extend(concat_taps(&out.taps, 1, h));
+                u.keep_latest(2 * CATCH_UP_TOKENS);
             }
             // One lap per step. The policy hears of every step but the first, which pays for
             // what the cycle before it left in the processor's caches.
@@ -268,10 +302,30 @@ impl<'a> Decoder<'a> {
                 s.policy.observe_plain(1, 1e3 * seconds);
             }
         }
-        if let (Some(s), Some(draft)) = (&self.speculation, self.draft.as_mut()) {
-            learn(self.target, s.drafter, draft, &tokens, &features, first)?;
-            clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
-        }
+        Ok(())
+    }
+
+    /// The drafter learns the plain-burst tokens it has not seen, in one forward (timed as
+    /// drafting, in the cycle that needs it).
+    fn catch_up_drafter(&mut self, clock: &mut Clock) -> Result<(), EngineError> {
+        let (Some(u), Some(s), Some(draft)) = (
+            self.unlearned.take(),
+            &self.speculation,
+            self.draft.as_mut(),
+        ) else {
+            return Ok(());
+        };
+        let mut u = u;
+        u.keep_latest(CATCH_UP_TOKENS);
+        learn(
+            self.target,
+            s.drafter,
+            draft,
+            &u.tokens,
+            &u.features,
+            u.first,
+        )?;
+        clock.lap(Phase::Draft, self.outside_clock_seconds(), &mut self.stats);
         Ok(())
     }
 
@@ -575,4 +629,24 @@ pub(crate) fn prefill(
         _ => None,
     };
     Ok((kv, root, draft))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unlearned_tokens_keep_the_latest_with_their_features_and_positions() {
+        let mut u = Unlearned {
+            first: 10,
+            tokens: vec![1, 2, 3, 4, 5],
+            features: (0..10).map(|f| f as f32).collect(), // 2 values per token
+        };
+        u.keep_latest(8);
+        assert_eq!((u.first, u.tokens.len()), (10, 5), "fewer than 8: all kept");
+        u.keep_latest(2);
+        assert_eq!(u.first, 13);
+        assert_eq!(u.tokens, [4, 5]);
+        assert_eq!(u.features, [6.0, 7.0, 8.0, 9.0]);
+    }
 }

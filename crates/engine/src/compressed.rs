@@ -1,7 +1,7 @@
 //! Compressed checkpoints: a `model.safetensors` kept in git as `model.safetensors.compressed`,
 //! about two thirds of its size, and decompressed (once, atomically) into `model.safetensors`
-//! beside it when a checkpoint directory holds only the compressed file. It owns the format and both directions; it
-//! does not read tensors (`weights` does, from the decompressed file).
+//! beside it when a checkpoint directory holds only the compressed file. It owns the format and
+//! both directions; it does not read tensors (`weights` does, from the decompressed file).
 //!
 //! A bf16 checkpoint's bytes alternate between a low byte (one exponent bit and the mantissa:
 //! noise to a compressor) and a high byte (sign and exponent: a few bits of entropy). So the data
@@ -61,9 +61,8 @@ pub fn compress(src: &Path, dst: &Path) -> Result<(), EngineError> {
 }
 
 /// When `dir` has a compressed checkpoint but no `model.safetensors`, decompresses it there
-/// (atomically:
-/// concurrent callers each write their own temporary file and the same bytes win). Does
-/// nothing otherwise.
+/// (atomically: concurrent callers each write their own temporary file and the same bytes win).
+/// Does nothing otherwise.
 pub fn ensure_decompressed(dir: &Path) -> Result<(), EngineError> {
     let (compressed, plain) = (compressed_path(dir), dir.join("model.safetensors"));
     if plain.exists() || !compressed.is_file() {

@@ -308,14 +308,13 @@ impl<'a> Decoder<'a> {
     /// The drafter learns the plain-burst tokens it has not seen, in one forward (timed as
     /// drafting, in the cycle that needs it).
     fn catch_up_drafter(&mut self, clock: &mut Clock) -> Result<(), EngineError> {
-        let (Some(u), Some(s), Some(draft)) = (
+        let (Some(mut u), Some(s), Some(draft)) = (
             self.unlearned.take(),
             &self.speculation,
             self.draft.as_mut(),
         ) else {
             return Ok(());
         };
-        let mut u = u;
         u.keep_latest(CATCH_UP_TOKENS);
         learn(
             self.target,

@@ -33,8 +33,8 @@ pub const MAX_LOSING_BURST: usize = 256;
 
 /// Under [`Bursts::NeverLose`], how much less time per token speculative cycles must measure
 /// than plain steps to count as winning: switching between the two costs time neither
-/// measures (the first plain step after a cycle, the drafter catching up), so at parity plain
-/// decoding is the safe side.
+/// measures (the first plain step after a cycle, the cache pollution in the steps after it), so
+/// at parity plain decoding is the safe side.
 pub const WIN_MARGIN: f64 = 0.03;
 
 /// Under [`Bursts::NeverLose`], the share of decoding time that probing cycles may lose while

@@ -84,6 +84,13 @@ pub struct Drafting {
     pub feed_context_ms: f64,
 }
 
+impl Drafting {
+    /// One feed of `tokens` committed tokens to the drafter at `context` tokens cached.
+    fn feed(&self, tokens: usize, context: f64) -> f64 {
+        self.feed_ms + (self.feed_ms_per_token + self.feed_context_ms * context) * tokens as f64
+    }
+}
+
 /// What a replay measured.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimReport {
@@ -284,15 +291,11 @@ fn replay(
             // latest CATCH_UP_TOKENS, in one feed), then learns this cycle's tokens.
             let catch_up = match std::mem::take(&mut unlearned) {
                 0 => 0.0,
-                n => {
-                    let n = n.min(CATCH_UP_TOKENS) as f64;
-                    d.feed_ms + (d.feed_ms_per_token + d.feed_context_ms * context) * n
-                }
+                n => d.feed(n.min(CATCH_UP_TOKENS), context),
             };
             ms += catch_up
                 + (d.ms_per_level + d.level_context_ms * context) * levels.saturating_sub(1) as f64
-                + d.feed_ms
-                + (d.feed_ms_per_token + d.feed_context_ms * context) * (accepted + 1) as f64;
+                + d.feed(accepted + 1, context);
             policy.observe_cycle(accepted + 1, ms);
         }
         report.time_ms += ms;

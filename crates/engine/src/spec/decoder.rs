@@ -242,11 +242,10 @@ impl<'a> Decoder<'a> {
         self.read_ahead(routes.as_ref(), &chosen);
         let verified = self.verify(&pool, &chosen)?;
         self.advance_drafter(&verified)?;
-        let outside = self.outside_clock_seconds();
-        clock.lap(Phase::Verify, outside, &mut self.stats);
+        clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
         let committed = verified.committed.len();
         if let Some(s) = self.speculation.as_mut() {
-            s.policy.observe_cycle(committed, clock.total_ms(outside));
+            s.policy.observe_cycle(committed, clock.total_ms());
         }
         self.stats
             .count_cycle(chosen.len(), pool_depth(&pool), committed);
@@ -263,6 +262,10 @@ impl<'a> Decoder<'a> {
         let mut clock = Clock::start(self.outside_clock_seconds());
         let h = self.target.config().hidden_size;
         let learning = self.speculation.is_some() && self.draft.is_some();
+        let taps = match (learning, self.speculation.as_ref().map(|s| s.drafter)) {
+            (true, Some(drafter)) => drafter.taps(),
+            _ => &[],
+        };
         for step in 0..burst {
             if step > 0 && self.done() {
                 // The generation ended first: the policy keeps the rest for the next one.
@@ -274,10 +277,6 @@ impl<'a> Decoder<'a> {
             let at = self.kv.len();
             let fed = self.stats.tokens.len() - 1;
             let input = [self.options.feed.get(fed).copied().unwrap_or(self.root)];
-            let taps = match (learning, &self.speculation) {
-                (true, Some(s)) => s.drafter.taps(),
-                _ => &[],
-            };
             let batch = Batch::causal(&input)
                 .with_taps(taps)
                 .with_logits(Logits::Last);

@@ -23,6 +23,17 @@ fn main() {
             rate / 1e9,
             8.0 * 768.0 * 2048.0 / rate * 1e6
         );
+        if std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+        {
+            let rate = peak::dpbusd_rate();
+            println!(
+                "integer peak (vpdpbusd on 512-bit registers, one thread): {:.1} G products/s, \
+                 so 8 rows of a 768×2048 matrix take at least {:.0} µs",
+                rate / 1e9,
+                8.0 * 768.0 * 2048.0 / rate * 1e6
+            );
+        }
     }
     for ty in [
         GgmlType::Q4_K,
@@ -109,6 +120,41 @@ mod peak {
             best = best.min(t.elapsed().as_secs_f64());
         }
         (iters * 8 * 32) as f64 / best
+    }
+
+    /// Byte products per second of `vpdpbusd` on 512-bit registers (8 independent accumulators),
+    /// one thread: the floor under the VNNI kernels.
+    pub fn dpbusd_rate() -> f64 {
+        // SAFETY: only called when the CPU has AVX-512 VNNI.
+        let run = |iters: u64| unsafe { dpbusd_chains(iters) };
+        run(1 << 16);
+        let iters = 1u64 << 22;
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            std::hint::black_box(run(iters));
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        (iters * 8 * 64) as f64 / best
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn dpbusd_chains(iters: u64) -> i32 {
+        let w: [__m512i; 8] =
+            std::hint::black_box(std::array::from_fn(|i| _mm512_set1_epi8(i as i8 + 1)));
+        let step = std::hint::black_box(_mm512_set1_epi8(1));
+        let mut a = std::hint::black_box(_mm512_set1_epi8(-3));
+        let mut acc = [_mm512_setzero_si512(); 8];
+        for _ in 0..iters {
+            for (acc, &w) in acc.iter_mut().zip(&w) {
+                *acc = _mm512_dpbusd_epi32(*acc, w, a);
+            }
+            a = _mm512_add_epi8(a, step);
+        }
+        let total = acc
+            .iter()
+            .fold(_mm512_setzero_si512(), |s, &v| _mm512_add_epi32(s, v));
+        _mm512_reduce_add_epi32(total)
     }
 
     #[target_feature(enable = "avx2")]

@@ -217,6 +217,9 @@ pub struct QuantActs {
     sum16: Vec<i32>,
     /// `sum16` narrowed (each at most 16 · 128 in magnitude, so exact), for `vpmaddwd`.
     sum16_i16: Vec<i16>,
+    /// `q` with each 256-element block's chunks of 16 in the VNNI kernels' order
+    /// (`vnni::VNNI_ORDER`); empty unless the CPU has them and the blocks are 256 long.
+    q_vnni: Vec<i8>,
     /// `rows` rounded up to a multiple of [`LANES`]: the padded accumulators' count.
     lanes: usize,
     /// `d` by block: block `b`'s scales of every row at `b × lanes`, zeros past `rows`.
@@ -251,6 +254,7 @@ impl QuantActs {
             d: vec![0.0; rows * k / block],
             sum16: vec![0; rows * k / 16],
             sum16_i16: Vec::new(),
+            q_vnni: Vec::new(),
             lanes: rows.div_ceil(LANES) * LANES,
             d_by_block: Vec::new(),
             sum_by_block: Vec::new(),
@@ -271,6 +275,10 @@ impl QuantActs {
         }
         acts.sum16_i16 = acts.sum16.iter().map(|&s| s as i16).collect();
         acts.lay_out_by_block();
+        #[cfg(target_arch = "x86_64")]
+        if block == 256 && has_vnni() {
+            acts.q_vnni = Self::vnni_order(&acts.q);
+        }
         acts
     }
 
@@ -290,6 +298,19 @@ impl QuantActs {
                     .sum();
             }
         }
+    }
+
+    /// `q` (whole 256-element blocks) with each block's 16-element chunks in
+    /// `vnni::VNNI_ORDER`.
+    #[cfg(target_arch = "x86_64")]
+    fn vnni_order(q: &[i8]) -> Vec<i8> {
+        let mut out = Vec::with_capacity(q.len());
+        for block in q.chunks_exact(256) {
+            for c in vnni::VNNI_ORDER {
+                out.extend_from_slice(&block[16 * c..16 * (c + 1)]);
+            }
+        }
+        out
     }
 
     /// Row `r`'s block `b`: its integers and scale.
@@ -380,7 +401,8 @@ fn fast_kernel(isa: Isa, ty: GgmlType) -> Option<RowKernel> {
     {
         if isa == Isa::Avx512 && has_vnni() {
             match ty {
-                GgmlType::Q4_K => return Some(vnni::q4_k),
+                GgmlType::Q4_K => return Some(vnni::q4_k::<false>),
+                GgmlType::Q5_K => return Some(vnni::q4_k::<true>),
                 GgmlType::Q6_K => return Some(vnni::q6_k),
                 // The others run the AVX2 kernels (for Q8_0 measured faster than a `vpdpbusd`
                 // one: one horizontal sum per 32 weights either way).

@@ -4,87 +4,14 @@
 //! and `vpmaddwd` (the integer scales, or ones, summed to 32 bits); the same exact sums, so the
 //! same bits.
 //!
-//! The rows go [`LANES`] at a time through a row of weights, each weight block decoded once for
-//! them: their integer vectors are summed by one transposing tree ([`hsum_rows`], exact), and the
-//! float steps run on one vector holding the rows' accumulators ([`fma_rows`]): per row the same
+//! The rows go [`LANES`](super::LANES) at a time through a row of weights, each weight block decoded once for
+//! them: their integer vectors are summed by one transposing tree ([`hsum_rows`](super::x86::hsum_rows), exact), and the
+//! float steps run on one vector holding the rows' accumulators ([`fma_rows`](super::x86::fma_rows)): per row the same
 //! two roundings as the scalar `(d · da).mul_add(f32(S), acc)`, so the same bits as a row alone.
 
-use super::x86::{half, k4_scales};
-use super::{QuantActs, LANES};
+use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales};
+use super::QuantActs;
 use std::arch::x86_64::*;
-
-/// The sum of the 8 lanes (exact).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn hsum(v: __m256i) -> i32 {
-    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
-    let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
-    _mm_cvtsi128_si32(x)
-}
-
-/// The lane sums of `v[0]`, …, `v[N − 1]` as lanes `0..N` of one vector, zeros above (exact
-/// integer adds: one reduction for 1 vector, a transposing tree of `vphaddd` for up to 4 or 8).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn hsum_rows<const N: usize>(v: &[__m256i; N]) -> __m256i {
-    let zero = _mm256_setzero_si256();
-    let at = |i: usize| if i < N { v[i] } else { zero };
-    if N == 1 {
-        return _mm256_castsi128_si256(_mm_cvtsi32_si128(hsum(v[0])));
-    }
-    // Each hadd sums adjacent lanes of two vectors within each 128-bit half; after two levels
-    // lane i < 4 holds vector i's low half summed and lane 4 + i its high half.
-    let a0 = _mm256_hadd_epi32(at(0), at(1));
-    let a1 = _mm256_hadd_epi32(at(2), at(3));
-    let b0 = _mm256_hadd_epi32(a0, a1);
-    if N <= 4 {
-        let x = _mm_add_epi32(
-            _mm256_castsi256_si128(b0),
-            _mm256_extracti128_si256::<1>(b0),
-        );
-        return _mm256_castsi128_si256(x);
-    }
-    let a2 = _mm256_hadd_epi32(at(4), at(5));
-    let a3 = _mm256_hadd_epi32(at(6), at(7));
-    let b1 = _mm256_hadd_epi32(a2, a3);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(b0, b1),
-        _mm256_permute2x128_si256::<0x31>(b0, b1),
-    )
-}
-
-/// One float step of the module docs for [`LANES`] rows' accumulators `acc`:
-/// `acc = fma(d · da, f32(s), acc)` lane by lane, `da` the rows' activation scales.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn fma_rows(acc: __m256, d: f32, da: __m256, s: __m256i) -> __m256 {
-    _mm256_fmadd_ps(
-        _mm256_mul_ps(_mm256_set1_ps(d), da),
-        _mm256_cvtepi32_ps(s),
-        acc,
-    )
-}
-
-/// Runs `$kernel::<N>($args…)` for each group of up to [`LANES`] rows of `$acts`, `N` the
-/// group's row count, the group's first row passed last.
-macro_rules! by_row_groups {
-    ($kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {{
-        let rows = $acts.rows;
-        for r0 in (0..rows).step_by(LANES) {
-            match rows - r0 {
-                1 => $kernel::<$($g,)* 1>($($arg,)* r0),
-                2 => $kernel::<$($g,)* 2>($($arg,)* r0),
-                3 => $kernel::<$($g,)* 3>($($arg,)* r0),
-                4 => $kernel::<$($g,)* 4>($($arg,)* r0),
-                5 => $kernel::<$($g,)* 5>($($arg,)* r0),
-                6 => $kernel::<$($g,)* 6>($($arg,)* r0),
-                7 => $kernel::<$($g,)* 7>($($arg,)* r0),
-                _ => $kernel::<$($g,)* 8>($($arg,)* r0),
-            }
-        }
-    }};
-}
 
 /// The `N` activation rows' 256-element blocks at `at + i · acts.k` against a k-quant block
 /// decoded to 8 registers of unsigned bytes (32 elements each, 16-bit scales per pair of 16):

@@ -1,83 +1,154 @@
-//! The AVX-512 VNNI kernels of [`super`] (x86-64): weights decoded to unsigned bytes in registers,
-//! `vpdpbusd` (unsigned × signed bytes, four products per 32-bit lane) against the activation
-//! bytes, integer scales applied per lane, the lanes summed (exactly), then the float steps of the
-//! module docs.
+//! The AVX-512 VNNI kernels of [`super`] (x86-64) for the k-quants Q4_K, Q5_K and Q6_K: each
+//! weight block decoded once to four registers of unsigned bytes for up to [`LANES`] activation
+//! rows, `vpdpbusd` (unsigned × signed bytes, four products per 32-bit lane) against each row's
+//! activation bytes in [`VNNI_ORDER`], the integer scales applied by `vpmaddwd` on the lane sums
+//! narrowed to 16 bits (exact: each kernel bounds them), the rows' lanes summed by one transposing
+//! tree and the float steps run on a vector of the rows' accumulators ([`super::x86`]): per row
+//! the same exact integers and the same two roundings as the reference, so the same bits.
+//!
+//! [`LANES`]: super::LANES
 
-use super::x86::{half, k4_scales};
+use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales};
 use super::QuantActs;
 use std::arch::x86_64::*;
 
-/// One activation row's 256-element block at `at` against a k-quant block decoded to 4
-/// registers of unsigned bytes (64 elements each, a 32-bit scale per lane of 4): the scaled
-/// dot products, and the block's 16 activation sums times `per_sum`, each as 16 lanes to be
-/// summed.
+/// Where each 16-element chunk of a 256-element block sits in [`QuantActs`]' VNNI copy of the
+/// activations: the kernels' register `t` holds chunks `VNNI_ORDER[4t..4t + 4]` (one per
+/// 128-bit lane), so that in Q4_K's registers 0 and 1 (and 2 and 3) every lane belongs to the
+/// same group of 32 and one accumulator serves both.
+pub(super) const VNNI_ORDER: [usize; 16] = [0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15];
+
+/// `acts`' activation bytes of row block `at` (a block start) in [`VNNI_ORDER`]: 4 registers.
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW and VNNI; `at` is a block start inside `acts`.
+/// The CPU has AVX-512 F; `at` is a block start inside `acts.q_vnni`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn k_row(
-    w: &[__m512i; 4],
-    scale: &[__m512i; 4],
-    acts: &QuantActs,
-    at: usize,
-    per_sum: __m512i,
-) -> (__m512i, __m512i) {
-    // SAFETY: the caller's contract.
+#[target_feature(enable = "avx512f")]
+unsafe fn act_regs(acts: &QuantActs, at: usize) -> [__m512i; 4] {
+    // SAFETY: the caller's contract (256 bytes from `at`).
     unsafe {
-        let a = acts.q.as_ptr().add(at);
-        let mut sum = _mm512_setzero_si512();
-        for t in 0..4 {
-            let av = _mm512_loadu_si512(a.add(64 * t) as *const __m512i);
-            let dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], av);
-            sum = _mm512_add_epi32(sum, _mm512_mullo_epi32(dot, scale[t]));
-        }
-        let sums = _mm512_loadu_si512(acts.sum16.as_ptr().add(at / 16) as *const __m512i);
-        (sum, _mm512_mullo_epi32(sums, per_sum))
+        let a = acts.q_vnni.as_ptr().add(at);
+        std::array::from_fn(|t| _mm512_loadu_si512(a.add(64 * t) as *const __m512i))
     }
 }
 
+/// The 8 lanes of `v`'s two halves added (exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn fold(v: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v))
+}
+
 /// `Q4_K` blocks (144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
-/// nibbles; 8 groups of 32).
+/// nibbles; 8 groups of 32), or with `FIVE` `Q5_K` ones (176 bytes: the same header, then 32
+/// bytes whose bit `g` of byte `l` is the fifth bit of element `l` of group `g`, then the
+/// nibbles).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL, VNNI and F16C; `row` is whole `Q4_K` blocks, `acts`
-/// quantized for `Q4_K` with as many blocks per row, `acc` at least one per activation row.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
-pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
-    let acc = &mut acc[..acts.rows];
-    let mask = _mm256_set1_epi8(0x0F);
-    // Byte patterns picking, for register t, group 2t's scale for lanes 0–7 and group
-    // 2t + 1's for lanes 8–15; and each group's min for both of its sums of 16.
-    let pick: [__m128i; 4] = std::array::from_fn(|t| {
-        let (a, b) = (2 * t as i8, 2 * t as i8 + 1);
-        _mm_setr_epi8(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b)
-    });
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `row` is whole blocks of the type, `acts`
+/// quantized for it with as many blocks per row, `acc` holds `acts.lanes` floats.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q4_k_rows<FIVE>, acts; row, acts, acc) }
+}
+
+/// [`q4_k`] for the `N` rows from `r0`.
+///
+/// Per block, the nibbles of elements `64t .. 64t + 64` (bytes `32t ..`, low nibbles the first
+/// 32 elements) load as one register for `t` = 0, 1 and one for 2, 3; masking gives chunks
+/// `(0, 1, 4, 5)` (low) and `(2, 3, 6, 7)` (high), which `vpermt2q` deals into [`VNNI_ORDER`]:
+/// register 0 holds chunks 0, 2, 4, 6 (groups 0–3) and register 1 chunks 1, 3, 5, 7 (the same
+/// groups). A lane of `vpdpbusd` over registers 0 and 1 sums 8 products of at most 31 · 127
+/// (Q5_K), so at most 31,496 and `vpackssdw` narrows it exactly.
+///
+/// # Safety
+/// As [`q4_k`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
+    row: &[u8],
+    acts: &QuantActs,
+    acc: &mut [f32],
+    r0: usize,
+) {
+    let block = if FIVE { 176 } else { 144 };
+    let nibbles = if FIVE { 48 } else { 16 };
+    let mask = _mm512_set1_epi8(0x0F);
+    let one = _mm512_set1_epi8(1);
+    let even = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let odd = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    // Register pair p's lane c (of 4) covers group 4p + c. After `vpackssdw` of the pairs' sums,
+    // lane c holds 4 sums of group c, then 4 of group 4 + c: their scales, as bytes.
+    let pick_scale = _mm256_setr_epi8(
+        0, 0, 0, 0, 4, 4, 4, 4, 1, 1, 1, 1, 5, 5, 5, 5, 2, 2, 2, 2, 6, 6, 6, 6, 3, 3, 3, 3, 7, 7,
+        7, 7,
+    );
+    // Each group's min (bytes 8–15) for both of its sums of 16.
     let pick_min = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    let blocks = row.len() / 144;
-    let stride = acts.k / 256;
-    for b in 0..blocks {
-        // SAFETY (whole loop body): every access stays inside block `b` of `row` and block
-        // `b` of each activation row (the caller's contract).
-        unsafe {
-            let blk = row.as_ptr().add(144 * b);
+    // The fifth bits of the low and high registers of pair p sit in bits (4p, 4p + 2) and
+    // (4p + 1, 4p + 3) of the 32 bytes, one shift count per 256-bit half.
+    let shifts =
+        |a: i16, b: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b));
+    let fifth = [[shifts(0, 2), shifts(1, 3)], [shifts(4, 6), shifts(5, 7)]];
+    // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
+    // and `acc` (the caller's contract).
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        let qh_none = _mm512_setzero_si512();
+        for b in 0..row.len() / block {
+            let blk = row.as_ptr().add(block * b);
             let (d, dmin) = (half(blk), -half(blk.add(2)));
             let sc = k4_scales(blk.add(4));
             let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+            let scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
+                _mm256_broadcastsi128_si256(packed),
+                pick_scale,
+            ));
+            let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
+            let qh = if FIVE {
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16) as *const __m256i))
+            } else {
+                qh_none
+            };
             let mut w = [_mm512_setzero_si512(); 4];
-            let mut scale = [_mm512_setzero_si512(); 4];
-            for t in 0..4 {
-                let raw = _mm256_loadu_si256(blk.add(16 + 32 * t) as *const __m256i);
-                let lo = _mm256_and_si256(raw, mask);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-                w[t] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-                scale[t] = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick[t]));
+            for p in 0..2 {
+                let raw = _mm512_loadu_si512(blk.add(nibbles + 64 * p) as *const __m512i);
+                let mut lo = _mm512_and_si512(raw, mask);
+                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask);
+                if FIVE {
+                    let bit = |s: __m512i| {
+                        let b = _mm512_and_si512(_mm512_srlv_epi16(qh, s), one);
+                        _mm512_slli_epi16::<4>(b)
+                    };
+                    lo = _mm512_or_si512(lo, bit(fifth[p][0]));
+                    hi = _mm512_or_si512(hi, bit(fifth[p][1]));
+                }
+                w[2 * p] = _mm512_permutex2var_epi64(lo, even, hi);
+                w[2 * p + 1] = _mm512_permutex2var_epi64(lo, odd, hi);
             }
-            let mins = _mm512_cvtepu8_epi32(_mm_shuffle_epi8(packed, pick_min));
-            let lanes = |r: usize| k_row(&w, &scale, acts, r * acts.k + 256 * b, mins);
-            let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
-            finish_rows(acc, d, Some(dmin), da, lanes);
+            let mut s1 = [_mm256_setzero_si256(); N];
+            let mut s2 = [_mm256_setzero_si256(); N];
+            for i in 0..N {
+                let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
+                let pair = |p: usize| {
+                    let x = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2 * p], a[2 * p]);
+                    _mm512_dpbusd_epi32(x, w[2 * p + 1], a[2 * p + 1])
+                };
+                let narrow = _mm512_packs_epi32(pair(0), pair(1));
+                s1[i] = fold(_mm512_madd_epi16(narrow, scale));
+                let sums = acts
+                    .sum16_i16
+                    .as_ptr()
+                    .add(((r0 + i) * acts.k + 256 * b) / 16);
+                s2[i] = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), mins);
+            }
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
+            v = fma_rows(v, d, da, hsum_rows(&s1));
+            v = fma_rows(v, dmin, da, hsum_rows(&s2));
         }
+        _mm256_storeu_ps(at, v);
     }
 }
 
@@ -86,100 +157,83 @@ pub(super) unsafe fn q4_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
 ///
 /// # Safety
 /// As [`q4_k`], for `Q6_K`.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
-    let acc = &mut acc[..acts.rows];
-    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    let pick: [__m128i; 4] = std::array::from_fn(|t| {
-        let g = |j: i8| 4 * t as i8 + j;
-        _mm_setr_epi8(
-            g(0),
-            g(0),
-            g(0),
-            g(0),
-            g(1),
-            g(1),
-            g(1),
-            g(1),
-            g(2),
-            g(2),
-            g(2),
-            g(2),
-            g(3),
-            g(3),
-            g(3),
-            g(3),
-        )
-    });
-    let stride = acts.k / 256;
-    for (b, blk) in row.chunks_exact(210).enumerate() {
-        // SAFETY: two bytes inside the block; F16C is enabled.
-        let d = unsafe { half(blk.as_ptr().add(208)) };
-        // SAFETY (whole body): every access stays inside block `b` of `row` and block `b`
-        // of each activation row (the caller's contract).
-        unsafe {
-            let p = blk.as_ptr();
-            let mut w = [_mm512_setzero_si512(); 4];
-            for half in 0..2 {
-                let ql0 = _mm256_loadu_si256(p.add(64 * half) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(64 * half + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * half) as *const __m256i);
-                let high = |h: __m256i| _mm256_slli_epi16(_mm256_and_si256(h, m3), 4);
-                let v0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh));
-                let v1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2)));
-                let v2 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    high(_mm256_srli_epi16(qh, 4)),
-                );
-                let v3 = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    high(_mm256_srli_epi16(qh, 6)),
-                );
-                w[2 * half] = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
-                w[2 * half + 1] = _mm512_inserti64x4(_mm512_castsi256_si512(v2), v3, 1);
-            }
-            // Lane j of register t covers elements 64t + 4j .. +4: group 4t + j/4.
-            let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
-            let scale: [__m512i; 4] =
-                std::array::from_fn(|t| _mm512_cvtepi8_epi32(_mm_shuffle_epi8(sc, pick[t])));
-            // The stored values are q + 32: 32 · sc[g] · (Σ a over group g) comes back out.
-            let bias = _mm512_slli_epi32(_mm512_cvtepi8_epi32(sc), 5);
-            let lanes = |r: usize| {
-                let (sum, off) = k_row(&w, &scale, acts, r * acts.k + 256 * b, bias);
-                (_mm512_sub_epi32(sum, off), _mm512_setzero_si512())
-            };
-            let da = |r: usize| *acts.d.get_unchecked(r * stride + b);
-            finish_rows(acc, d, None, da, lanes);
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q6_k_rows<>, acts; row, acts, acc) }
 }
 
-/// Adds one block's contribution to every row's accumulator in `acc`, in the module docs'
-/// order: `lanes(r)` gives row `r`'s two integer vectors whose lane sums are `S1` and `S2`,
-/// `da(r)` its activation scale; `dmin` is `None` for types without mins. (Summing the lanes
-/// of 16 rows at once with a transposing tree of adds was measured slower than one
-/// reduction per row.)
+/// [`q6_k`] for the `N` rows from `r0`.
+///
+/// Per half `h` of the block, the 64 low-nibble bytes and 32 high-pair bytes give chunks
+/// `8h + (0, 1, 2, 3)` and `8h + (4, 5, 6, 7)`, which `vshufi32x4` deals into [`VNNI_ORDER`].
+/// Every chunk is its own group, so each register has its own accumulator: a lane sums 4
+/// products of at most 63 · 127 (8,001 · 4 = 32,004), narrowed exactly by `vpackssdw`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; `lanes` and `da` are safe to call for every row of `acc`.
-#[inline(always)]
-unsafe fn finish_rows(
-    acc: &mut [f32],
-    d: f32,
-    dmin: Option<f32>,
-    da: impl Fn(usize) -> f32,
-    lanes: impl Fn(usize) -> (__m512i, __m512i),
-) {
-    for (r, acc) in acc.iter_mut().enumerate() {
-        let (v1, v2) = lanes(r);
-        let da = da(r);
-        // SAFETY: the caller's contract.
-        let s1 = unsafe { _mm512_reduce_add_epi32(v1) };
-        *acc = (d * da).mul_add(s1 as f32, *acc);
-        if let Some(dmin) = dmin {
-            // SAFETY: as above.
-            let s2 = unsafe { _mm512_reduce_add_epi32(v2) };
-            *acc = (dmin * da).mul_add(s2 as f32, *acc);
+/// As [`q6_k`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
+    let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
+    // The high pairs of chunks 8h + (0, 1) / (2, 3) sit at bits 0 / 2 of the 32 bytes, those
+    // of (4, 5) / (6, 7) at bits 4 / 6: one shift count per 256-bit half.
+    let shifts =
+        |a: i16, b: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b));
+    let (low_shift, high_shift) = (shifts(0, 2), shifts(4, 6));
+    // After `vpackssdw` of registers (2q, 2q + 1), lane c holds 4 sums of chunk 8q + 2c, then
+    // 4 of chunk 8q + 2c + 1: the scales in natural order, each 4 times.
+    let pick_scale: [__m256i; 2] = std::array::from_fn(|q| {
+        let pick: [i8; 32] = std::array::from_fn(|i| (8 * q + i / 4) as i8);
+        // SAFETY: 32 bytes.
+        unsafe { _mm256_loadu_si256(pick.as_ptr() as *const __m256i) }
+    });
+    // SAFETY (whole body): as in `q4_k_rows`.
+    unsafe {
+        let at = acc.as_mut_ptr().add(r0);
+        let mut v = _mm256_loadu_ps(at);
+        for b in 0..row.len() / 210 {
+            let p = row.as_ptr().add(210 * b);
+            let d = half(p.add(208));
+            let mut w = [_mm512_setzero_si512(); 4];
+            for h in 0..2 {
+                let ql = _mm512_loadu_si512(p.add(64 * h) as *const __m512i);
+                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    p.add(128 + 32 * h) as *const __m256i
+                ));
+                let high = |s: __m512i| {
+                    _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, s), m3))
+                };
+                let first = _mm512_or_si512(_mm512_and_si512(ql, m4), high(low_shift));
+                let second = _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                    high(high_shift),
+                );
+                w[2 * h] = _mm512_shuffle_i32x4::<0b10_00_10_00>(first, second);
+                w[2 * h + 1] = _mm512_shuffle_i32x4::<0b11_01_11_01>(first, second);
+            }
+            let sc = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(192) as *const __m128i));
+            let scale: [__m512i; 2] = std::array::from_fn(|q| {
+                _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc, pick_scale[q]))
+            });
+            // 32 · sc[g] per sum of 16 (chunk g): the +32 of the stored values comes back out.
+            let bias = _mm256_slli_epi16::<5>(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(sc)));
+            let mut s = [_mm256_setzero_si256(); N];
+            for (i, s) in s.iter_mut().enumerate() {
+                let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
+                let dot = |t: usize| _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], a[t]);
+                let q0 = _mm512_madd_epi16(_mm512_packs_epi32(dot(0), dot(1)), scale[0]);
+                let q1 = _mm512_madd_epi16(_mm512_packs_epi32(dot(2), dot(3)), scale[1]);
+                let sums = acts
+                    .sum16_i16
+                    .as_ptr()
+                    .add(((r0 + i) * acts.k + 256 * b) / 16);
+                let off = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), bias);
+                *s = _mm256_sub_epi32(fold(_mm512_add_epi32(q0, q1)), off);
+            }
+            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
+            v = fma_rows(v, d, da, hsum_rows(&s));
         }
+        _mm256_storeu_ps(at, v);
     }
 }

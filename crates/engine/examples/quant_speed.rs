@@ -1,13 +1,15 @@
 //! Throughput of the quantized kernels on GGUF rows as stored, per type, for the matrices of one
 //! Qwen3-30B-A3B expert (`gate`/`up` 768 × 2048, `down` 2048 × 768) and an attention projection
 //! (4096 × 2048), on one thread, at 1 to 16 activation rows: the median of 7 timings of 20 calls,
-//! the spread, and the cost of `rows` rows over one row's.
+//! the spread, and the cost of `rows` rows over one row's; then the product alone on activations
+//! quantized beforehand (as a forward shares them between matrices with the same input), and
+//! the quantizing alone.
 //!
 //! ```sh
 //! cargo run --release -p specfit-engine --example quant_speed [TYPE…]
 //! ```
 
-use specfit_engine::kernels::quant::QuantMatrix;
+use specfit_engine::kernels::quant::{QuantActs, QuantMatrix};
 use specfit_engine::kernels::Isa;
 use specfit_gguf::GgmlType;
 
@@ -59,45 +61,55 @@ fn main() {
                 .map(|i| if i % bytes < 2 { next() & 0x3B } else { next() })
                 .collect();
             let m = QuantMatrix::from_gguf(ty, &src, n, k).expect("an integer type");
-            let mut one_row = 0.0;
+            let mut one_row = (0.0, 0.0);
             for rows in [1usize, 2, 4, 8, 16] {
                 let x: Vec<f32> = (0..rows * k)
                     .map(|i| ((i * 7919) % 97) as f32 - 48.0)
                     .collect();
                 let mut out = vec![0.0f32; rows * n];
-                let mut run = || {
-                    m.view()
-                        .gemm_with(Isa::detected(), &x, rows, &mut out, false)
-                };
-                run();
-                let reps = 20;
-                let mut times: Vec<f64> = (0..7)
-                    .map(|_| {
-                        let t = std::time::Instant::now();
-                        for _ in 0..reps {
-                            run();
-                        }
-                        t.elapsed().as_secs_f64() / reps as f64
-                    })
-                    .collect();
-                times.sort_by(f64::total_cmp);
-                let s = times[3];
+                let isa = Isa::detected();
+                let s = median(|| m.view().gemm_with(isa, &x, rows, &mut out, false));
+                let acts = QuantActs::quantize(ty, &x, rows, k);
+                let kernel = median(|| m.view().gemm_quantized(isa, &acts, &mut out, false));
+                let quantize = median(|| {
+                    std::hint::black_box(QuantActs::quantize(ty, &x, rows, k));
+                });
                 if rows == 1 {
-                    one_row = s;
+                    one_row = (s.0, kernel.0);
                 }
                 println!(
-                    "{:5} {n}×{k} rows {rows:2}: {:7.1} µs ({:5.1}–{:5.1}), {:5.2} G weights/s, {:5.2} GB/s, {:4.2}× one row",
+                    "{:5} {n}×{k} rows {rows:2}: {:7.1} µs ({:5.1}–{:5.1}), {:5.2} G weights/s, {:4.2}× one row; \
+                     product alone {:7.1} µs ({:4.2}× one row), quantizing {:5.1} µs",
                     ty.name(),
-                    1e6 * s,
-                    1e6 * times[0],
-                    1e6 * times[6],
-                    (n * k) as f64 / s / 1e9,
-                    src.len() as f64 / s / 1e9,
-                    s / one_row,
+                    1e6 * s.0,
+                    1e6 * s.1,
+                    1e6 * s.2,
+                    (n * k) as f64 / s.0 / 1e9,
+                    s.0 / one_row.0,
+                    1e6 * kernel.0,
+                    kernel.0 / one_row.1,
+                    1e6 * quantize.0,
                 );
             }
         }
     }
+}
+
+/// The median, fastest and slowest of 7 timings of 20 calls of `run`, in seconds per call.
+fn median(mut run: impl FnMut()) -> (f64, f64, f64) {
+    run();
+    let reps = 20;
+    let mut times: Vec<f64> = (0..7)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                run();
+            }
+            t.elapsed().as_secs_f64() / reps as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    (times[3], times[0], times[6])
 }
 
 /// The machine's rate of the AVX2 kernels' inner step with no memory traffic: the floor under

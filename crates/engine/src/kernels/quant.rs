@@ -324,22 +324,31 @@ impl QuantActs {
 /// llama.cpp's `quantize_row_q8_K_ref` on one block of 256: the element of largest magnitude
 /// maps to −127, `q = round_half_even(x · (−127 / max))` (at most 127); returns `1 / iscale`.
 fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
-    let (mut amax, mut max) = (0.0f32, 0.0f32);
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {
         q.fill(0);
         return 0.0;
     }
+    // The first element of that magnitude, as llama.cpp's loop finds it.
+    let max = *x
+        .iter()
+        .find(|v| v.abs() == amax)
+        .expect("amax is an element's magnitude");
     let iscale = -127.0 / max;
     for (qv, &v) in q.iter_mut().zip(x) {
-        *qv = (iscale * v).round_ties_even().min(127.0) as i8;
+        *qv = round_ties_even_small(iscale * v).min(127.0) as i8;
     }
     1.0 / iscale
+}
+
+/// `y.round_ties_even()` for `|y| < 2^22`: adding `1.5 · 2^23` leaves a sum whose unit in the
+/// last place is 1, so the addition itself rounds to the nearest integer, ties to even, and
+/// taking it back out is exact. Unlike the library call (without SSE4.1 in the target), it
+/// vectorizes.
+#[inline(always)]
+fn round_ties_even_small(y: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (y + MAGIC) - MAGIC
 }
 
 /// llama.cpp's `quantize_row_q8_0_ref` on one block of 32: `d = amax / 127` (kept as f16, as
@@ -619,6 +628,36 @@ mod tests {
         // A zero block.
         let a = QuantActs::quantize(GgmlType::Q6_K, &[0.0; 256], 1, 256);
         assert!(a.q.iter().all(|&q| q == 0) && a.d[0] == 0.0);
+        // Two elements of the largest magnitude: the first one's sign sets the scale's.
+        let mut x = vec![0.0f32; 256];
+        x[2] = 2.0;
+        x[5] = -2.0;
+        let a = QuantActs::quantize(GgmlType::Q4_K, &x, 1, 256);
+        assert_eq!((a.q[2], a.q[5]), (-127, 127));
+    }
+
+    #[test]
+    fn the_vectorizable_rounding_equals_round_ties_even_below_2_pow_22() {
+        let mut state = 3u64;
+        let halves = (-300..=300).map(|i| i as f32 / 2.0);
+        let near_halves = (-300..=300).flat_map(|i| {
+            let h = i as f32 / 2.0;
+            [h.next_down(), h.next_up()]
+        });
+        let random = (0..100_000).map(|_| 300.0 * lcg(&mut state));
+        let wide = [
+            4_194_303.5f32,
+            -4_194_303.5,
+            4_194_302.5,
+            0.0,
+            -0.0,
+            127.49999,
+        ];
+        for y in halves.chain(near_halves).chain(random).chain(wide) {
+            let (got, want) = (round_ties_even_small(y), y.round_ties_even());
+            // −0.0 and +0.0 both convert to the integer 0, which is all the kernels use.
+            assert!(got == want, "{y}: {got} vs {want}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Routed experts on the compute threads: one SwiGLU expert over the rows routed to it (float
 //! panels or GGUF blocks as stored), and a batch of experts spread over the threads, each writing
 //! its own rows of the block's outputs (an expert that runs alone has its matmuls split by output
-//! instead), with a prefetch hint for the next expert's bytes. Routing and summing the outputs
+//! instead); the quantized kernels read each matrix's rows ahead themselves. Routing and summing the outputs
 //! are the MoE block's ([`crate::model`]); fetching the experts is the cache's.
 
 use std::ops::Range;
@@ -42,10 +42,7 @@ pub(crate) fn run_experts(
         pool.run(&|part| {
             let mine: Vec<&(u32, ExpertMatrices<'_>)> =
                 batch.iter().skip(part).step_by(parts).collect();
-            for (i, &&(e, matrices)) in mine.iter().enumerate() {
-                if let Some(next) = mine.get(i + 1) {
-                    next.1.bytes().into_iter().for_each(prefetch);
-                }
+            for &&(e, matrices) in &mine {
                 compute(e, matrices, false);
             }
         });
@@ -99,17 +96,4 @@ pub(crate) fn run_expert(
         }
     }
     y
-}
-
-/// Asks the processor to start loading `bytes` into the caches (a hint; no effect on results).
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64) {
-        // SAFETY: prefetching is a hint on a valid address and never faults.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                line.as_ptr() as *const i8
-            )
-        };
-    }
 }

@@ -180,9 +180,16 @@ impl<'a> QuantView<'a> {
         // Padded to `acts.lanes`, as the fast kernels' contract asks.
         let mut acc = vec![0.0f32; acts.lanes];
         let fast = fast_kernel(isa, self.ty);
-        for j in cols {
+        let weights = |j: usize| &self.data[j * row_bytes..(j + 1) * row_bytes];
+        for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
+            prefetch(weights(j));
+        }
+        for j in cols.clone() {
             acc.fill(0.0);
-            let row = &self.data[j * row_bytes..(j + 1) * row_bytes];
+            if j + PREFETCH_ROWS < cols.end {
+                prefetch(weights(j + PREFETCH_ROWS));
+            }
+            let row = weights(j);
             match fast {
                 // SAFETY: `fast_kernel` only returns a kernel the CPU can run; `row` is whole
                 // blocks of the kernel's type, `acts` was quantized for it and `acc` holds
@@ -199,6 +206,26 @@ impl<'a> QuantView<'a> {
                 unsafe { *out.add(r * self.n + j) = v };
             }
         }
+    }
+}
+
+/// Weight rows read ahead of the one being multiplied: without it the hardware prefetchers,
+/// which stop at each 4 KiB page, left plain decoding of a mapped paper-scale Q4_K_M file at
+/// half the rate (Intel Xeon, 2 threads: 5.3 against 10.3–11.1 tok/s at 1–8 rows ahead,
+/// BENCHMARKS "Paper scale").
+const PREFETCH_ROWS: usize = 4;
+
+/// Asks the processor to start loading `bytes` into the first-level cache (a hint; no effect on
+/// results).
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        // SAFETY: prefetching is a hint on a valid address and never faults.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr() as *const i8
+            )
+        };
     }
 }
 

@@ -14,9 +14,9 @@
 //!   acc)`.
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
-//! one fixed sequence per output, so the AVX-512 VNNI kernels (Q4_K, Q6_K), the AVX2 ones (Q4_K,
-//! Q6_K, Q8_0) and the portable reference ([`block_reference`]) give identical bits; tests hold
-//! them to it. Each row's activations are quantized from that row alone, so no row depends on
+//! one fixed sequence per output, so the AMX kernel (Q4_K, Q5_K, from 12 rows), the AVX-512 VNNI
+//! kernels (Q4_K, Q5_K, Q6_K), the AVX2 ones and the portable reference ([`block_reference`])
+//! give identical bits; tests hold them to it. Each row's activations are quantized from that row alone, so no row depends on
 //! another.
 //!
 //! The results are not those of the f32 kernels on the dequantized matrix (the activations are
@@ -181,6 +181,44 @@ impl<'a> QuantView<'a> {
         let mut acc = vec![0.0f32; acts.lanes];
         let fast = fast_kernel(isa, self.ty);
         let weights = |j: usize| &self.data[j * row_bytes..(j + 1) * row_bytes];
+        #[cfg(target_arch = "x86_64")]
+        let cols = {
+            let mut cols = cols;
+            let five = match self.ty {
+                GgmlType::Q4_K => Some(false),
+                GgmlType::Q5_K => Some(true),
+                _ => None,
+            };
+            if let (Some(five), Isa::Avx512, false) = (five, isa, acts.q_amx.is_empty()) {
+                let groups = acts.amx_groups();
+                let mut acc = vec![0.0f32; 16 * 16 * groups];
+                while cols.len() >= 16 {
+                    let j0 = cols.start;
+                    let rows: [&[u8]; 16] = std::array::from_fn(|i| weights(j0 + i));
+                    acc.fill(0.0);
+                    // SAFETY: `q_amx` is only laid out when `amx::amx_ready` said yes (which
+                    // checks AVX-512 BW); the rows are whole blocks of the type.
+                    unsafe {
+                        if five {
+                            amx::q4_k::<true>(&rows, acts, &mut acc)
+                        } else {
+                            amx::q4_k::<false>(&rows, acts, &mut acc)
+                        }
+                    };
+                    for r in 0..acts.rows {
+                        let (group, m) = (r / amx::AMX_ROWS, r % amx::AMX_ROWS);
+                        for i in 0..16 {
+                            // SAFETY: `(r, j0 + i)` is inside `out`.
+                            unsafe {
+                                *out.add(r * self.n + j0 + i) = acc[(16 * group + i) * 16 + m]
+                            };
+                        }
+                    }
+                    cols.start += 16;
+                }
+            }
+            cols
+        };
         for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
             prefetch(weights(j));
         }
@@ -247,6 +285,11 @@ pub struct QuantActs {
     /// `q` with each 256-element block's chunks of 16 in the VNNI kernels' order
     /// (`vnni::VNNI_ORDER`); empty unless the CPU has them and the blocks are 256 long.
     q_vnni: Vec<i8>,
+    /// The AMX kernel's `B` tiles (empty unless it runs): per group of `amx::AMX_ROWS` rows
+    /// (zeros past `rows`), block and 64-element chunk, 16 quads × 16 rows × 4 bytes.
+    q_amx: Vec<i8>,
+    /// `d` per group and block, one lane per row of the group (zeros past `rows`).
+    d_amx: Vec<f32>,
     /// `rows` rounded up to a multiple of [`LANES`]: the padded accumulators' count.
     lanes: usize,
     /// `d` by block: block `b`'s scales of every row at `b × lanes`, zeros past `rows`.
@@ -257,6 +300,10 @@ pub struct QuantActs {
 
 /// Rows whose products the AVX2 kernels finish together (one 8-lane vector of accumulators).
 pub(crate) const LANES: usize = 8;
+
+/// Activation rows from which Q4_K and Q5_K products run on AMX tiles where the CPU has them.
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ROWS: usize = 12;
 
 /// Elements per activation block for weights of `ty`.
 fn act_block(ty: GgmlType) -> usize {
@@ -282,6 +329,8 @@ impl QuantActs {
             sum16: vec![0; rows * k / 16],
             sum16_i16: Vec::new(),
             q_vnni: Vec::new(),
+            q_amx: Vec::new(),
+            d_amx: Vec::new(),
             lanes: rows.div_ceil(LANES) * LANES,
             d_by_block: Vec::new(),
             sum_by_block: Vec::new(),
@@ -305,6 +354,9 @@ impl QuantActs {
         #[cfg(target_arch = "x86_64")]
         if block == 256 && has_vnni() {
             acts.q_vnni = Self::vnni_order(&acts.q);
+            if rows >= AMX_MIN_ROWS && amx::amx_ready() {
+                acts.lay_out_amx();
+            }
         }
         acts
     }
@@ -338,6 +390,50 @@ impl QuantActs {
             }
         }
         out
+    }
+
+    /// Fills `q_amx` and `d_amx` from `q` and `d`.
+    #[cfg(target_arch = "x86_64")]
+    fn lay_out_amx(&mut self) {
+        let (blocks, rows) = (self.k / 256, amx::AMX_ROWS);
+        let groups = self.rows.div_ceil(rows);
+        self.q_amx = vec![0; groups * blocks * 4 * 1024];
+        self.d_amx = vec![0.0; groups * blocks * rows];
+        for r in 0..self.rows {
+            let (group, m) = (r / rows, r % rows);
+            for (b, q) in self.q[r * self.k..(r + 1) * self.k]
+                .chunks_exact(256)
+                .enumerate()
+            {
+                let at = group * blocks + b;
+                for (quad, bytes) in q.chunks_exact(4).enumerate() {
+                    // Chunk quad / 16, tile row quad % 16, column m.
+                    let to = (at * 4 + quad / 16) * 1024 + (quad % 16) * 64 + 4 * m;
+                    self.q_amx[to..to + 4].copy_from_slice(bytes);
+                }
+                self.d_amx[at * rows + m] = self.d[r * blocks + b];
+            }
+        }
+    }
+
+    /// Row groups of the AMX layout.
+    #[cfg(target_arch = "x86_64")]
+    fn amx_groups(&self) -> usize {
+        self.q_amx.len() / (self.k / 256 * 4 * 1024).max(1)
+    }
+
+    /// The `B` tile of group `group`, block `b`, chunk `c` (16 rows of 64 bytes).
+    #[cfg(target_arch = "x86_64")]
+    fn amx_block(&self, group: usize, b: usize, c: usize) -> *const i8 {
+        let at = (group * (self.k / 256) + b) * 4 + c;
+        self.q_amx[at * 1024..(at + 1) * 1024].as_ptr()
+    }
+
+    /// The activation scales of group `group`, block `b` (16 floats).
+    #[cfg(target_arch = "x86_64")]
+    fn amx_d(&self, group: usize, b: usize) -> *const f32 {
+        let at = group * (self.k / 256) + b;
+        self.d_amx[at * amx::AMX_ROWS..(at + 1) * amx::AMX_ROWS].as_ptr()
     }
 
     /// Row `r`'s block `b`: its integers and scale.
@@ -480,6 +576,9 @@ mod x86;
 mod vnni;
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+
+#[cfg(target_arch = "x86_64")]
 mod avx2;
 
 #[cfg(test)]
@@ -575,27 +674,29 @@ mod tests {
 
     #[test]
     fn extreme_weights_and_activations_stay_exact_in_the_integer_sums() {
-        // Largest integers every type can hold, against activations that quantize to ±127.
+        // Largest integers every type can hold, against activations that quantize to ±127:
+        // 7 rows of 3 outputs (every row group size the kernels special-case up to 8 but one),
+        // and 16 rows of 16 outputs (one whole AMX tile where the CPU has it).
         for ty in TYPES {
-            let (elems, bytes) = ty.block();
-            let (n, k) = (3, 2 * elems);
-            let mut w = vec![0xFFu8; n * (k / elems) * bytes];
-            for blk in w.chunks_exact_mut(bytes) {
-                for at in [0usize, 2, bytes - 2] {
-                    blk[at + 1] = 0x3C; // f16 scales near 1
+            for (n, rows) in [(3, 7), (16, 16)] {
+                let (elems, bytes) = ty.block();
+                let k = 2 * elems;
+                let mut w = vec![0xFFu8; n * (k / elems) * bytes];
+                for blk in w.chunks_exact_mut(bytes) {
+                    for at in [0usize, 2, bytes - 2] {
+                        blk[at + 1] = 0x3C; // f16 scales near 1
+                    }
                 }
-            }
-            // 7 rows: every row group size the kernels special-case up to 8 but one.
-            let rows = 7;
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
-                .collect();
-            let m = QuantMatrix::from_gguf(ty, &w, n, k).unwrap();
-            let want = naive(ty, &w, n, k, &x, rows);
-            for isa in Isa::available() {
-                let mut got = vec![0.0; rows * n];
-                m.view().gemm_with(isa, &x, rows, &mut got, false);
-                assert!(same(&got, &want), "{} {isa:?}", ty.name());
+                let x: Vec<f32> = (0..rows * k)
+                    .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                    .collect();
+                let m = QuantMatrix::from_gguf(ty, &w, n, k).unwrap();
+                let want = naive(ty, &w, n, k, &x, rows);
+                for isa in Isa::available() {
+                    let mut got = vec![0.0; rows * n];
+                    m.view().gemm_with(isa, &x, rows, &mut got, false);
+                    assert!(same(&got, &want), "{} {isa:?} rows {rows}", ty.name());
+                }
             }
         }
     }

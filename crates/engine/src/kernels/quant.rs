@@ -14,7 +14,7 @@
 //!   acc)`.
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
-//! one fixed sequence per output, so the AMX kernel (Q4_K, Q5_K, from 12 rows), the AVX-512 VNNI
+//! one fixed sequence per output, so the AMX kernel (Q4_K from 8 rows, Q5_K from 12), the AVX-512 VNNI
 //! kernels (Q4_K, Q5_K, Q6_K), the AVX2 ones and the portable reference ([`block_reference`])
 //! give identical bits; tests hold them to it. Each row's activations are quantized from that row alone, so no row depends on
 //! another.
@@ -186,23 +186,29 @@ impl<'a> QuantView<'a> {
             let mut cols = cols;
             let five = match self.ty {
                 GgmlType::Q4_K => Some(false),
-                GgmlType::Q5_K => Some(true),
+                GgmlType::Q5_K if acts.rows >= AMX_MIN_ROWS_Q5_K => Some(true),
                 _ => None,
             };
-            if let (Some(five), Isa::Avx512, false) = (five, isa, acts.q_amx.is_empty()) {
+            if let (Some(five), Isa::Avx512, false, true) =
+                (five, isa, acts.q_amx.is_empty(), cols.len() >= 16)
+            {
                 let groups = acts.amx_groups();
                 let mut acc = vec![0.0f32; 16 * 16 * groups];
+                // SAFETY: `q_amx` is only laid out when `amx::amx_ready` said yes.
+                let mut scratch = unsafe { amx::Scratch::new() };
                 while cols.len() >= 16 {
                     let j0 = cols.start;
                     let rows: [&[u8]; 16] = std::array::from_fn(|i| weights(j0 + i));
+                    let next = (j0 + 16).min(cols.end)..cols.end.min(j0 + 32);
+                    let ahead = &self.data[next.start * row_bytes..next.end * row_bytes];
                     acc.fill(0.0);
                     // SAFETY: `q_amx` is only laid out when `amx::amx_ready` said yes (which
                     // checks AVX-512 BW); the rows are whole blocks of the type.
                     unsafe {
                         if five {
-                            amx::q4_k::<true>(&rows, acts, &mut acc)
+                            amx::q4_k::<true>(&rows, ahead, acts, &mut acc, &mut scratch)
                         } else {
-                            amx::q4_k::<false>(&rows, acts, &mut acc)
+                            amx::q4_k::<false>(&rows, ahead, acts, &mut acc, &mut scratch)
                         }
                     };
                     for r in 0..acts.rows {
@@ -290,6 +296,9 @@ pub struct QuantActs {
     q_amx: Vec<i8>,
     /// `d` per group and block, one lane per row of the group (zeros past `rows`).
     d_amx: Vec<f32>,
+    /// Per group and block, the sums of `q` over each group of 32 as 16-bit pairs: pair `p`
+    /// (groups `2p`, `2p + 1`) of every row of the group, 4 × 16 × 2 (zeros past `rows`).
+    bsum_amx: Vec<i16>,
     /// `rows` rounded up to a multiple of [`LANES`]: the padded accumulators' count.
     lanes: usize,
     /// `d` by block: block `b`'s scales of every row at `b × lanes`, zeros past `rows`.
@@ -301,9 +310,16 @@ pub struct QuantActs {
 /// Rows whose products the AVX2 kernels finish together (one 8-lane vector of accumulators).
 pub(crate) const LANES: usize = 8;
 
-/// Activation rows from which Q4_K and Q5_K products run on AMX tiles where the CPU has them.
+/// Activation rows from which Q4_K products run on AMX tiles where the CPU has them (and the
+/// activations get the tiles' layout); Q5_K's, whose tile preparation costs more, from
+/// [`AMX_MIN_ROWS_Q5_K`]. Measured against the VNNI kernels (BENCHMARKS "AMX"): at 8 rows Q4_K
+/// 0.8–1.0× their time, Q5_K 0.95–1.1×; at 16 rows both about half.
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_ROWS: usize = 12;
+const AMX_MIN_ROWS: usize = 8;
+
+/// Activation rows from which Q5_K products run on AMX tiles.
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ROWS_Q5_K: usize = 12;
 
 /// Elements per activation block for weights of `ty`.
 fn act_block(ty: GgmlType) -> usize {
@@ -331,6 +347,7 @@ impl QuantActs {
             q_vnni: Vec::new(),
             q_amx: Vec::new(),
             d_amx: Vec::new(),
+            bsum_amx: Vec::new(),
             lanes: rows.div_ceil(LANES) * LANES,
             d_by_block: Vec::new(),
             sum_by_block: Vec::new(),
@@ -399,6 +416,7 @@ impl QuantActs {
         let groups = self.rows.div_ceil(rows);
         self.q_amx = vec![0; groups * blocks * 4 * 1024];
         self.d_amx = vec![0.0; groups * blocks * rows];
+        self.bsum_amx = vec![0; groups * blocks * 128];
         for r in 0..self.rows {
             let (group, m) = (r / rows, r % rows);
             for (b, q) in self.q[r * self.k..(r + 1) * self.k]
@@ -412,6 +430,12 @@ impl QuantActs {
                     self.q_amx[to..to + 4].copy_from_slice(bytes);
                 }
                 self.d_amx[at * rows + m] = self.d[r * blocks + b];
+                let sum16 = &self.sum16[(r * blocks + b) * 16..][..16];
+                for g in 0..8 {
+                    // At most 32 · 128 in magnitude: exact in 16 bits.
+                    self.bsum_amx[at * 128 + (g / 2) * 32 + 2 * m + g % 2] =
+                        (sum16[2 * g] + sum16[2 * g + 1]) as i16;
+                }
             }
         }
     }
@@ -427,6 +451,13 @@ impl QuantActs {
     fn amx_block(&self, group: usize, b: usize, c: usize) -> *const i8 {
         let at = (group * (self.k / 256) + b) * 4 + c;
         self.q_amx[at * 1024..(at + 1) * 1024].as_ptr()
+    }
+
+    /// The group sums of group `group`, block `b` (4 × 16 pairs of 16 bits).
+    #[cfg(target_arch = "x86_64")]
+    fn amx_bsums(&self, group: usize, b: usize) -> *const i16 {
+        let at = group * (self.k / 256) + b;
+        self.bsum_amx[at * 128..(at + 1) * 128].as_ptr()
     }
 
     /// The activation scales of group `group`, block `b` (16 floats).

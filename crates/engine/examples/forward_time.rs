@@ -7,6 +7,9 @@
 //! cargo build --release -p specfit-engine --example forward_time
 //! SPECFIT_THREADS=2 target/release/examples/forward_time --model models/target --dtype f32 \
 //!     --drafter models/drafter --cached 100,1000 --tokens 1,2,4,8,16 --reps 30
+//! # a GGUF file's quantized blocks as stored, the file mapped (`--store ram`):
+//! SPECFIT_THREADS=2 target/release/examples/forward_time --model bench-models/paper/target-q4_k_m.gguf \
+//!     --dtype native --drafter bench-models/paper/drafter --cached 100 --tokens 1,2,4,8 --vary
 //! ```
 //!
 //! Token ids: the cached prefix is `(7 + 131·i) mod V` for `i < C`, the new tokens continue the
@@ -24,7 +27,8 @@ use specfit_engine::{load_target, Batch, DraftHidden, Eagle3, Logits, Mask, Tier
 struct Args {
     model: PathBuf,
     drafter: Option<PathBuf>,
-    dtype: WeightDtype,
+    /// `None`: the checkpoint's own (a GGUF file's quantized blocks, mapped).
+    dtype: Option<WeightDtype>,
     cached: Vec<usize>,
     tokens: Vec<usize>,
     reps: usize,
@@ -46,7 +50,7 @@ fn parse() -> Args {
     let mut a = Args {
         model: PathBuf::from("models/target"),
         drafter: Some(PathBuf::from("models/drafter")),
-        dtype: WeightDtype::F32,
+        dtype: Some(WeightDtype::F32),
         cached: vec![100, 1000],
         tokens: vec![1, 2, 4, 8, 16],
         reps: 30,
@@ -62,9 +66,10 @@ fn parse() -> Args {
             "--drafter" => a.drafter = Some(PathBuf::from(value)),
             "--dtype" => {
                 a.dtype = match value.as_str() {
-                    "f32" => WeightDtype::F32,
-                    "bf16" => WeightDtype::Bf16,
-                    other => panic!("--dtype f32|bf16, not {other}"),
+                    "f32" => Some(WeightDtype::F32),
+                    "bf16" => Some(WeightDtype::Bf16),
+                    "native" => None,
+                    other => panic!("--dtype f32|bf16|native, not {other}"),
                 }
             }
             "--cached" => a.cached = list(&value),
@@ -108,9 +113,14 @@ fn main() {
     let (target, mut experts) = load_target(
         &a.model,
         &tier,
-        probe.num_experts,
+        // Every expert resident (a GGUF file's: the mapped file itself).
+        if a.dtype.is_none() {
+            usize::MAX
+        } else {
+            probe.num_experts
+        },
         CacheMode::Lru,
-        Some(a.dtype),
+        a.dtype,
     )
     .expect("load target");
     let drafter = a
@@ -201,7 +211,7 @@ fn main() {
     }
     let report = serde_json::json!({
         "engine": "specfit",
-        "dtype": a.dtype.name(),
+        "dtype": a.dtype.map_or("native", |d| d.name()),
         "threads": specfit_engine::threads::pool().threads(),
         "rows": rows,
         "draft_level": levels,

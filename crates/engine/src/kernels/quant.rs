@@ -678,7 +678,12 @@ mod tests {
     fn every_kernel_gives_the_naive_formulas_bits_at_any_batch_and_alone() {
         for ty in TYPES {
             let (elems, _) = ty.block();
-            for (n, k) in [(16, elems), (37, 2 * elems), (5, 3 * elems)] {
+            for (n, k) in [
+                (16, elems),
+                (37, 2 * elems),
+                (5, 3 * elems),
+                (48, 8 * elems),
+            ] {
                 let bytes = random_gguf(ty, n, k, n as u64);
                 let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();
                 let mut state = 9u64;

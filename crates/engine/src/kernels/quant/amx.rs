@@ -221,7 +221,9 @@ fn prefetch_part(ahead: &[u8], b: usize, parts: usize) {
 /// What a run of [`q4_k`] calls on one thread reuses: the tile configuration (loaded once; the
 /// tiles are released when it drops) and the prepared blocks.
 pub(super) struct Scratch {
-    buffers: [Box<BlockTiles>; 3],
+    /// Block `b` in `b % 4`: the step of block `b` multiplies its tiles, prepares block
+    /// `b + 2`'s and finishes block `b - 1`'s float steps (which read its scales).
+    buffers: [Box<BlockTiles>; 4],
     sums: Box<[[[i32; AMX_ROWS]; OUTPUTS]; 2]>,
 }
 
@@ -244,7 +246,7 @@ impl Scratch {
         // SAFETY: the caller's contract (the CPU has AMX and Linux granted its state).
         unsafe { asm!("ldtilecfg [{0}]", in(reg) &cfg as *const TileConfig, options(nostack)) };
         Scratch {
-            buffers: [blank(), blank(), blank()],
+            buffers: [blank(), blank(), blank(), blank()],
             sums: Box::new([[[0; AMX_ROWS]; OUTPUTS]; 2]),
         }
     }
@@ -295,11 +297,11 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
                 store_sums((s - 1) % 2, sums);
             }
             if s < steps {
-                let tiles = &buffers[b % 3];
+                let tiles = &buffers[b % 4];
                 multiply(s % 2, acts, group, b, &tiles.lo, &tiles.hi);
                 if group == 0 {
                     // The read-ahead is spread over the block's rows, a few lines each.
-                    let next = &mut buffers[(b + 2) % 3];
+                    let next = &mut buffers[(b + 2) % 4];
                     for (n, row) in rows.iter().enumerate() {
                         prefetch_part(ahead, OUTPUTS * b + n, OUTPUTS * blocks);
                         if b + 2 < blocks {
@@ -310,7 +312,7 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
             }
             if s > 0 {
                 let (b, group) = ((s - 1) / groups, (s - 1) % groups);
-                finish(sums, &buffers[b % 3], acts, group, b, acc);
+                finish(sums, &buffers[b % 4], acts, group, b, acc);
             }
         }
     }

@@ -312,12 +312,10 @@ pub(crate) const LANES: usize = 8;
 
 /// Activation rows from which Q4_K products run on AMX tiles where the CPU has them (and the
 /// activations get the tiles' layout); Q5_K's, whose tile preparation costs more, from
-/// [`AMX_MIN_ROWS_Q5_K`]. Measured against the VNNI kernels (BENCHMARKS "AMX"): with the weights
-/// in cache, Q4_K at 8 rows 0.8–1.0× their time, at 16 rows about half; in a paper-scale forward,
-/// whose expert and dense products stream their weights from memory, Q4_K on tiles wins from 3
-/// rows (4 rows 0.77×, 8 rows 0.52× the forward's time) and loses at 2.
+/// [`AMX_MIN_ROWS_Q5_K`]. Measured against the VNNI kernels (BENCHMARKS "AMX"): at 8 rows Q4_K
+/// 0.8–1.0× their time, Q5_K 0.95–1.1×; at 16 rows both about half.
 #[cfg(target_arch = "x86_64")]
-const AMX_MIN_ROWS: usize = 3;
+const AMX_MIN_ROWS: usize = 8;
 
 /// Activation rows from which Q5_K products run on AMX tiles.
 #[cfg(target_arch = "x86_64")]

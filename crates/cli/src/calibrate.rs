@@ -230,6 +230,18 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
         "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
         d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
     );
+    if let Some(a) = &file.acceptance {
+        let counts = a.to_counts()?;
+        let curve = counts.curve();
+        eprintln!(
+            "acceptance: {} drafted children of reached nodes; the target takes a child the drafter gives 0.1 / 0.25 / 0.5 / 0.75 about {:.2} / {:.2} / {:.2} / {:.2} of the time",
+            counts.samples(),
+            curve.at(0.1),
+            curve.at(0.25),
+            curve.at(0.5),
+            curve.at(0.75)
+        );
+    }
     Ok(file)
 }
 

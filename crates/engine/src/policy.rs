@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{Bursts, CostModel, ExpertCost, Objective, Selector, VerifyPolicy};
+use specfit_selector::{
+    Acceptance, Bursts, CostModel, ExpertCost, Objective, Selector, VerifyPolicy,
+};
 
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
@@ -140,9 +142,16 @@ pub fn verify_policy(
         PolicyName::SpecfitAdaptive => Bursts::AfterEmpty,
         _ => Bursts::NeverLose,
     };
+    // Nodes scored by how often the target takes the drafter's children: from the
+    // calibration's counts when it has them, learning from every verify either way.
+    let acceptance = match &cal.acceptance {
+        Some(a) => a.to_counts()?,
+        None => Acceptance::new(),
+    };
     Ok(VerifyPolicy::specfit(selector)
         .residency(residency)
-        .bursts(bursts))
+        .bursts(bursts)
+        .acceptance(acceptance))
 }
 
 /// The cost model with its per-expert charge multiplied by `scale`.

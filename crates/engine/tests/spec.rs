@@ -192,6 +192,7 @@ fn verification_accepts_exactly_the_longest_path_the_target_agrees_with() {
         parent,
         token,
         prob: 0.5,
+        edge: 0.5,
         depth,
         hidden: vec![],
     };

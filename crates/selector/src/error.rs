@@ -143,6 +143,15 @@ pub enum Error {
         expected: &'static str,
     },
 
+    #[error("acceptance counts: {got} bins, expected {expected}")]
+    AcceptanceBins { got: usize, expected: usize },
+    #[error("acceptance counts: bin {bin} has {taken} taken of {drafted} drafted")]
+    AcceptanceTakenExceedsDrafted {
+        bin: usize,
+        taken: u64,
+        drafted: u64,
+    },
+
     #[error("line {line}, column {column}: {message}")]
     Syntax {
         line: usize,

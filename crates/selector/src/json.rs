@@ -372,6 +372,34 @@ pub struct CalibrationJson {
     /// The fuller machine model trace replay uses (see [`ReplayJson`]), when measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayJson>,
+    /// How often the target took the probes' drafted children, per bin of the drafter's
+    /// probability ([`crate::Acceptance`]), when measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<AcceptanceJson>,
+}
+
+/// [`crate::Acceptance`]'s counts as stored: drafted and taken children per probability bin
+/// (`BINS` each, bin `i` holding probabilities in `[i, i + 1) / BINS`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptanceJson {
+    pub drafted: Vec<u64>,
+    pub taken: Vec<u64>,
+}
+
+impl AcceptanceJson {
+    pub fn new(a: &crate::Acceptance) -> AcceptanceJson {
+        let (drafted, taken) = a.counts();
+        AcceptanceJson {
+            drafted: drafted.to_vec(),
+            taken: taken.to_vec(),
+        }
+    }
+
+    /// The counts, checked.
+    pub fn to_counts(&self) -> Result<crate::Acceptance, Error> {
+        crate::Acceptance::from_counts(&self.drafted, &self.taken)
+    }
 }
 
 /// What a forward costs on the measured machine, for trace replay: a verify forward of `n` draft
@@ -443,6 +471,7 @@ impl CalibrationJson {
             target: None,
             drafting: None,
             replay: None,
+            acceptance: None,
             cost_residency: cal
                 .residency
                 .as_ref()
@@ -473,6 +502,9 @@ impl CalibrationJson {
                     return Err(Error::BadBeta { name, value }.at_line(line));
                 }
             }
+        }
+        if let Some(a) = &cal.acceptance {
+            a.to_counts().map_err(|e| e.at_line(line))?;
         }
         Ok(cal)
     }

@@ -38,6 +38,7 @@
 //! # Ok::<(), specfit_selector::Error>(())
 //! ```
 
+pub mod acceptance;
 mod bitset;
 pub mod calibrate;
 pub mod cost;
@@ -56,6 +57,7 @@ pub mod synth;
 #[cfg(test)]
 mod tests;
 
+pub use acceptance::{Acceptance, AcceptanceCurve};
 pub use bitset::{words_for, MAX_EXPERTS, MAX_LAYERS};
 pub use calibrate::{calibrate, Calibration, Fit, Probe};
 pub use cost::{CostModel, ExpertCost, ResidentSet};

@@ -6,6 +6,7 @@
 //! choose alike. It does not draft, route or time anything: the caller reports what cycles and
 //! plain steps took ([`VerifyPolicy::observe_cycle`], [`VerifyPolicy::observe_plain`]).
 
+use crate::acceptance::Acceptance;
 use crate::cost::ResidentSet;
 use crate::error::Error;
 use crate::pool::Pool;
@@ -181,6 +182,8 @@ pub struct VerifyPolicy {
     speculative: Latest<CYCLE_WINDOW>,
     plain: Latest<PLAIN_KEPT>,
     burst: usize,
+    /// How often the target takes drafted children ([`VerifyPolicy::acceptance`]).
+    acceptance: Option<Acceptance>,
 }
 
 /// What a policy decides after a drafted level.
@@ -204,6 +207,7 @@ impl VerifyPolicy {
             speculative: Latest::default(),
             plain: Latest::default(),
             burst: 0,
+            acceptance: None,
         }
     }
 
@@ -248,6 +252,30 @@ impl VerifyPolicy {
             };
         }
         self
+    }
+
+    /// Scores nodes by the probability the target takes them rather than by the drafter's:
+    /// starting from `counts` (a calibration's, or none), each drafted child's probability goes
+    /// through [`Acceptance::curve`], and [`VerifyPolicy::record_taken`] keeps counting while
+    /// decoding. The caller builds the selector's pool from
+    /// [`VerifyPolicy::acceptance_counts`].
+    pub fn acceptance(mut self, counts: Acceptance) -> VerifyPolicy {
+        self.acceptance = Some(counts);
+        self
+    }
+
+    /// The acceptance counts the policy scores with, when it does.
+    pub fn acceptance_counts(&self) -> Option<&Acceptance> {
+        self.acceptance.as_ref()
+    }
+
+    /// Counts a drafted child of probability `q` given its parent, whose parent the target
+    /// reached, and whether the target took it (a no-op when the policy does not score by
+    /// acceptance).
+    pub fn record_taken(&mut self, q: f64, taken: bool) {
+        if let Some(a) = &mut self.acceptance {
+            a.record(q, taken);
+        }
     }
 
     /// The burst rule.

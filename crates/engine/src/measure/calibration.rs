@@ -3,8 +3,8 @@
 //! the paper and residency forms, the replay model and the drafting costs fitted from them. It
 //! prints nothing and writes no file.
 
-use specfit_selector::json::CalibrationJson;
-use specfit_selector::{calibrate, Calibration, Probe};
+use specfit_selector::json::{AcceptanceJson, CalibrationJson};
+use specfit_selector::{calibrate, Acceptance, Calibration, Probe};
 use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, VerifyRow};
 
 use super::{probe, PlainStep, ProbePlan, ProbeRow};
@@ -37,6 +37,9 @@ pub struct Measured {
     /// Why the all-resident probes were skipped, when they were (hits are then fitted from the
     /// cached probes alone).
     pub resident_skipped: Option<String>,
+    /// How often the target took drafted children in the decoding cache's probes (`None`: not
+    /// measured, as in rows read back from a probe file).
+    pub acceptance: Option<Acceptance>,
 }
 
 /// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
@@ -81,6 +84,9 @@ pub fn measure_rows(
         )?;
         m.verify.extend(rows.verify);
         m.plain.extend(rows.plain.iter().map(plain_row));
+        m.acceptance
+            .get_or_insert_with(Acceptance::new)
+            .merge(&rows.acceptance);
     }
     // For the replay model, also forwards with every expert resident (hits only), which tell
     // the per-hit cost apart from the node-count intercepts.
@@ -138,6 +144,7 @@ pub fn fit(m: &Measured, max_nodes: usize) -> Result<(CalibrationJson, Calibrati
         Some(replay_fit(&replay_rows, &m.plain, max_nodes, m.read_width).map_err(fit_error)?);
     let drafting: Vec<DraftRow> = m.verify.iter().map(draft_row).collect();
     file.drafting = Some(drafting_fit(&drafting).map_err(fit_error)?);
+    file.acceptance = m.acceptance.as_ref().map(AcceptanceJson::new);
     Ok((file, cal))
 }
 

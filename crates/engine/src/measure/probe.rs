@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use specfit_selector::Acceptance;
+
 use super::greedy_start;
 use crate::batch::Batch;
 use crate::error::EngineError;
@@ -10,7 +12,9 @@ use crate::experts::ExpertCache;
 use crate::kv::KvCache;
 use crate::model::{Eagle3, Qwen3Moe};
 use crate::sampling::{Sampler, Sampling};
-use crate::spec::{advance_drafter, draft_tree, pool_depth, verify, DraftNode, Tree, TreeShape};
+use crate::spec::{
+    advance_drafter, draft_tree, pool_depth, taken_children, verify, DraftNode, Tree, TreeShape,
+};
 
 /// What [`probe`] measures.
 #[derive(Debug, Clone, Copy)]
@@ -32,6 +36,8 @@ pub struct Probed {
     pub verify: Vec<ProbeRow>,
     /// The plain steps after the cycles.
     pub plain: Vec<PlainStep>,
+    /// How often the target took the drafted children of the nodes it reached.
+    pub acceptance: Acceptance,
 }
 
 /// One measured verify forward, for calibrating the cost model (`specfit calibrate`).
@@ -82,6 +88,7 @@ pub fn probe(
     let mut sampler = Sampler::new(Sampling::Greedy, 0);
     let (mut kv, mut root, mut draft) = greedy_start(target, drafter, cache, prompt)?;
     let mut rows = Vec::new();
+    let mut acceptance = Acceptance::new();
     for cycle in 0..cycles {
         let n = kv.len();
         let t0 = Instant::now();
@@ -99,6 +106,9 @@ pub fn probe(
             chosen: &chosen,
         };
         let v = verify(target, drafter, run_on, &mut kv, tree, &mut sampler)?;
+        for (q, taken) in taken_children(&pool, &v) {
+            acceptance.record(q, taken);
+        }
         rows.push(ProbeRow {
             nodes: chosen.len(),
             demand: v.demand,
@@ -127,6 +137,7 @@ pub fn probe(
     Ok(Probed {
         verify: rows,
         plain,
+        acceptance,
     })
 }
 

@@ -31,7 +31,7 @@ use super::draft::{
 };
 use super::routes::{CycleAt, PoolRoutes, Routes};
 use super::stats::{Clock, DecodeStats, Phase};
-use super::verify::{verify, Tree, Verified};
+use super::verify::{taken_children, verify, Tree, Verified};
 
 /// Settings of one generation.
 #[derive(Debug, Clone, Default)]
@@ -246,6 +246,9 @@ impl<'a> Decoder<'a> {
         let committed = verified.committed.len();
         if let Some(s) = self.speculation.as_mut() {
             s.policy.observe_cycle(committed, clock.total_ms());
+            for (q, taken) in taken_children(&pool, &verified) {
+                s.policy.record_taken(q, taken);
+            }
         }
         self.stats
             .count_cycle(chosen.len(), pool_depth(&pool), committed);
@@ -495,8 +498,17 @@ impl Chooser<'_, '_> {
         let routes = self.routes.route(&mut self.at, pool, self.latest.take())?;
         let mut b = PoolBuilder::new(routes.root.len(), num_experts)?;
         b.root_routes(&routes.root)?;
-        for (node, r) in pool.iter().zip(&routes.nodes) {
-            b.push(node.parent, node.prob.clamp(0.0, 1.0), r)?;
+        let probs: Vec<f64> = match self.policy.acceptance_counts() {
+            // The probability the target takes each path, from the drafter's edges.
+            Some(counts) => {
+                let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+                let edges: Vec<f64> = pool.iter().map(|n| n.edge).collect();
+                counts.curve().path_probs(&parents, &edges)
+            }
+            None => pool.iter().map(|n| n.prob).collect(),
+        };
+        for ((node, r), p) in pool.iter().zip(&routes.nodes).zip(probs) {
+            b.push(node.parent, p.clamp(0.0, 1.0), r)?;
         }
         self.latest = Some(routes);
         Ok(b.build())

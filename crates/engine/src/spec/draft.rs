@@ -16,6 +16,8 @@ pub struct DraftNode {
     pub token: u32,
     /// Product of the drafter's probabilities along the path.
     pub prob: f64,
+    /// The drafter's probability of this token given the parent (the last factor of `prob`).
+    pub edge: f64,
     pub depth: usize,
     /// The drafter's hidden state that proposed this node (its parent's output row), which a
     /// route predictor reads. Empty when unknown.
@@ -166,6 +168,7 @@ pub(crate) fn draft_tree(
             parent: None,
             token,
             prob: p,
+            edge: p,
             depth: 1,
             hidden: draft.hidden.clone(),
         });
@@ -224,6 +227,7 @@ pub(crate) fn draft_tree(
                     parent: Some(node),
                     token,
                     prob: pool[node].prob * p,
+                    edge: p,
                     depth: pool[node].depth + 1,
                     hidden: out.hidden[r * h..(r + 1) * h].to_vec(),
                 });

@@ -15,4 +15,4 @@ pub(crate) use draft::{advance_drafter, draft_tree, feed_drafter, DraftState};
 pub use draft::{concat_taps, pool_depth, top_children, DraftNode, TreeShape};
 pub use routes::{Atlas, PoolRoutes, Routes};
 pub use stats::{decode_rate, per_cycle, DecodeStats};
-pub use verify::{verify, Tree, Verified};
+pub use verify::{taken_children, verify, Tree, Verified};

@@ -42,6 +42,20 @@ pub struct Verified {
     pub seconds: f64,
 }
 
+/// What the verify `v` of a cycle on `pool` tells about the drafter's children: for the root and
+/// each accepted node (the nodes the target reached), every drafted child's edge probability and
+/// whether it carries the token the target drew there (verified or not: the draw is known).
+pub fn taken_children(pool: &[DraftNode], v: &Verified) -> Vec<(f64, bool)> {
+    let reached = std::iter::once(None).chain(v.accepted.iter().map(|&i| Some(i)));
+    let mut out = Vec::new();
+    for (parent, &drawn) in reached.zip(&v.committed) {
+        for node in pool.iter().filter(|n| n.parent == parent) {
+            out.push((node.edge, node.token == drawn));
+        }
+    }
+    out
+}
+
 /// Verifies `root` (at cache index and position `kv.len()`) plus the `chosen` pool nodes in one
 /// target forward with a tree mask, then walks down from the root: at each node it draws the
 /// target's next token with `sampler` exactly as plain decoding would (the argmax when greedy)
@@ -145,4 +159,48 @@ pub(crate) fn tree_rows(
         rows.positions.push(n + pool[c].depth);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(parent: Option<usize>, token: u32, edge: f64) -> DraftNode {
+        DraftNode {
+            parent,
+            token,
+            prob: edge,
+            edge,
+            depth: 1,
+            hidden: vec![],
+        }
+    }
+
+    #[test]
+    fn the_children_of_every_reached_node_are_counted_taken_or_not() {
+        // Root children 0 (token 5) and 1 (token 6); under node 1 children 2 (7) and 3 (8);
+        // under node 0 child 4 (9), never reached.
+        let pool = vec![
+            node(None, 5, 0.6),
+            node(None, 6, 0.3),
+            node(Some(1), 7, 0.5),
+            node(Some(1), 8, 0.2),
+            node(Some(0), 9, 0.9),
+        ];
+        // The target drew 6 at the root, then 8 under node 1 (accepted, verified or not), then
+        // the bonus 4 under node 3, which has no children.
+        let v = Verified {
+            accepted: vec![1, 3],
+            committed: vec![6, 8, 4],
+            features: vec![],
+            demand: 0,
+            copies: LayerStats::default(),
+            read_rounds: 0,
+            seconds: 0.0,
+        };
+        assert_eq!(
+            taken_children(&pool, &v),
+            vec![(0.6, false), (0.3, true), (0.5, false), (0.2, true)]
+        );
+    }
 }

@@ -92,6 +92,9 @@ pub struct PolicySpec<'a> {
     pub lambda: Option<f64>,
     /// Multiplies the calibrated per-expert cost (the paper's β×2 ablation uses 2).
     pub beta_scale: f64,
+    /// Score nodes by the drafter's own path probabilities, as the paper does, instead of by
+    /// how often the target takes the drafter's children (the default).
+    pub drafter_probs: bool,
     pub calibration: Option<&'a CalibrationJson>,
 }
 
@@ -109,6 +112,7 @@ impl<'a> PolicySpec<'a> {
             max_nodes,
             lambda,
             beta_scale: 1.0,
+            drafter_probs: false,
             calibration,
         }
     }
@@ -142,16 +146,19 @@ pub fn verify_policy(
         PolicyName::SpecfitAdaptive => Bursts::AfterEmpty,
         _ => Bursts::NeverLose,
     };
+    let policy = VerifyPolicy::specfit(selector)
+        .residency(residency)
+        .bursts(bursts);
+    if spec.drafter_probs {
+        return Ok(policy);
+    }
     // Nodes scored by how often the target takes the drafter's children: from the
     // calibration's counts when it has them, learning from every verify either way.
     let acceptance = match &cal.acceptance {
         Some(a) => a.to_counts()?,
         None => Acceptance::new(),
     };
-    Ok(VerifyPolicy::specfit(selector)
-        .residency(residency)
-        .bursts(bursts)
-        .acceptance(acceptance))
+    Ok(policy.acceptance(acceptance))
 }
 
 /// The cost model with its per-expert charge multiplied by `scale`.

@@ -14,7 +14,9 @@ pub mod lru;
 pub mod machine;
 pub mod synth;
 
-use specfit_selector::{CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
+use specfit_selector::{
+    Acceptance, CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy,
+};
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
 /// The most plain-burst tokens the engine's drafter learns when drafting resumes (the replay
@@ -278,13 +280,16 @@ fn replay(
         // Accept along agreeing chosen children, then the bonus token.
         let mut here: i64 = -1;
         let mut accepted = 0;
+        let mut reached = vec![here];
         while let Some(&c) = chosen
             .iter()
             .find(|&&c| step.nodes[c].parent == here && step.nodes[c].agrees)
         {
             here = c as i64;
             accepted += 1;
+            reached.push(here);
         }
+        record_taken(step, levels, &reached, policy);
         if policy.drafts() {
             let d = &config.drafting;
             // The drafter first catches up on the plain bursts since the last cycle (their
@@ -368,7 +373,7 @@ fn choose(
     };
     let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
     for depth in 1..=max_depth {
-        let pool = pool_upto(header, step, depth)?;
+        let pool = pool_upto(header, step, depth, policy.acceptance_counts())?;
         let more = depth < max_depth;
         if let Decision::Verify(picked) = policy.decide(&pool, resident.as_ref(), more)? {
             // Pool indices up to `depth` are a prefix-order subset; map back to step indices.
@@ -381,12 +386,53 @@ fn choose(
     Ok((Vec::new(), 0))
 }
 
-/// The selector pool of the nodes of `step` with depth ≤ `depth`.
-fn pool_upto(header: &TraceHeader, step: &TraceStep, depth: usize) -> Result<Pool, SimError> {
+/// Tells `policy` what a step says about the drafter's children, as the engine's decoder does:
+/// each child drafted (within `levels`) under a `reached` node (`-1`: the root) and whether the
+/// target takes it (its agreement flag).
+fn record_taken(step: &TraceStep, levels: usize, reached: &[i64], policy: &mut VerifyPolicy) {
+    for &parent in reached {
+        for n in step
+            .nodes
+            .iter()
+            .filter(|n| n.parent == parent && n.depth <= levels)
+        {
+            policy.record_taken(edge_prob(step, n), n.agrees);
+        }
+    }
+}
+
+/// The drafter's probability of `n` given its parent (its path probability over the parent's).
+fn edge_prob(step: &TraceStep, n: &TraceNode) -> f64 {
+    let above = usize::try_from(n.parent).map_or(1.0, |p| step.nodes[p].prob);
+    if above > 0.0 {
+        n.prob / above
+    } else {
+        0.0
+    }
+}
+
+/// The selector pool of the nodes of `step` with depth ≤ `depth`, scored by `acceptance` when
+/// the policy has counts (as the engine's decoder scores them), else by the drafter's
+/// probabilities.
+fn pool_upto(
+    header: &TraceHeader,
+    step: &TraceStep,
+    depth: usize,
+    acceptance: Option<&Acceptance>,
+) -> Result<Pool, SimError> {
     let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
     b.root_routes(&step.root_routes)?;
-    for (n, parent) in nodes_upto(step, depth) {
-        b.push(parent, n.prob, &n.routes)?;
+    let nodes: Vec<(&TraceNode, Option<usize>)> = nodes_upto(step, depth).collect();
+    let probs: Vec<f64> = match acceptance {
+        Some(counts) => {
+            let parents: Vec<Option<usize>> = nodes.iter().map(|&(_, p)| p).collect();
+            let edges: Vec<f64> = nodes.iter().map(|&(n, _)| edge_prob(step, n)).collect();
+            counts.curve().path_probs(&parents, &edges)
+        }
+        None => nodes.iter().map(|&(n, _)| n.prob).collect(),
+    };
+    for ((n, parent), p) in nodes.into_iter().zip(probs) {
+        b.push(parent, p.clamp(0.0, 1.0), &n.routes)?;
     }
     Ok(b.build())
 }
@@ -539,6 +585,31 @@ mod tests {
                 .collect(),
             next: 0,
         }
+    }
+
+    #[test]
+    fn the_children_of_reached_nodes_are_counted_as_the_engine_counts_them() {
+        // The target took node 0 (edge 0.6) at the root; under it node 3 (edge 0.5 / 0.6) was
+        // drafted, node 4 (depth 3) was not (2 levels drafted).
+        let mut s = three_levels();
+        s.nodes[0].agrees = true;
+        s.nodes[3].agrees = true;
+        let mut policy = VerifyPolicy::top_k(2).acceptance(Acceptance::new());
+        record_taken(&s, 2, &[-1, 0], &mut policy);
+        let mut want = Acceptance::new();
+        want.record(0.6, true);
+        want.record(0.3, false);
+        want.record(0.5 / 0.6, true);
+        assert_eq!(policy.acceptance_counts(), Some(&want));
+        // Scored pools multiply the curve down each path.
+        let header = TraceHeader::new(1, 8, 1, 16);
+        let curve = want.curve();
+        let pool = pool_upto(&header, &s, 2, Some(&want)).unwrap();
+        let p3 = pool.prob(3);
+        assert!(
+            (p3 - curve.at(0.6) * curve.at(0.5 / 0.6)).abs() < 1e-6,
+            "{p3}"
+        );
     }
 
     /// 0 (0.6), 1 (0.3) at depth 1; 2 (0.2) under 1 and 3 (0.5) under 0 at depth 2; 4 (0.4)

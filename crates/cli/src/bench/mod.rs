@@ -586,6 +586,7 @@ fn runner(s: &Setup, c: &Config) -> Result<Runner> {
         max_nodes: s.max_nodes,
         lambda: None,
         beta_scale: c.beta_scale,
+        drafter_probs: c.drafter_probs,
         calibration: Some(&s.calibration),
     };
     Ok(Runner {

@@ -98,6 +98,8 @@ pub struct Config {
     pub beta_scale: f64,
     /// Read each layer's expected experts ahead of the verify forward (`+ahead`).
     pub read_ahead: bool,
+    /// Score by the drafter's own probabilities (`specfit (drafter p)`, the paper's scoring).
+    pub drafter_probs: bool,
 }
 
 impl Config {
@@ -119,7 +121,15 @@ impl Config {
             slots,
             beta_scale,
             read_ahead: false,
+            drafter_probs: false,
         }
+    }
+
+    /// The same configuration scored by the drafter's own probabilities.
+    fn drafter_probs(mut self) -> Config {
+        self.label.push_str(" (drafter p)");
+        self.drafter_probs = true;
+        self
     }
 
     /// The same configuration with read-ahead (label `specfit+ahead[predictor]`, say).
@@ -191,6 +201,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         let r = RouteChoice::Corrupt(0.4);
         out.push(Config::new(PolicyName::Specfit, r, d, 1.0));
         out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 2.0));
+        out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 1.0).drafter_probs());
     }
     let sweep = match &s.points {
         Some(points) => points.clone(),
@@ -267,6 +278,7 @@ mod tests {
             "specfit-adaptive[predictor]@8",
             "specfit[corrupt:0.4]@8",
             "specfit β×2@8",
+            "specfit (drafter p)@8",
             "ar@0",
             "specfit@0",
             "ar@64",
@@ -283,7 +295,7 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 13 + 2 + 3 * 3);
+        assert_eq!(c.len(), 14 + 2 + 3 * 3);
     }
 
     #[test]

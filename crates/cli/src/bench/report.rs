@@ -103,6 +103,8 @@ pub struct Row {
     pub beta_scale: f64,
     /// Expected experts read ahead of each verify forward.
     pub read_ahead: bool,
+    /// Scored by the drafter's own probabilities instead of the target's acceptance.
+    pub drafter_probs: bool,
     pub tok_s: f64,
     pub speedup_vs_ar: f64,
     /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
@@ -469,7 +471,11 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
             .iter()
             .zip(tallies)
             .find(|(c, _)| {
-                c.policy == policy && c.slots == slots && c.beta_scale == 1.0 && !c.read_ahead
+                c.policy == policy
+                    && c.slots == slots
+                    && c.beta_scale == 1.0
+                    && !c.read_ahead
+                    && !c.drafter_probs
             })
             .map(|(_, t)| t.tokens_per_second())
     };
@@ -495,6 +501,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 slots: c.slots.number(),
                 beta_scale: c.beta_scale,
                 read_ahead: c.read_ahead,
+                drafter_probs: c.drafter_probs,
                 tok_s,
                 speedup_vs_ar: ratio(tok_s, ar),
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),

@@ -81,6 +81,7 @@ fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
         max_nodes: m.max_nodes,
         lambda: None,
         beta_scale: c.beta_scale,
+        drafter_probs: c.drafter_probs,
         calibration: Some(m.calibration),
     };
     Ok(Some(verify_policy(&spec, m.model.config())?))

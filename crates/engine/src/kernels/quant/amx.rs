@@ -345,28 +345,25 @@ unsafe fn multiply(
             let act = acts.amx_block(group, b, c);
             let lo = lo.as_ptr().cast::<u8>().add(64 * c);
             let hi = hi.as_ptr().cast::<u8>().add(64 * c);
+            // The tile registers are part of the instruction text: one block per pair.
+            macro_rules! queue {
+                ($act:literal, $lo:literal, $hi:literal) => {
+                    asm!(
+                        concat!("tileloadd ", $act, ", [{act} + {sixty_four}]"),
+                        "tileloadd tmm4, [{lo} + {stride}]",
+                        concat!("tdpbusd ", $lo, ", tmm4, ", $act),
+                        "tileloadd tmm5, [{hi} + {stride}]",
+                        concat!("tdpbusd ", $hi, ", tmm5, ", $act),
+                        act = in(reg) act, lo = in(reg) lo, hi = in(reg) hi,
+                        sixty_four = in(reg) 64usize, stride = in(reg) 256usize,
+                        options(nostack),
+                    )
+                };
+            }
             if pair == 0 {
-                asm!(
-                    "tileloadd tmm2, [{act} + {sixty_four}]",
-                    "tileloadd tmm4, [{lo} + {stride}]",
-                    "tdpbusd tmm0, tmm4, tmm2",
-                    "tileloadd tmm5, [{hi} + {stride}]",
-                    "tdpbusd tmm1, tmm5, tmm2",
-                    act = in(reg) act, lo = in(reg) lo, hi = in(reg) hi,
-                    sixty_four = in(reg) 64usize, stride = in(reg) 256usize,
-                    options(nostack),
-                );
+                queue!("tmm2", "tmm0", "tmm1");
             } else {
-                asm!(
-                    "tileloadd tmm3, [{act} + {sixty_four}]",
-                    "tileloadd tmm4, [{lo} + {stride}]",
-                    "tdpbusd tmm6, tmm4, tmm3",
-                    "tileloadd tmm5, [{hi} + {stride}]",
-                    "tdpbusd tmm7, tmm5, tmm3",
-                    act = in(reg) act, lo = in(reg) lo, hi = in(reg) hi,
-                    sixty_four = in(reg) 64usize, stride = in(reg) 256usize,
-                    options(nostack),
-                );
+                queue!("tmm3", "tmm6", "tmm7");
             }
         }
     }

@@ -257,8 +257,7 @@ impl VerifyPolicy {
     /// Scores nodes by the probability the target takes them rather than by the drafter's:
     /// starting from `counts` (a calibration's, or none), each drafted child's probability goes
     /// through [`Acceptance::curve`], and [`VerifyPolicy::record_taken`] keeps counting while
-    /// decoding. The caller builds the selector's pool from
-    /// [`VerifyPolicy::acceptance_counts`].
+    /// decoding. The caller builds the selector's pool from [`VerifyPolicy::path_probs`].
     pub fn acceptance(mut self, counts: Acceptance) -> VerifyPolicy {
         self.acceptance = Some(counts);
         self
@@ -267,6 +266,21 @@ impl VerifyPolicy {
     /// The acceptance counts the policy scores with, when it does.
     pub fn acceptance_counts(&self) -> Option<&Acceptance> {
         self.acceptance.as_ref()
+    }
+
+    /// The path probabilities the policy scores a pool by. Each node is `(parent, edge, path)`
+    /// (parents listed before their children): the drafter's probability of the node given its
+    /// parent and along its path. Scoring by acceptance, the curve of the counts multiplied down
+    /// each path; otherwise the drafter's path probabilities as given.
+    pub fn path_probs(&self, nodes: &[(Option<usize>, f64, f64)]) -> Vec<f64> {
+        match &self.acceptance {
+            Some(counts) => {
+                let parents: Vec<Option<usize>> = nodes.iter().map(|&(p, _, _)| p).collect();
+                let edges: Vec<f64> = nodes.iter().map(|&(_, e, _)| e).collect();
+                counts.curve().path_probs(&parents, &edges)
+            }
+            None => nodes.iter().map(|&(_, _, path)| path).collect(),
+        }
     }
 
     /// Counts a drafted child of probability `q` given its parent, whose parent the target

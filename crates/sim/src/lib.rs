@@ -14,9 +14,7 @@ pub mod lru;
 pub mod machine;
 pub mod synth;
 
-use specfit_selector::{
-    Acceptance, CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy,
-};
+use specfit_selector::{CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
 /// The most plain-burst tokens the engine's drafter learns when drafting resumes (the replay
@@ -373,7 +371,7 @@ fn choose(
     };
     let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
     for depth in 1..=max_depth {
-        let pool = pool_upto(header, step, depth, policy.acceptance_counts())?;
+        let pool = pool_upto(header, step, depth, policy)?;
         let more = depth < max_depth;
         if let Decision::Verify(picked) = policy.decide(&pool, resident.as_ref(), more)? {
             // Pool indices up to `depth` are a prefix-order subset; map back to step indices.
@@ -411,27 +409,22 @@ fn edge_prob(step: &TraceStep, n: &TraceNode) -> f64 {
     }
 }
 
-/// The selector pool of the nodes of `step` with depth ≤ `depth`, scored by `acceptance` when
-/// the policy has counts (as the engine's decoder scores them), else by the drafter's
-/// probabilities.
+/// The selector pool of the nodes of `step` with depth ≤ `depth`, scored as `policy` scores
+/// paths ([`VerifyPolicy::path_probs`], as the engine's decoder does).
 fn pool_upto(
     header: &TraceHeader,
     step: &TraceStep,
     depth: usize,
-    acceptance: Option<&Acceptance>,
+    policy: &VerifyPolicy,
 ) -> Result<Pool, SimError> {
     let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
     b.root_routes(&step.root_routes)?;
     let nodes: Vec<(&TraceNode, Option<usize>)> = nodes_upto(step, depth).collect();
-    let probs: Vec<f64> = match acceptance {
-        Some(counts) => {
-            let parents: Vec<Option<usize>> = nodes.iter().map(|&(_, p)| p).collect();
-            let edges: Vec<f64> = nodes.iter().map(|&(n, _)| edge_prob(step, n)).collect();
-            counts.curve().path_probs(&parents, &edges)
-        }
-        None => nodes.iter().map(|&(n, _)| n.prob).collect(),
-    };
-    for ((n, parent), p) in nodes.into_iter().zip(probs) {
+    let scored: Vec<_> = nodes
+        .iter()
+        .map(|&(n, parent)| (parent, edge_prob(step, n), n.prob))
+        .collect();
+    for ((n, parent), p) in nodes.into_iter().zip(policy.path_probs(&scored)) {
         b.push(parent, p.clamp(0.0, 1.0), &n.routes)?;
     }
     Ok(b.build())
@@ -565,6 +558,7 @@ pub fn calibrate_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use specfit_selector::Acceptance;
 
     /// A trace step from (parent, prob, depth) triples, listed level by level.
     fn step(nodes: &[(i64, f64, usize)]) -> TraceStep {
@@ -604,7 +598,7 @@ mod tests {
         // Scored pools multiply the curve down each path.
         let header = TraceHeader::new(1, 8, 1, 16);
         let curve = want.curve();
-        let pool = pool_upto(&header, &s, 2, Some(&want)).unwrap();
+        let pool = pool_upto(&header, &s, 2, &policy).unwrap();
         let p3 = pool.prob(3);
         assert!(
             (p3 - curve.at(0.6) * curve.at(0.5 / 0.6)).abs() < 1e-6,

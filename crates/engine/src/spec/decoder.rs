@@ -498,15 +498,8 @@ impl Chooser<'_, '_> {
         let routes = self.routes.route(&mut self.at, pool, self.latest.take())?;
         let mut b = PoolBuilder::new(routes.root.len(), num_experts)?;
         b.root_routes(&routes.root)?;
-        let probs: Vec<f64> = match self.policy.acceptance_counts() {
-            // The probability the target takes each path, from the drafter's edges.
-            Some(counts) => {
-                let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
-                let edges: Vec<f64> = pool.iter().map(|n| n.edge).collect();
-                counts.curve().path_probs(&parents, &edges)
-            }
-            None => pool.iter().map(|n| n.prob).collect(),
-        };
+        let nodes: Vec<_> = pool.iter().map(|n| (n.parent, n.edge, n.prob)).collect();
+        let probs = self.policy.path_probs(&nodes);
         for ((node, r), p) in pool.iter().zip(&routes.nodes).zip(probs) {
             b.push(node.parent, p.clamp(0.0, 1.0), r)?;
         }

@@ -301,6 +301,26 @@ fn summary(s: &DecodeStats, cache: &ExpertCache, cleared: bool) {
             1e3 * c.wait_seconds / decoded
         );
     }
+    if c.predicted > 0 {
+        let per_layer: Vec<String> = cache
+            .stats()
+            .per_layer
+            .iter()
+            .map(|l| {
+                format!(
+                    "{:.0}/{:.0}",
+                    100.0 * l.predicted_right as f64 / l.predicted.max(1) as f64,
+                    100.0 * l.predicted_right as f64 / l.predicted_needed.max(1) as f64
+                )
+            })
+            .collect();
+        eprintln!(
+            "layer-ahead routes: precision {:.1}%, recall {:.1}%; per layer precision/recall %: {}",
+            100.0 * c.predicted_right as f64 / c.predicted as f64,
+            100.0 * c.predicted_right as f64 / c.predicted_needed.max(1) as f64,
+            per_layer.join(" ")
+        );
+    }
     if c.read_ahead > 0 {
         eprintln!(
             "read-ahead: {:.1} of the misses per decoded token were read ahead, {:.0}% of them used",

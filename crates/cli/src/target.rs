@@ -53,6 +53,11 @@ pub struct TargetArgs {
     /// Storage dtype of the matrices (default: the checkpoint's; bf16 is widened exactly).
     #[arg(long, value_enum)]
     pub weights: Option<WeightsArg>,
+    /// Layer-ahead reads on the slot tiers: in each MoE layer, apply the next N layers' routers
+    /// to the current hidden state and start reading the experts they pick (0: off; at most 8;
+    /// outputs are unchanged, only copies move).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=8))]
+    pub layers_ahead: u8,
 }
 
 impl TargetArgs {
@@ -74,6 +79,7 @@ impl TargetArgs {
             slots: Some(slots),
             clear_cache: false,
             weights,
+            layers_ahead: 0,
         })
     }
 
@@ -126,14 +132,16 @@ impl TargetArgs {
                 eprintln!("{made}");
             }
         }
-        load_target(
+        let (model, mut cache) = load_target(
             &self.model,
             &tier,
             slots,
             mode,
             self.weights.map(WeightsArg::dtype),
         )
-        .with_context(|| format!("loading {}", self.model.display()))
+        .with_context(|| format!("loading {}", self.model.display()))?;
+        cache.set_layers_ahead(self.layers_ahead.into());
+        Ok((model, cache))
     }
 }
 

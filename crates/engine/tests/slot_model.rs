@@ -35,7 +35,7 @@ proptest! {
         for (f, forward) in forwards.iter().enumerate() {
             for (layer, needed) in forward.iter().enumerate() {
                 let before = cache.stats().per_layer[layer];
-                cache.with_experts(layer, needed, |_| {}).unwrap();
+                cache.with_experts(layer, needed, &[], |_| {}).unwrap();
                 let after = cache.stats().per_layer[layer];
                 let engine = (after.hits - before.hits, after.misses - before.misses);
                 prop_assert_eq!(

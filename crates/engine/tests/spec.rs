@@ -481,6 +481,36 @@ fn tree_decoding_from_the_disk_tier_commits_the_greedy_tokens_with_and_without_r
 }
 
 #[test]
+fn layer_ahead_reads_on_the_disk_tier_keep_the_greedy_tokens_and_score_their_guesses() {
+    let file = fixture_expert_file("spec-layer-ahead");
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
+    let pair = Pair::new(&target, &drafter);
+    let want = greedy_tokens(&target, &mut cache, &FIVE_TOKENS, 20);
+    for (slots, layers) in [(2, 1), (4, 1), (4, 2)] {
+        let mut disk = fixture_disk_cache(&file, slots, CacheMode::Lru);
+        disk.set_layers_ahead(layers);
+        assert_eq!(disk.layers_ahead(), layers);
+        let options = decode_options(20, Sampling::Greedy, 0);
+        let got = pair.top_k(&mut disk, Start::Prompt(&FIVE_TOKENS), 7, &options);
+        assert_eq!(got.tokens, want, "{slots} slots, {layers} layers ahead");
+        let c = got.copies;
+        assert!(c.read_ahead > 0 && c.predicted > 0, "{slots} slots: {c:?}");
+        assert!(
+            c.predicted_right <= c.predicted.min(c.predicted_needed),
+            "{c:?}"
+        );
+        // The first MoE layer is never predicted: nothing runs before it.
+        assert_eq!(disk.stats().per_layer[0].predicted, 0);
+        disk.verify_slots().unwrap();
+    }
+    // Slots emptied every forward: nothing is read ahead.
+    let mut cleared = fixture_disk_cache(&file, 4, CacheMode::NoCache);
+    cleared.set_layers_ahead(1);
+    assert_eq!(cleared.layers_ahead(), 0);
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
+}
+
+#[test]
 fn adaptive_specfit_with_plain_bursts_stays_lossless_greedy_and_sampled() {
     use specfit_engine::spec::Atlas;
     use specfit_selector::CostModel;

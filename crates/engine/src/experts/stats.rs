@@ -18,6 +18,14 @@ pub struct LayerStats {
     /// Experts a forward needed that a read-ahead had brought (or was bringing): counted in
     /// `misses` when their read started, not again in `hits`.
     pub ahead_used: u64,
+    /// Layer-ahead predictions ([`ExpertCache::with_experts`]' `ahead`): experts predicted for
+    /// this layer's calls, how many of those calls' needed experts were among them, and how
+    /// many experts those calls needed. Precision = right / predicted, recall = right / needed.
+    ///
+    /// [`ExpertCache::with_experts`]: crate::experts::ExpertCache::with_experts
+    pub predicted: u64,
+    pub predicted_right: u64,
+    pub predicted_needed: u64,
 }
 
 impl LayerStats {
@@ -30,6 +38,9 @@ impl LayerStats {
         self.wait_seconds += other.wait_seconds;
         self.read_ahead += other.read_ahead;
         self.ahead_used += other.ahead_used;
+        self.predicted += other.predicted;
+        self.predicted_right += other.predicted_right;
+        self.predicted_needed += other.predicted_needed;
     }
 }
 
@@ -62,6 +73,9 @@ impl CopyStats {
             wait_seconds: a.wait_seconds - b.wait_seconds,
             read_ahead: a.read_ahead - b.read_ahead,
             ahead_used: a.ahead_used - b.ahead_used,
+            predicted: a.predicted - b.predicted,
+            predicted_right: a.predicted_right - b.predicted_right,
+            predicted_needed: a.predicted_needed - b.predicted_needed,
         };
         let per_layer: Vec<LayerStats> = self
             .per_layer

@@ -48,14 +48,36 @@ impl SparseMoe {
             .collect()
     }
 
+    /// The experts this layer's router would pick for `x` (T × H, normed), most wanted first: the
+    /// union of the tokens' top-k, ordered by the tokens' summed router probability (ties to the
+    /// lower id). A guess at this layer's needs made from an earlier layer's hidden state.
+    fn predict(&self, x: &[f32], t: usize) -> Vec<u32> {
+        let mut weight = vec![0.0f32; self.gate.out];
+        for (e, p) in self.route(x, t).into_iter().flatten() {
+            weight[e as usize] += p;
+        }
+        let mut wanted: Vec<u32> = (0..weight.len() as u32)
+            .filter(|&e| weight[e as usize] > 0.0)
+            .collect();
+        wanted.sort_by(|&a, &b| {
+            weight[b as usize]
+                .total_cmp(&weight[a as usize])
+                .then(a.cmp(&b))
+        });
+        wanted
+    }
+
     /// `x`: T × H (normed) → T × H and each token's routes. Loads every needed expert at most
     /// once and runs it once over all tokens routed to it (one small batched matmul per expert);
     /// each token sums its experts' outputs in ascending expert id, as `index_add_` does in
     /// transformers.
+    /// `ahead` (later layers' predicted experts) goes to the cache, whose reads start once this
+    /// layer's misses are queued.
     fn forward(
         &self,
         x: &[f32],
         t: usize,
+        ahead: &[(usize, Vec<u32>)],
         cache: &mut ExpertCache,
     ) -> Result<(Vec<f32>, Vec<Vec<u32>>), EngineError> {
         let routes = self.route(x, t);
@@ -90,7 +112,7 @@ impl SparseMoe {
                 .collect();
             (range, xs)
         };
-        cache.with_experts(self.ordinal, &needed, |batch| {
+        cache.with_experts(self.ordinal, &needed, ahead, |batch| {
             run_experts(layout, batch, &rows, &mut outputs)
         })?;
         // Where each (token, k) output sits.
@@ -250,7 +272,8 @@ impl Qwen3Moe {
                     m.forward(&normed, t)
                 }
                 Mlp::Sparse(m) => {
-                    let (out, ids) = m.forward(&normed, t, cache)?;
+                    let ahead = self.predict_ahead(l, &x, t, cache.layers_ahead());
+                    let (out, ids) = m.forward(&normed, t, &ahead, cache)?;
                     routes.push(Some(ids));
                     out
                 }
@@ -274,6 +297,37 @@ impl Qwen3Moe {
             taps,
             copies: cache.stats().since(&before),
         })
+    }
+
+    /// Layer-ahead route prediction: each of the next `layers` sparse layers' routers applied to
+    /// `h` (T × H, layer `l`'s residual stream after its attention) normed by that layer's own
+    /// `post_attention_layernorm`, as (cache layer, experts most wanted first). Only the
+    /// cache's reads use it: outputs never depend on a prediction.
+    fn predict_ahead(
+        &self,
+        l: usize,
+        h: &[f32],
+        t: usize,
+        layers: usize,
+    ) -> Vec<(usize, Vec<u32>)> {
+        let mut normed = vec![0.0f32; h.len()];
+        self.layers[l + 1..]
+            .iter()
+            .filter_map(|layer| match &layer.mlp {
+                Mlp::Sparse(m) => Some((layer, m)),
+                Mlp::Dense(_) => None,
+            })
+            .take(layers)
+            .map(|(layer, m)| {
+                rms_norm(
+                    h,
+                    &layer.post_attention_layernorm,
+                    self.cfg.rms_norm_eps as f32,
+                    &mut normed,
+                );
+                (m.ordinal, m.predict(&normed, t))
+            })
+            .collect()
     }
 
     /// The tap index that returns the final residual stream (after the last layer), from which

@@ -64,7 +64,7 @@ pub fn errors_reading_every_expert(model: &Qwen3Moe, cache: &mut ExpertCache) ->
     let cfg = model.config();
     let all: Vec<u32> = (0..cfg.num_experts as u32).collect();
     (0..cfg.moe_layers().len())
-        .filter_map(|l| cache.with_experts(l, &all, |_| {}).err())
+        .filter_map(|l| cache.with_experts(l, &all, &[], |_| {}).err())
         .map(|e| e.to_string())
         .collect()
 }

@@ -60,6 +60,11 @@ pub struct ExpertCache {
     /// The store hands out every expert where it rests ([`ExpertStore::maps_in_place`]): no
     /// slots, no copies, every expert resident.
     in_place: bool,
+    /// [`ExpertCache::layers_ahead`].
+    layers_ahead: usize,
+    /// Per layer, the experts a layer-ahead prediction named for the next call in that layer
+    /// (ascending), scored against what that call needs (precision and recall in the stats).
+    predicted: Vec<Option<Vec<u32>>>,
 }
 
 impl std::fmt::Debug for ExpertCache {
@@ -83,13 +88,15 @@ impl ExpertCache {
         mode: CacheMode,
     ) -> Result<ExpertCache, EngineError> {
         let experts = self.slots.first().map_or(0, |s| s.slot_of.len());
-        Self::new(
+        let mut sibling = Self::new(
             Arc::clone(&self.store),
             self.slots.len(),
             experts,
             slots_per_layer,
             mode,
-        )
+        )?;
+        sibling.layers_ahead = self.layers_ahead;
+        Ok(sibling)
     }
 
     /// `slots_per_layer` slots for each of `layers` MoE layers of `experts` experts over `store`.
@@ -128,6 +135,8 @@ impl ExpertCache {
             done_rx,
             in_flight: 0,
             in_place,
+            layers_ahead: 0,
+            predicted: vec![None; layers],
         })
     }
 
@@ -211,43 +220,64 @@ impl ExpertCache {
     /// waiting for. Does nothing when the slots are emptied every forward. A read that fails is
     /// dropped (the forward that needs the expert reads it again and reports the error).
     pub fn read_ahead(&mut self, wanted: &[Vec<u32>]) {
-        if self.mode == CacheMode::NoCache || self.in_place {
+        for (layer, list) in wanted.iter().enumerate() {
+            self.read_ahead_layer(layer, list);
+        }
+    }
+
+    /// [`ExpertCache::read_ahead`] for one layer's `wanted` experts (most wanted first).
+    fn read_ahead_layer(&mut self, layer: usize, wanted: &[u32]) {
+        if self.mode == CacheMode::NoCache || self.in_place || layer >= self.slots.len() {
             return;
         }
         let cap = (self.slots_per_layer() / 2).max(1);
-        for (layer, list) in wanted.iter().enumerate().take(self.slots.len()) {
-            let count = self.slots[layer].holds.len();
-            let mut keep = vec![false; count];
-            let mut started = 0;
-            for &e in list {
-                if e as usize >= self.slots[layer].slot_of.len() {
-                    continue;
-                }
-                if let Some(s) = self.slots[layer].slot_of[e as usize] {
-                    self.clock += 1;
-                    self.slots[layer].last_use[s as usize] = self.clock;
-                    keep[s as usize] = true;
-                    continue;
-                }
-                if started == cap {
-                    continue;
-                }
-                let Some(victim) = self.slots[layer].victim(|s| !keep[s]) else {
-                    break;
-                };
-                keep[victim] = true;
-                started += 1;
-                self.start(layer, e, victim, Urgency::Ahead);
+        let count = self.slots[layer].holds.len();
+        let mut keep = vec![false; count];
+        let mut started = 0;
+        for &e in wanted {
+            if e as usize >= self.slots[layer].slot_of.len() {
+                continue;
+            }
+            if let Some(s) = self.slots[layer].slot_of[e as usize] {
                 self.clock += 1;
-                self.slots[layer].last_use[victim] = self.clock;
-                let bytes = self.layout.bytes() as u64;
-                for stats in [&mut self.stats.per_layer[layer], &mut self.stats.total] {
-                    stats.misses += 1;
-                    stats.read_ahead += 1;
-                    stats.bytes_copied += bytes;
-                }
+                self.slots[layer].last_use[s as usize] = self.clock;
+                keep[s as usize] = true;
+                continue;
+            }
+            if started == cap {
+                continue;
+            }
+            let Some(victim) = self.slots[layer].victim(|s| !keep[s]) else {
+                break;
+            };
+            keep[victim] = true;
+            started += 1;
+            self.start(layer, e, victim, Urgency::Ahead);
+            self.clock += 1;
+            self.slots[layer].last_use[victim] = self.clock;
+            let bytes = self.layout.bytes() as u64;
+            for stats in [&mut self.stats.per_layer[layer], &mut self.stats.total] {
+                stats.misses += 1;
+                stats.read_ahead += 1;
+                stats.bytes_copied += bytes;
             }
         }
+    }
+
+    /// How many MoE layers ahead a forward predicts its routes and starts their reads
+    /// ([`ExpertCache::with_experts`]' `ahead`): the setting, or 0 where nothing is read ahead
+    /// (experts used in place, or slots emptied every forward).
+    pub fn layers_ahead(&self) -> usize {
+        if self.mode == CacheMode::NoCache || self.in_place {
+            0
+        } else {
+            self.layers_ahead
+        }
+    }
+
+    /// Sets [`ExpertCache::layers_ahead`] (0 turns layer-ahead reads off).
+    pub fn set_layers_ahead(&mut self, layers: usize) {
+        self.layers_ahead = layers;
     }
 
     /// Runs `f` on `(expert, its matrices)` for every expert of `needed` (distinct ids) in
@@ -256,22 +286,34 @@ impl ExpertCache {
     /// per missing expert (or expert still arriving from a read-ahead) as soon as its read is
     /// done (its slot may then take a later miss). Every expert is copied at most once per call,
     /// whatever the slot count.
+    ///
+    /// `ahead` lists later layers' predicted experts (layer, most wanted first): once this
+    /// call's own misses are queued, their reads start as [`ExpertCache::read_ahead`]'s do,
+    /// behind every read a forward waits for; each prediction is scored against what the next
+    /// call in its layer needs ([`LayerStats::predicted`]).
     pub fn with_experts(
         &mut self,
         layer: usize,
         needed: &[u32],
+        ahead: &[(usize, Vec<u32>)],
         mut f: impl FnMut(&[(u32, ExpertMatrices<'_>)]),
     ) -> Result<(), EngineError> {
+        let mut stats = LayerStats::default();
+        if let Some(predicted) = self.predicted.get_mut(layer).and_then(Option::take) {
+            stats.predicted = predicted.len() as u64;
+            stats.predicted_needed = needed.len() as u64;
+            stats.predicted_right = needed
+                .iter()
+                .filter(|e| predicted.binary_search(e).is_ok())
+                .count() as u64;
+        }
         if self.in_place {
             let views = needed
                 .iter()
                 .map(|&e| Ok((e, self.store.in_place(layer, e as usize)?)))
                 .collect::<Result<Vec<_>, EngineError>>()?;
             f(&views);
-            let stats = LayerStats {
-                hits: needed.len() as u64,
-                ..Default::default()
-            };
+            stats.hits = needed.len() as u64;
             self.stats.per_layer[layer].add(&stats);
             self.stats.total.add(&stats);
             return Ok(());
@@ -280,7 +322,6 @@ impl ExpertCache {
         let slot_count = self.slots[layer].holds.len();
         let mut w = Waiting::new(slot_count);
         let mut hit = Vec::new();
-        let mut stats = LayerStats::default();
         for &e in needed {
             let slots = &mut self.slots[layer];
             let Some(s) = slots.slot_of[e as usize].map(|s| s as usize) else {
@@ -302,6 +343,7 @@ impl ExpertCache {
         }
         let mut error = None;
         stats.misses += self.launch(layer, &mut w);
+        self.start_ahead(ahead);
         // The resident experts run together (the caller may spread them over threads) while the
         // first misses are read.
         if !hit.is_empty() {
@@ -378,6 +420,20 @@ impl ExpertCache {
         }
     }
 
+    /// Starts the reads of `ahead` (later layers' predicted experts, most wanted first) and
+    /// keeps each prediction to score it against its layer's next call.
+    fn start_ahead(&mut self, ahead: &[(usize, Vec<u32>)]) {
+        for (layer, wanted) in ahead {
+            let Some(kept) = self.predicted.get_mut(*layer) else {
+                continue;
+            };
+            let mut sorted = wanted.clone();
+            sorted.sort_unstable();
+            *kept = Some(sorted);
+            self.read_ahead_layer(*layer, wanted);
+        }
+    }
+
     /// Checks every occupied slot against a fresh read from the store (a debugging aid: the
     /// cache must never hold a stale or wrong expert). Returns the first mismatch.
     pub fn verify_slots(&mut self) -> Result<(), EngineError> {
@@ -439,8 +495,18 @@ mod tests {
 
     /// The experts `needed` of `layer`, as the cache hands them over: (expert, first byte).
     fn run(c: &mut ExpertCache, layer: usize, needed: &[u32]) -> Vec<(u32, u8)> {
+        run_ahead(c, layer, needed, &[])
+    }
+
+    /// [`run`], naming later layers' experts `ahead`.
+    fn run_ahead(
+        c: &mut ExpertCache,
+        layer: usize,
+        needed: &[u32],
+        ahead: &[(usize, Vec<u32>)],
+    ) -> Vec<(u32, u8)> {
         let mut seen = Vec::new();
-        c.with_experts(layer, needed, |views| {
+        c.with_experts(layer, needed, ahead, |views| {
             seen.extend(views.iter().map(|&(e, m)| (e, m.bytes()[0][0])));
         })
         .unwrap();
@@ -490,6 +556,31 @@ mod tests {
             "only 3 was read on demand"
         );
         assert_eq!(t.bytes_copied, 6 * c.layout().bytes() as u64);
+        c.verify_slots().unwrap();
+    }
+
+    #[test]
+    fn experts_named_ahead_are_read_into_their_layer_and_scored_against_its_next_call() {
+        let mut c = cache(4);
+        let ahead = [(1, vec![4, 2, 3])];
+        assert_eq!(run_ahead(&mut c, 0, &[1, 2], &ahead), vec![(1, 1), (2, 2)]);
+        let t = c.stats().per_layer[1];
+        assert_eq!((t.misses, t.read_ahead), (2, 2), "half of 4 slots: 4 and 2");
+        assert_eq!(run(&mut c, 1, &[2, 5]), vec![(2, 12), (5, 15)]);
+        let t = c.stats().per_layer[1];
+        assert_eq!(
+            (t.ahead_used, t.misses),
+            (1, 3),
+            "2 came ahead, 5 is read now"
+        );
+        assert_eq!(
+            (t.predicted, t.predicted_right, t.predicted_needed),
+            (3, 1, 2),
+            "3 named, 1 of the 2 needed among them"
+        );
+        // A prediction is scored once: the next call in layer 1 has none.
+        run(&mut c, 1, &[2]);
+        assert_eq!(c.stats().per_layer[1].predicted, 3);
         c.verify_slots().unwrap();
     }
 

@@ -3,7 +3,8 @@
 # files `specfit inflate` writes, (a) the Q4_K_M target mapped in RAM and (b) the Q8_0 target,
 # larger than RAM, on the disk tier at 16 / 32 / 48 slots: calibrate, then `specfit bench` for
 # plain decoding, EAGLE-3 (K = 7), SpecFit and SpecFit with read-ahead on predicted routes,
-# every output checked against plain decoding. Summarization prompts are cut to their first 512
+# and on the disk tier plain decoding and SpecFit reading the next layer's predicted experts
+# (`+layer-ahead`), every output checked against plain decoding. Summarization prompts are cut to their first 512
 # tokens. BENCHMARKS.md gives the measured time of each part on the machine it ran on; the
 # reports go to bench-results/paper-{ram,disk}/.
 #
@@ -15,7 +16,8 @@
 # DISK_PROMPTS (for (b), default 1), TOKENS (new tokens per prompt, default 24 for (a), 16 for
 # (b)), CAL_PROMPTS (calibration prompts: default all 8 for (a), the first 4 for (b), where each
 # one's prefill reads most of the file), CYCLES (probe cycles per calibration prompt, default 4),
-# PART (a, b or both: the default).
+# PART (a, b or both: the default), SWEEP (the slot points of (b), default 16,32,48),
+# LAYERS_AHEAD (layers the +layer-ahead rows of (b) read ahead, default 1; 0 drops them).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 P=${1:-bench-models/paper}
@@ -57,12 +59,13 @@ if [ "$PART" != a ]; then
     step "(b) calibrate the Q8_0 file on the disk tier at 32 slots"
     "$BIN" calibrate --model "$P/target-q8_0.gguf" --drafter "$P/drafter" --store disk --slots 32 \
         --prompts "$CAL_FILE" --limit "${CAL_PROMPTS:-4}" --cycles "${CYCLES:-4}"
-    step "(b) bench at 16 / 32 / 48 slots, $DISK_PROMPTS prompts per set"
+    step "(b) bench at ${SWEEP:-16,32,48} slots, $DISK_PROMPTS prompts per set"
     "$BIN" bench --model "$P/target-q8_0.gguf" --drafter "$P/drafter" \
-        --predictor "$P/route-predictor.safetensors" --store disk --slots 32 --sweep 16,32,48 \
+        --predictor "$P/route-predictor.safetensors" --store disk --slots 32 --sweep "${SWEEP:-16,32,48}" \
         --calibration "$P/target-q8_0.specfit-calibration.disk.json" --max-prompt-tokens 512 \
         --limit "$DISK_PROMPTS" --max-tokens "${TOKENS:-16}" \
-        --only 'ar,eagle3,specfit[predictor],specfit+ahead[predictor]' --validate 0 \
+        --only 'ar,eagle3,specfit[predictor],specfit+ahead[predictor],ar+layer-ahead,specfit+layer-ahead[predictor]' \
+        --layers-ahead "${LAYERS_AHEAD:-1}" --validate 0 \
         --out bench-results/paper-disk
 fi
 step "done"

@@ -22,8 +22,13 @@ struct Series<'a> {
 }
 
 fn series<'a>(name: &'a str, rows: &[Row]) -> Series<'a> {
-    let main =
-        |r: &&Row| r.routes == "atlas" && r.beta_scale == 1.0 && !r.read_ahead && !r.drafter_probs;
+    let main = |r: &&Row| {
+        r.routes == "atlas"
+            && r.beta_scale == 1.0
+            && !r.read_ahead
+            && !r.drafter_probs
+            && r.layers_ahead == 0
+    };
     let mut slots: Vec<usize> = rows.iter().filter(main).map(|r| r.slots).collect();
     slots.sort_unstable();
     slots.dedup();

@@ -67,6 +67,12 @@ pub struct Args {
     /// specfit+ahead[predictor].
     #[arg(long, value_delimiter = ',', value_name = "SLOTS")]
     sweep: Option<Vec<usize>>,
+    /// Also run `ar` and SpecFit (on the route predictor's routes) reading N MoE layers ahead
+    /// (`+layer-ahead` rows; see `generate --layers-ahead`) at the default slots and every
+    /// point of --sweep; 0 leaves those rows out. Slot tiers only: with the experts used in
+    /// place there is nothing to read.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=8))]
+    layers_ahead: u8,
     /// Run each configuration over a whole prompt set in turn (prefixes made once and kept)
     /// instead of every configuration on each prompt in turn; automatic when all
     /// configurations' slots together need more than half of the available memory.
@@ -398,6 +404,11 @@ fn setup(args: &Args) -> Result<Setup> {
             .exists()
             .then(|| args.pair.predictor.clone()),
         quick: args.quick,
+        layers_ahead: if in_place(args) {
+            0
+        } else {
+            args.layers_ahead.into()
+        },
         points: sweep_points(args, &cfg, default_slots)?,
     });
     if let Some(only) = &args.only {
@@ -589,8 +600,10 @@ fn runner(s: &Setup, c: &Config) -> Result<Runner> {
         drafter_probs: c.drafter_probs,
         calibration: Some(&s.calibration),
     };
+    let mut cache = s.base.sibling(slots, mode)?;
+    cache.set_layers_ahead(c.layers_ahead);
     Ok(Runner {
-        cache: s.base.sibling(slots, mode)?,
+        cache,
         policy: verify_policy(&spec, s.model.config())?,
     })
 }

@@ -100,6 +100,9 @@ pub struct Config {
     pub read_ahead: bool,
     /// Score by the drafter's own probabilities (`specfit (drafter p)`, the paper's scoring).
     pub drafter_probs: bool,
+    /// MoE layers whose experts each layer predicts and starts reading
+    /// ([`specfit_engine::ExpertCache::layers_ahead`]; `+layer-ahead`; 0 = off).
+    pub layers_ahead: usize,
 }
 
 impl Config {
@@ -122,7 +125,24 @@ impl Config {
             beta_scale,
             read_ahead: false,
             drafter_probs: false,
+            layers_ahead: 0,
         }
+    }
+
+    /// The same configuration reading `layers` MoE layers ahead (label `ar+layer-ahead`,
+    /// `specfit+layer-ahead[predictor]`).
+    fn layer_ahead(mut self, layers: usize) -> Config {
+        let at = self.policy.name().len();
+        self.label.insert_str(at, "+layer-ahead");
+        self.layers_ahead = layers;
+        self
+    }
+
+    /// Whether this is a policy's plain row: atlas routes (where it takes routes), β as
+    /// calibrated, no reads ahead of any kind, scored by the target's acceptance. The ratios
+    /// against `ar` and `eagle3` are to their plain rows.
+    pub fn is_plain(&self) -> bool {
+        self.beta_scale == 1.0 && !self.read_ahead && !self.drafter_probs && self.layers_ahead == 0
     }
 
     /// The same configuration scored by the drafter's own probabilities.
@@ -154,6 +174,10 @@ pub struct Sweep {
     /// each gets `ar`, `eagle3`, `specfit` and, with a predictor, `specfit[predictor]` and
     /// `specfit+ahead[predictor]`.
     pub points: Option<Vec<Slots>>,
+    /// With N > 0, `ar` and SpecFit (on predicted routes where there is a predictor) also run
+    /// reading N layers ahead (`+layer-ahead`), at the default slots and at every point of a
+    /// sweep of its own; never in quick mode.
+    pub layers_ahead: usize,
 }
 
 /// The configurations, `ar` at the default slots first (it is the reference every other
@@ -202,6 +226,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         out.push(Config::new(PolicyName::Specfit, r, d, 1.0));
         out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 2.0));
         out.push(Config::new(PolicyName::Specfit, atlas.clone(), d, 1.0).drafter_probs());
+        out.extend(layer_ahead_rows(s, d));
     }
     let sweep = match &s.points {
         Some(points) => points.clone(),
@@ -232,6 +257,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
             let r = RouteChoice::Predictor(p.clone());
             row.push(Config::new(PolicyName::Specfit, r.clone(), slots, 1.0));
             row.push(Config::new(PolicyName::Specfit, r, slots, 1.0).ahead());
+            row.extend(layer_ahead_rows(s, slots));
         }
         for c in row {
             if !out.contains(&c) {
@@ -240,6 +266,24 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         }
     }
     out
+}
+
+/// `ar` and SpecFit (on the predictor's routes when there is one: what a deployment runs)
+/// reading `s.layers_ahead` layers ahead at `slots`; none in quick mode or with 0 layers.
+fn layer_ahead_rows(s: &Sweep, slots: Slots) -> Vec<Config> {
+    if s.quick || s.layers_ahead == 0 || slots == Slots::None {
+        return Vec::new();
+    }
+    let routes = s
+        .predictor
+        .clone()
+        .map_or(RouteChoice::Atlas, RouteChoice::Predictor);
+    [
+        Config::new(PolicyName::Ar, RouteChoice::Atlas, slots, 1.0),
+        Config::new(PolicyName::Specfit, routes, slots, 1.0),
+    ]
+    .map(|c| c.layer_ahead(s.layers_ahead))
+    .to_vec()
 }
 
 #[cfg(test)]
@@ -253,6 +297,7 @@ mod tests {
             predictor: predictor.then(|| "p.safetensors".into()),
             quick,
             points: None,
+            layers_ahead: 1,
         }
     }
 
@@ -279,6 +324,8 @@ mod tests {
             "specfit[corrupt:0.4]@8",
             "specfit β×2@8",
             "specfit (drafter p)@8",
+            "ar+layer-ahead@8",
+            "specfit+layer-ahead[predictor]@8",
             "ar@0",
             "specfit@0",
             "ar@64",
@@ -295,7 +342,19 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 14 + 2 + 3 * 3);
+        assert_eq!(c.len(), 14 + 2 + 2 + 3 * 3);
+        let layer_ahead = c.iter().filter(|c| c.layers_ahead > 0).count();
+        assert_eq!(layer_ahead, 2);
+        assert!(c
+            .iter()
+            .filter(|c| c.layers_ahead > 0)
+            .all(|c| !c.is_plain()));
+        // With 0 layers ahead those rows go.
+        let off = configs(&Sweep {
+            layers_ahead: 0,
+            ..sweep(false, true)
+        });
+        assert_eq!(off.len(), c.len() - 2);
     }
 
     #[test]
@@ -323,11 +382,11 @@ mod tests {
     }
 
     #[test]
-    fn a_sweep_of_its_own_runs_specfit_on_predicted_routes_with_and_without_read_ahead_at_every_point(
+    fn a_sweep_of_its_own_runs_specfit_on_predicted_routes_with_and_without_reads_ahead_at_every_point(
     ) {
         let s = Sweep {
             points: Some(vec![Slots::Count(16), Slots::Count(32)]),
-            ..sweep(true, true)
+            ..sweep(false, true)
         };
         let labels: Vec<String> = configs(&s)
             .iter()
@@ -340,6 +399,8 @@ mod tests {
                 "specfit",
                 "specfit[predictor]",
                 "specfit+ahead[predictor]",
+                "ar+layer-ahead",
+                "specfit+layer-ahead[predictor]",
             ] {
                 let want = format!("{policy}@{n}");
                 assert!(labels.contains(&want), "{want} not in {labels:?}");

@@ -105,6 +105,8 @@ pub struct Row {
     pub read_ahead: bool,
     /// Scored by the drafter's own probabilities instead of the target's acceptance.
     pub drafter_probs: bool,
+    /// MoE layers each layer predicted and read ahead (0 = none).
+    pub layers_ahead: usize,
     pub tok_s: f64,
     pub speedup_vs_ar: f64,
     /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
@@ -470,13 +472,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
         configs
             .iter()
             .zip(tallies)
-            .find(|(c, _)| {
-                c.policy == policy
-                    && c.slots == slots
-                    && c.beta_scale == 1.0
-                    && !c.read_ahead
-                    && !c.drafter_probs
-            })
+            .find(|(c, _)| c.policy == policy && c.slots == slots && c.is_plain())
             .map(|(_, t)| t.tokens_per_second())
     };
     let mut order: Vec<usize> = (0..configs.len()).collect();
@@ -502,6 +498,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 beta_scale: c.beta_scale,
                 read_ahead: c.read_ahead,
                 drafter_probs: c.drafter_probs,
+                layers_ahead: c.layers_ahead,
                 tok_s,
                 speedup_vs_ar: ratio(tok_s, ar),
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),

@@ -72,8 +72,11 @@ pub struct Machine<'a> {
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
 /// hold: corrupted or predicted routes).
 fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
-    // The trace holds atlas routes only, and the simulator has no read-ahead.
-    if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas) || c.read_ahead {
+    // The trace holds atlas routes only, and the simulator reads nothing ahead.
+    if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
+        || c.read_ahead
+        || c.layers_ahead > 0
+    {
         return Ok(None);
     }
     let spec = PolicySpec {

@@ -59,6 +59,10 @@ pub struct Args {
     /// Read each verify forward's expected experts ahead (specfit policies).
     #[arg(long)]
     read_ahead: bool,
+    /// Slot tiers: in each MoE layer, start reading the experts the next N layers' routers pick
+    /// for this layer's hidden state (0: off; at most 8; see `generate --layers-ahead`).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=8))]
+    layers_ahead: u8,
     /// Positions a request may use, prompt and output together (default and most: the model's
     /// max_position_embeddings).
     #[arg(long)]
@@ -153,7 +157,8 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("--calibration {} does not exist", path.display());
     }
     let tokenizer = Tokenizer::load(&args.model)?;
-    let target = TargetArgs::prepared(&args.model, args.store, slots, args.weights)?;
+    let mut target = TargetArgs::prepared(&args.model, args.store, slots, args.weights)?;
+    target.layers_ahead = args.layers_ahead;
     let (model, cache) = target.load()?;
     // Checked before the drafter and the calibration load: a template that does not compile
     // or a context the model does not have.

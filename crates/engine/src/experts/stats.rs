@@ -21,6 +21,7 @@ pub struct LayerStats {
     /// Layer-ahead predictions ([`ExpertCache::with_experts`]' `ahead`): experts predicted for
     /// this layer's calls, how many of those calls' needed experts were among them, and how
     /// many experts those calls needed. Precision = right / predicted, recall = right / needed.
+    /// Reading several layers ahead, a layer's guess made farthest ahead is the one counted.
     ///
     /// [`ExpertCache::with_experts`]: crate::experts::ExpertCache::with_experts
     pub predicted: u64,

@@ -62,8 +62,9 @@ pub struct ExpertCache {
     in_place: bool,
     /// [`ExpertCache::layers_ahead`].
     layers_ahead: usize,
-    /// Per layer, the experts a layer-ahead prediction named for the next call in that layer
-    /// (ascending), scored against what that call needs (precision and recall in the stats).
+    /// Per layer, the experts the farthest layer-ahead prediction named for the next call in
+    /// that layer (ascending), scored against what that call needs (precision and recall in the
+    /// stats).
     predicted: Vec<Option<Vec<u32>>>,
 }
 
@@ -421,15 +422,19 @@ impl ExpertCache {
     }
 
     /// Starts the reads of `ahead` (later layers' predicted experts, most wanted first) and
-    /// keeps each prediction to score it against its layer's next call.
+    /// keeps each layer's first prediction (the one made farthest ahead) to score it against
+    /// that layer's next call.
     fn start_ahead(&mut self, ahead: &[(usize, Vec<u32>)]) {
         for (layer, wanted) in ahead {
             let Some(kept) = self.predicted.get_mut(*layer) else {
                 continue;
             };
-            let mut sorted = wanted.clone();
-            sorted.sort_unstable();
-            *kept = Some(sorted);
+            // The guess made farthest ahead is the one scored (nearer ones still read).
+            if kept.is_none() {
+                let mut sorted = wanted.clone();
+                sorted.sort_unstable();
+                *kept = Some(sorted);
+            }
             self.read_ahead_layer(*layer, wanted);
         }
     }

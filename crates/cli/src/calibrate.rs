@@ -160,7 +160,8 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
         slots: Some(args.slots.unwrap_or_else(|| default_slots(&cfg))),
         clear_cache: false,
         weights: None,
-        layers_ahead: 0,
+        // The probes price reads as a forward waits for them: nothing read ahead.
+        layers_ahead: Some(0),
     };
     let (model, mut cache) = target.load()?;
     let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);

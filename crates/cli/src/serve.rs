@@ -60,9 +60,10 @@ pub struct Args {
     #[arg(long)]
     read_ahead: bool,
     /// Slot tiers: in each MoE layer, start reading the experts the next N layers' routers pick
-    /// for this layer's hidden state (0: off; at most 8; see `generate --layers-ahead`).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=8))]
-    layers_ahead: u8,
+    /// for this layer's hidden state (0: off; at most 8; default: 1 where one expert is at
+    /// least 1 MiB, else 0; see `generate --layers-ahead`).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=8))]
+    layers_ahead: Option<u8>,
     /// Positions a request may use, prompt and output together (default and most: the model's
     /// max_position_embeddings).
     #[arg(long)]

@@ -55,9 +55,10 @@ pub struct TargetArgs {
     pub weights: Option<WeightsArg>,
     /// Layer-ahead reads on the slot tiers: in each MoE layer, apply the next N layers' routers
     /// to the current hidden state and start reading the experts they pick (0: off; at most 8;
-    /// outputs are unchanged, only copies move).
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=8))]
-    pub layers_ahead: u8,
+    /// outputs are unchanged, only copies move). Default: 1 where one expert is at least 1 MiB
+    /// (a large model's experts), else 0.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=8))]
+    pub layers_ahead: Option<u8>,
 }
 
 impl TargetArgs {
@@ -79,7 +80,7 @@ impl TargetArgs {
             slots: Some(slots),
             clear_cache: false,
             weights,
-            layers_ahead: 0,
+            layers_ahead: None,
         })
     }
 
@@ -140,7 +141,10 @@ impl TargetArgs {
             self.weights.map(WeightsArg::dtype),
         )
         .with_context(|| format!("loading {}", self.model.display()))?;
-        cache.set_layers_ahead(self.layers_ahead.into());
+        let layers_ahead = self
+            .layers_ahead
+            .map_or_else(|| cache.auto_layers_ahead(), usize::from);
+        cache.set_layers_ahead(layers_ahead);
         Ok((model, cache))
     }
 }

@@ -425,8 +425,10 @@ fn setup(args: &Args) -> Result<Setup> {
             configs.insert(0, reference);
         }
     }
-    let (model, base) =
-        TargetArgs::prepared(&args.pair.model, args.store, default_slots, None)?.load()?;
+    // The base cache (prefills, calibration) reads nothing ahead; each row says what it reads.
+    let mut target = TargetArgs::prepared(&args.pair.model, args.store, default_slots, None)?;
+    target.layers_ahead = Some(0);
+    let (model, base) = target.load()?;
     let drafter = Eagle3::load(&args.pair.drafter, model.config())?;
     let mut stop = crate::target::eos_tokens(&args.pair.model, model.config())?;
     stop.extend(tokenizer.token_id("<|im_end|>"));

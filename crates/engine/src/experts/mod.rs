@@ -11,7 +11,7 @@ mod io;
 mod stats;
 mod store;
 
-pub use cache::{CacheMode, ExpertCache};
+pub use cache::{CacheMode, ExpertCache, LAYER_AHEAD_MIN_BYTES};
 pub use disk::{convert, is_current_format, staleness, ConvertReport, DiskStore};
 pub use fingerprint::{Fingerprint, SourceFile};
 pub use io::reads_in_flight;

@@ -310,6 +310,9 @@ impl Qwen3Moe {
         t: usize,
         layers: usize,
     ) -> Vec<(usize, Vec<u32>)> {
+        if layers == 0 {
+            return Vec::new();
+        }
         let mut normed = vec![0.0f32; h.len()];
         self.layers[l + 1..]
             .iter()

@@ -232,7 +232,7 @@ impl ExpertCache {
 
     /// [`ExpertCache::read_ahead`] for one layer's `wanted` experts (most wanted first).
     fn read_ahead_layer(&mut self, layer: usize, wanted: &[u32]) {
-        if self.mode == CacheMode::NoCache || self.in_place || layer >= self.slots.len() {
+        if !self.can_read_ahead() || layer >= self.slots.len() {
             return;
         }
         let cap = (self.slots_per_layer() / 2).max(1);
@@ -273,11 +273,17 @@ impl ExpertCache {
     /// ([`ExpertCache::with_experts`]' `ahead`): the setting, or 0 where nothing is read ahead
     /// (experts used in place, or slots emptied every forward).
     pub fn layers_ahead(&self) -> usize {
-        if self.mode == CacheMode::NoCache || self.in_place {
-            0
-        } else {
+        if self.can_read_ahead() {
             self.layers_ahead
+        } else {
+            0
         }
+    }
+
+    /// Whether reads started ahead can help: slots kept across forwards, experts not used in
+    /// place.
+    fn can_read_ahead(&self) -> bool {
+        self.mode == CacheMode::Lru && !self.in_place
     }
 
     /// The layers to read ahead when the user does not say: 1 on a slot tier whose experts
@@ -287,8 +293,7 @@ impl ExpertCache {
     /// 64 KiB experts (the shipped pair) a layer computes for about one read, so there is little
     /// to hide reads behind and the wrong guesses cost more (0.78–0.99×).
     pub fn auto_layers_ahead(&self) -> usize {
-        let big = self.layout.bytes() >= LAYER_AHEAD_MIN_BYTES;
-        if big && self.mode == CacheMode::Lru && !self.in_place {
+        if self.can_read_ahead() && self.layout.bytes() >= LAYER_AHEAD_MIN_BYTES {
             1
         } else {
             0

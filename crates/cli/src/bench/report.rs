@@ -301,10 +301,10 @@ impl Report {
                 "\nsimulator check, {} (first {} prompts): replayed traces vs measured tok/s",
                 v.name, v.prompts
             );
-            for [label, slots, measured, simulated, error] in checks(v) {
+            for [label, slots, measured, simulated, error, tokens, copies] in checks(v) {
                 let _ = writeln!(
                     out,
-                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}"
+                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  tok/cycle {tokens:>11}  copies/tok {copies:>11}"
                 );
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
@@ -369,9 +369,9 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| policy | slots | measured tok/s | simulated tok/s | error |"
+                "| policy | slots | measured tok/s | simulated tok/s | error | tok/cyc measured / simulated | copies/tok measured / simulated |"
             );
-            let _ = writeln!(out, "| --- | --- | --- | --- | --- |");
+            let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
             for cells in checks(v) {
                 let _ = writeln!(out, "| {} |", cells.join(" | "));
             }
@@ -399,7 +399,7 @@ impl Report {
 
 /// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,
 /// error.
-fn checks(v: &super::validate::SetValidation) -> Vec<[String; 5]> {
+fn checks(v: &super::validate::SetValidation) -> Vec<[String; 7]> {
     v.checks
         .iter()
         .map(|c| {
@@ -409,6 +409,14 @@ fn checks(v: &super::validate::SetValidation) -> Vec<[String; 5]> {
                 format!("{:.1}", c.measured_tok_s),
                 format!("{:.1}", c.simulated_tok_s),
                 format!("{:+.1}%", 100.0 * c.error),
+                format!(
+                    "{:.2} / {:.2}",
+                    c.measured_tokens_per_cycle, c.simulated_tokens_per_cycle
+                ),
+                format!(
+                    "{:.1} / {:.1}",
+                    c.measured_copies_per_token, c.simulated_copies_per_token
+                ),
             ]
         })
         .collect()

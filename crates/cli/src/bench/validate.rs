@@ -28,6 +28,12 @@ pub struct Check {
     pub simulated_tok_s: f64,
     /// simulated / measured − 1.
     pub error: f64,
+    /// Where a miss comes from, side by side: committed tokens per cycle and expert copies
+    /// per committed token (a cycle is a speculative cycle or a plain step).
+    pub measured_tokens_per_cycle: f64,
+    pub simulated_tokens_per_cycle: f64,
+    pub measured_copies_per_token: f64,
+    pub simulated_copies_per_token: f64,
 }
 
 /// The validation of one prompt set.
@@ -118,7 +124,12 @@ pub fn check(
             0.0
         };
         let measured = t.tokens_per_second();
+        let per = |a: f64, b: usize| if b > 0 { a / b as f64 } else { 0.0 };
         checks.push(Check {
+            measured_tokens_per_cycle: per(t.sum.committed as f64, t.sum.cycles),
+            simulated_tokens_per_cycle: per(committed as f64, r.cycles + r.plain_steps),
+            measured_copies_per_token: per(t.sum.copies.misses as f64, t.sum.committed),
+            simulated_copies_per_token: per(r.misses as f64, committed),
             label: c.label.clone(),
             slots: c.slots.number(),
             measured_tok_s: measured,

@@ -75,6 +75,17 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             .filter(|c| c["error"].as_f64().unwrap().abs() <= 0.10)
             .count();
         assert_eq!(v["within_10_percent"].as_u64().unwrap() as usize, within);
+        // Replayed with costs probed between the runs, and with the start calibration beside.
+        let costs = v["costs"].as_str().unwrap();
+        assert!(costs.starts_with("probed between the runs"), "{costs}");
+        for c in checks {
+            assert!(c["simulated_tok_s"].as_f64().unwrap() > 0.0, "{c}");
+            assert!(c["simulated_at_start_tok_s"].as_f64().unwrap() > 0.0, "{c}");
+            assert!(
+                c["measured_copies_per_token"].as_f64().unwrap() >= 0.0,
+                "{c}"
+            );
+        }
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("| policy | slots | tok/s |"));
@@ -88,7 +99,7 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     let sweep = |cal: &std::path::Path| {
         let text = "bench --store disk --limit 2 --max-tokens 8 --max-prompt-tokens 64 \
             --sweep 8,16 --only ar,eagle3,specfit,specfit[predictor],specfit+ahead[predictor] \
-            --one-at-a-time --validate 0 --calibration {} --out {}";
+            --one-at-a-time --validate 1 --calibration {} --out {}";
         let args = [cal.to_str().unwrap(), dir.to_str().unwrap()];
         cli(text, &args)
             .into_iter()
@@ -127,6 +138,12 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             );
         }
         assert!(rows.iter().all(|r| !r.contains("vanilla")), "{rows:?}");
+    }
+    // One configuration at a time, the simulator check probes its costs between them.
+    for v in report["validation"].as_array().unwrap() {
+        let costs = v["costs"].as_str().unwrap();
+        assert!(costs.starts_with("probed between the runs"), "{costs}");
+        assert_eq!(v["prompts"], 1);
     }
 }
 

@@ -84,11 +84,11 @@ pub struct Args {
     /// points only.
     #[arg(long)]
     quick: bool,
-    /// Validate the trace simulator on the first N prompts of each set: record their traces,
-    /// replay them under each configuration with this machine's calibration and compare with
-    /// the measured tok/s (0 = skip).
-    #[arg(long, default_value_t = 8)]
-    validate: usize,
+    /// Validate the trace simulator on the first N prompts of each set (default: every prompt):
+    /// probe this machine's costs on them between the runs, record their traces, replay them
+    /// under each configuration with those costs and compare with the measured tok/s (0 = skip).
+    #[arg(long)]
+    validate: Option<usize>,
     /// Run only these rows (labels as in the table, e.g. `ar,specfit`; `ar` at the default
     /// slots always runs: it is the reference every output is checked against).
     #[arg(long, value_delimiter = ',')]
@@ -180,6 +180,25 @@ pub fn run(args: &Args) -> Result<()> {
     let mut validation = Vec::new();
     for (set_index, set) in sets.iter().enumerate() {
         let n = configs.len();
+        let validated = args.validate.unwrap_or(usize::MAX).min(set.prompts.len());
+        let validated_prompts: Vec<&[u32]> = set.prompts[..validated]
+            .iter()
+            .map(|p| &p.tokens[..])
+            .collect();
+        // The simulator check's costs, probed between the runs.
+        let mut probes = match validated {
+            0 => None,
+            v => Some(validate::Probes::new(
+                &s.base,
+                &probe_slots(
+                    configs.iter().map(|c| c.slots),
+                    s.default_slots,
+                    s.model.config().num_experts,
+                ),
+                v,
+                s.max_nodes,
+            )?),
+        };
         // outcomes[prompt][config]
         let mut outcomes: Vec<Vec<Option<Run>>> = set
             .prompts
@@ -214,6 +233,10 @@ pub fn run(args: &Args) -> Result<()> {
                     outcomes[p][i] = Some(run_one(&mut s, &configs[i], &mut runner, prefix)?);
                     bar.inc(1);
                 }
+                if let Some(p) = probes.as_mut() {
+                    bar.set_message(format!("{}: probing costs", set.name));
+                    p.take(&s.model, &s.drafter, &validated_prompts)?;
+                }
             }
         } else {
             // Each set is a fresh session: every configuration starts from empty slots (so a
@@ -241,6 +264,9 @@ pub fn run(args: &Args) -> Result<()> {
                     outcomes[index][i] = Some(run_one(&mut s, &configs[i], runner, &prefix)?);
                     bar.inc(1);
                 }
+                if let (Some(p), true) = (probes.as_mut(), index < validated) {
+                    p.take(&s.model, &s.drafter, &validated_prompts)?;
+                }
             }
         }
         // Every output is checked against `ar`'s (config 0).
@@ -254,15 +280,15 @@ pub fn run(args: &Args) -> Result<()> {
             for (i, (outcome, select_us)) in per_config.iter().enumerate() {
                 let same = outcome.tokens == reference;
                 row[i].add(outcome, select_us, prompt.question_id, same);
-                if index < args.validate {
+                if index < validated {
                     checked[i].add(outcome, select_us, prompt.question_id, same);
                 }
             }
-            if index < args.validate {
+            if index < validated {
                 lengths.push(reference.len());
             }
         }
-        if args.validate > 0 {
+        if let Some(probes) = probes {
             bar.set_message(format!(
                 "{}: recording traces for the simulator check",
                 set.name
@@ -288,8 +314,9 @@ pub fn run(args: &Args) -> Result<()> {
                 model: &s.model,
                 max_nodes: s.max_nodes,
             };
+            let costs = probes.fit(s.max_nodes);
             validation.push(validate::check(
-                &set.name, &traces, &configs, &checked, &machine,
+                &set.name, &traces, &configs, &checked, &machine, costs,
             )?);
         }
         tallies.push(row);
@@ -327,6 +354,24 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("some policy's output differed from plain decoding (see the report)");
     }
     Ok(())
+}
+
+/// The slot points the simulator check probes at: every cached configuration's `slots` below
+/// `experts` (the prober's all-resident cache covers a full one), the default slots first.
+fn probe_slots(
+    slots: impl IntoIterator<Item = Slots>,
+    default: usize,
+    experts: usize,
+) -> Vec<usize> {
+    let mut points = vec![default];
+    for s in slots {
+        if let Slots::Count(n) = s {
+            if n > 0 && n < experts && !points.contains(&n) {
+                points.push(n);
+            }
+        }
+    }
+    points
 }
 
 /// The order in which prompt `seed`'s `n` configurations run: a seeded random permutation.
@@ -644,7 +689,19 @@ fn run_one(s: &mut Setup, c: &Config, r: &mut Runner, prefix: &Prefix) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::run_order;
+    use super::plan::Slots;
+    use super::{probe_slots, run_order};
+
+    #[test]
+    fn the_check_probes_at_each_cached_slot_point_once_default_first() {
+        let points = [16, 64, 8, 16, 4].map(Slots::Count).into_iter();
+        // 64 of 64 is the prober's all-resident cache; no cache is its emptied one.
+        assert_eq!(
+            probe_slots(points.chain([Slots::None]), 16, 64),
+            vec![16, 8, 4]
+        );
+        assert_eq!(probe_slots([], 16, 64), vec![16]);
+    }
 
     #[test]
     fn every_prompt_runs_each_configuration_once_in_its_own_order() {

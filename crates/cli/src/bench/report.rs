@@ -301,10 +301,11 @@ impl Report {
                 "\nsimulator check, {} (first {} prompts): replayed traces vs measured tok/s",
                 v.name, v.prompts
             );
-            for [label, slots, measured, simulated, error, tokens, copies] in checks(v) {
+            let _ = writeln!(out, "  costs {}", v.costs);
+            for [label, slots, measured, simulated, error, at_start, tokens, copies] in checks(v) {
                 let _ = writeln!(
                     out,
-                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  tok/cycle {tokens:>11}  copies/tok {copies:>11}"
+                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  (start calibration {at_start:>7})  tok/cycle {tokens:>11}  copies/tok {copies:>11}"
                 );
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
@@ -364,14 +365,14 @@ impl Report {
         for v in &self.validation {
             let _ = writeln!(
                 out,
-                "## Simulator check: {} (first {} prompts)\n\nTraces of these prompts (`specfit record`'s format) replayed by `specfit-sim` with this machine's calibration (verify cost, drafting cost, per-layer LRU), against the tok/s measured on the same prompts.\n",
-                v.name, v.prompts
+                "## Simulator check: {} (first {} prompts)\n\nTraces of these prompts (`specfit record`'s format) replayed by `specfit-sim` with this machine's costs (verify cost, drafting cost, per-layer LRU), against the tok/s measured on the same prompts. Costs {}; the error with the calibration measured before the runs is beside it.\n",
+                v.name, v.prompts, v.costs
             );
             let _ = writeln!(
                 out,
-                "| policy | slots | measured tok/s | simulated tok/s | error | tok/cyc measured / simulated | copies/tok measured / simulated |"
+                "| policy | slots | measured tok/s | simulated tok/s | error | error, start calibration | tok/cyc measured / simulated | copies/tok measured / simulated |"
             );
-            let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- |");
+            let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |");
             for cells in checks(v) {
                 let _ = writeln!(out, "| {} |", cells.join(" | "));
             }
@@ -399,7 +400,7 @@ impl Report {
 
 /// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,
 /// error.
-fn checks(v: &super::validate::SetValidation) -> Vec<[String; 7]> {
+fn checks(v: &super::validate::SetValidation) -> Vec<[String; 8]> {
     v.checks
         .iter()
         .map(|c| {
@@ -409,6 +410,12 @@ fn checks(v: &super::validate::SetValidation) -> Vec<[String; 7]> {
                 format!("{:.1}", c.measured_tok_s),
                 format!("{:.1}", c.simulated_tok_s),
                 format!("{:+.1}%", 100.0 * c.error),
+                format!(
+                    "{:+.1}%",
+                    100.0
+                        * (c.simulated_at_start_tok_s / c.measured_tok_s.max(f64::MIN_POSITIVE)
+                            - 1.0)
+                ),
                 format!(
                     "{:.2} / {:.2}",
                     c.measured_tokens_per_cycle, c.simulated_tokens_per_cycle

@@ -1,12 +1,15 @@
 //! Checks the trace simulator against the bench's own measurements: records traces (the full
 //! draft pool with the target's routes at every greedy position) of the first prompts of each
-//! set, replays them under each measured configuration with this machine's calibration (verify
-//! cost, drafting cost, per-layer LRU), and sets the predicted tok/s beside the measured tok/s of
-//! the same prompts. It measures nothing itself beyond recording the traces.
+//! set, replays them under each measured configuration with this machine's costs (verify cost,
+//! drafting cost, per-layer LRU), and sets the predicted tok/s beside the measured tok/s of the
+//! same prompts. The costs are calibration probes taken between the bench's runs ([`Probes`]):
+//! this machine's speed drifts by tens of percent within minutes (the disk above all), so a
+//! calibration measured before the runs predicts them only as well as the weather holds (the
+//! check shows that replay too). It measures nothing itself beyond the traces and probes.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::Serialize;
-use specfit_engine::measure::PoolWalk;
+use specfit_engine::measure::{fit, CalibrationPlan, PoolWalk, Prober};
 use specfit_engine::policy::{verify_policy, PolicySpec};
 use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
@@ -25,9 +28,12 @@ pub struct Check {
     pub label: String,
     pub slots: usize,
     pub measured_tok_s: f64,
+    /// Replayed with the costs probed between the runs (else the start calibration's).
     pub simulated_tok_s: f64,
     /// simulated / measured − 1.
     pub error: f64,
+    /// Replayed with the calibration measured before the runs (what drift costs the replay).
+    pub simulated_at_start_tok_s: f64,
     /// Where a miss comes from, side by side: committed tokens per cycle and expert copies
     /// per committed token (a cycle is a speculative cycle or a plain step).
     pub measured_tokens_per_cycle: f64,
@@ -44,7 +50,85 @@ pub struct SetValidation {
     pub checks: Vec<Check>,
     /// Checks whose |error| ≤ 10% (the bar).
     pub within_10_percent: usize,
+    /// Where the replay's costs came from: probes between the runs (how many verify forwards
+    /// and plain steps), or why the start calibration stood in.
+    pub costs: String,
 }
+
+/// Calibration probes of the validated prompts taken between the bench's runs, on caches of
+/// their own (decoding caches at each slot point the configurations run, an emptied and an
+/// all-resident one), fitted at the end into the costs the check replays with. Probing at every
+/// slot point, not only the default one, puts the states the runs are in (a small cache
+/// thrashed by a large verify reads through fewer slots than it needs) among the fitted rows.
+pub struct Probes {
+    caches: Vec<ExpertCache>,
+    prober: Prober,
+    prompts: usize,
+    probed: usize,
+}
+
+impl Probes {
+    /// Probes for `prompts` validated prompts beside `base`'s store, one decoding cache per
+    /// entry of `slot_points` (at least one): enough cycles per prompt that the fit has a few
+    /// hundred verify rows (8 to 32 per prompt).
+    pub fn new(
+        base: &ExpertCache,
+        slot_points: &[usize],
+        prompts: usize,
+        max_nodes: usize,
+    ) -> Result<Probes> {
+        let plan = CalibrationPlan {
+            cycles: (PROBE_ROWS / prompts.max(1)).clamp(8, 32),
+            max_nodes,
+            shape: TreeShape::default(),
+            seed: 0,
+        };
+        let caches = slot_points
+            .iter()
+            .map(|&n| Ok(base.sibling(n, specfit_engine::CacheMode::Lru)?))
+            .collect::<Result<Vec<_>>>()?;
+        let first = caches.first().context("no slot point to probe at")?;
+        let prober = Prober::new(first, &plan, crate::target::memory_budget())?;
+        Ok(Probes {
+            caches,
+            prober,
+            prompts: prompts.max(1),
+            probed: 0,
+        })
+    }
+
+    /// Probes the next validated prompt (round robin over `prompts`' first ones) on the next
+    /// decoding cache (round robin over the slot points).
+    pub fn take(&mut self, model: &Qwen3Moe, drafter: &Eagle3, prompts: &[&[u32]]) -> Result<()> {
+        let i = self.probed;
+        let prompt = prompts[i % self.prompts.min(prompts.len()).max(1)];
+        let points = self.caches.len();
+        let cache = &mut self.caches[i % points];
+        self.prober.prompt(model, drafter, cache, i, prompt)?;
+        self.probed += 1;
+        Ok(())
+    }
+
+    /// The costs fitted from the probes (`Err`: why they could not be, in words).
+    pub fn fit(self, max_nodes: usize) -> std::result::Result<(CalibrationJson, String), String> {
+        let m = self.prober.finish();
+        let said = format!(
+            "probed between the runs: {} verify forwards and {} plain steps on {} prompts",
+            m.verify.len() + m.resident.len(),
+            m.plain.len(),
+            self.probed
+        );
+        match fit(&m, max_nodes) {
+            Ok((file, _)) => Ok((file, said)),
+            Err(e) => Err(format!(
+                "the calibration measured before the runs ({said}, not enough to fit: {e})"
+            )),
+        }
+    }
+}
+
+/// Verify rows the probes aim at over all validated prompts.
+const PROBE_ROWS: usize = 256;
 
 /// Records one trace per prompt: `positions[i]` greedy positions of `prompts[i]`.
 pub fn traces(
@@ -104,25 +188,31 @@ pub fn check(
     configs: &[Config],
     measured: &[Tally],
     m: &Machine<'_>,
+    probed: std::result::Result<(CalibrationJson, String), String>,
 ) -> Result<SetValidation> {
-    let machine = specfit_sim::machine::from_calibration(m.calibration)?;
+    let at_start = specfit_sim::machine::from_calibration(m.calibration)?;
+    let (machine, costs) = match &probed {
+        Ok((file, said)) => (specfit_sim::machine::from_calibration(file)?, said.clone()),
+        Err(why) => (at_start.clone(), why.clone()),
+    };
     let mut checks = Vec::new();
     for (c, t) in configs.iter().zip(measured) {
         let Some(policy) = sim_policy(c, m)? else {
             continue;
         };
-        let config = SimConfig {
-            slots: c.slots.number(),
-            ..machine.clone()
-        };
+        let slots = c.slots.number();
         // The bench's caches carry over from prompt to prompt; so do the simulator's.
-        let r = simulate_many(&m.header, traces, &policy, &config)?;
-        let (committed, ms) = (r.committed, r.time_ms);
-        let simulated = if ms > 0.0 {
-            1e3 * committed as f64 / ms
-        } else {
-            0.0
+        let replay = |machine: &SimConfig| {
+            let config = SimConfig {
+                slots,
+                ..machine.clone()
+            };
+            simulate_many(&m.header, traces, &policy, &config)
         };
+        let r = replay(&machine)?;
+        let committed = r.committed;
+        let simulated = r.tokens_per_second();
+        let simulated_at_start = replay(&at_start)?.tokens_per_second();
         let measured = t.tokens_per_second();
         let per = |a: f64, b: usize| if b > 0 { a / b as f64 } else { 0.0 };
         checks.push(Check {
@@ -134,6 +224,7 @@ pub fn check(
             slots: c.slots.number(),
             measured_tok_s: measured,
             simulated_tok_s: simulated,
+            simulated_at_start_tok_s: simulated_at_start,
             error: if measured > 0.0 {
                 simulated / measured - 1.0
             } else {
@@ -146,5 +237,6 @@ pub fn check(
         prompts: traces.len(),
         within_10_percent: checks.iter().filter(|c| c.error.abs() <= 0.10).count(),
         checks,
+        costs,
     })
 }

@@ -43,9 +43,7 @@ pub struct Measured {
 }
 
 /// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
-/// `plan.seed + i`, in every cache state). One prefill per prompt and cache state: the plain
-/// steps continue the probed sequence (at paper scale on the disk tier a prefill reads most of
-/// the file, so a second one per prompt would double the time).
+/// `plan.seed + i`, in every cache state): [`Prober`] over `prompts` in order.
 pub fn measure_rows(
     model: &Qwen3Moe,
     drafter: &Eagle3,
@@ -54,70 +52,120 @@ pub fn measure_rows(
     plan: &CalibrationPlan,
     memory_budget: u64,
 ) -> Result<Measured, EngineError> {
-    if plan.cycles == 0 {
-        return Err(EngineError::NoProbeCycles);
-    }
-    let probe_plan = |i: usize| ProbePlan {
-        shape: plan.shape,
-        max_nodes: plan.max_nodes,
-        cycles: plan.cycles,
-        plain: PLAIN_STEPS,
-        seed: plan.seed + i as u64,
-    };
-    let mut m = Measured {
-        read_width: crate::experts::reads_in_flight(),
-        ..Measured::default()
-    };
-    // The no-cache end of the sweep: every other verify probe and plain step (those with every
-    // expert copied tell the per-layer read latency apart from the per-copy cost) run on a
-    // cache emptied before every forward. A few slots are enough (a larger verify reads in
-    // waves), and a full cache's worth again would double the memory of a large model.
-    let mut cleared = cache.sibling(cache.slots_per_layer().min(16), CacheMode::NoCache)?;
+    let mut prober = Prober::new(cache, plan, memory_budget)?;
     for (i, prompt) in prompts.iter().enumerate() {
+        prober.prompt(model, drafter, cache, i, prompt)?;
+    }
+    Ok(prober.finish())
+}
+
+/// Calibration probes one prompt at a time, so that they can be taken between other
+/// measurements (the bench's simulator check probes between its runs, so that the costs it
+/// replays with are those of the same minutes). Owns the emptied and all-resident caches; the
+/// decoding cache is the caller's. One prefill per prompt and cache state: the plain steps
+/// continue the probed sequence (at paper scale on the disk tier a prefill reads most of the
+/// file, so a second one per prompt would double the time).
+pub struct Prober {
+    plan: CalibrationPlan,
+    /// The no-cache end of the sweep: every other verify probe and plain step (those with every
+    /// expert copied tell the per-layer read latency apart from the per-copy cost) run on a
+    /// cache emptied before every forward. A few slots are enough (a larger verify reads in
+    /// waves), and a full cache's worth again would double the memory of a large model.
+    cleared: ExpertCache,
+    /// Every expert in a slot (`None` when that does not fit the memory budget): forwards with
+    /// hits only, which tell the per-hit cost apart from the node-count intercepts.
+    resident: Option<ExpertCache>,
+    measured: Measured,
+}
+
+impl Prober {
+    /// Caches for probing beside `cache` (the decoding cache: its tier, store and slots).
+    pub fn new(
+        cache: &ExpertCache,
+        plan: &CalibrationPlan,
+        memory_budget: u64,
+    ) -> Result<Prober, EngineError> {
+        if plan.cycles == 0 {
+            return Err(EngineError::NoProbeCycles);
+        }
+        let mut measured = Measured {
+            read_width: crate::experts::reads_in_flight(),
+            ..Measured::default()
+        };
+        let cleared = cache.sibling(cache.slots_per_layer().min(16), CacheMode::NoCache)?;
+        let every = cache.arena_bytes(usize::MAX);
+        let resident = if every > memory_budget {
+            measured.resident_skipped = Some(format!(
+                "every expert in slots needs {:.1} GB, more than the memory budget",
+                every as f64 / 1e9
+            ));
+            None
+        } else {
+            match cache.sibling(usize::MAX, CacheMode::Lru) {
+                Ok(c) => Some(c),
+                Err(e @ EngineError::SlotMemory { .. }) => {
+                    measured.resident_skipped = Some(e.to_string());
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Prober {
+            plan: *plan,
+            cleared,
+            resident,
+            measured,
+        })
+    }
+
+    /// Probes `prompt` (the `i`-th, seed `plan.seed + i`) on `cache` and the emptied cache, and
+    /// on every third prompt all-resident too.
+    pub fn prompt(
+        &mut self,
+        model: &Qwen3Moe,
+        drafter: &Eagle3,
+        cache: &mut ExpertCache,
+        i: usize,
+        prompt: &[u32],
+    ) -> Result<(), EngineError> {
+        let plan = ProbePlan {
+            shape: self.plan.shape,
+            max_nodes: self.plan.max_nodes,
+            cycles: self.plan.cycles,
+            plain: PLAIN_STEPS,
+            seed: self.plan.seed + i as u64,
+        };
+        let m = &mut self.measured;
         let rows = probe(
             model,
             drafter,
             cache,
-            Some(&mut cleared),
+            Some(&mut self.cleared),
             prompt,
-            &probe_plan(i),
+            &plan,
         )?;
         m.verify.extend(rows.verify);
         m.plain.extend(rows.plain.iter().map(plain_row));
         m.acceptance
             .get_or_insert_with(Acceptance::new)
             .merge(&rows.acceptance);
-    }
-    // For the replay model, also forwards with every expert resident (hits only), which tell
-    // the per-hit cost apart from the node-count intercepts.
-    let every = cache.arena_bytes(usize::MAX);
-    if every > memory_budget {
-        m.resident_skipped = Some(format!(
-            "every expert in slots needs {:.1} GB, more than the memory budget",
-            every as f64 / 1e9
-        ));
-        return Ok(m);
-    }
-    let mut resident = match cache.sibling(usize::MAX, CacheMode::Lru) {
-        Ok(c) => c,
-        Err(e @ EngineError::SlotMemory { .. }) => {
-            m.resident_skipped = Some(e.to_string());
-            return Ok(m);
+        if let (Some(resident), 2) = (self.resident.as_mut(), i % 3) {
+            // A first pass reads the prompt's experts in; the second's forwards are then
+            // (almost all) all-resident, and only those are kept.
+            probe(model, drafter, resident, None, prompt, &plan)?;
+            let warm = probe(model, drafter, resident, None, prompt, &plan)?;
+            m.resident
+                .extend(warm.verify.into_iter().filter(|r| r.misses == 0));
+            m.plain
+                .extend(warm.plain.iter().filter(|s| s.misses == 0).map(plain_row));
         }
-        Err(e) => return Err(e),
-    };
-    for (i, prompt) in prompts.iter().enumerate().filter(|(i, _)| i % 3 == 2) {
-        // A first pass reads the prompt's experts in; the second's forwards are then (almost
-        // all) all-resident, and only those are kept.
-        let lru = probe_plan(i);
-        probe(model, drafter, &mut resident, None, prompt, &lru)?;
-        let warm = probe(model, drafter, &mut resident, None, prompt, &lru)?;
-        m.resident
-            .extend(warm.verify.into_iter().filter(|r| r.misses == 0));
-        m.plain
-            .extend(warm.plain.iter().filter(|s| s.misses == 0).map(plain_row));
+        Ok(())
     }
-    Ok(m)
+
+    /// Everything measured so far.
+    pub fn finish(self) -> Measured {
+        self.measured
+    }
 }
 
 /// Plain steps timed after each prompt's probe cycles (half of them on the emptied cache).

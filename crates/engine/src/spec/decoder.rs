@@ -161,6 +161,15 @@ impl Unlearned {
             self.first += drop;
         }
     }
+
+    /// Keeps at least the latest `n` tokens and at most `2n`: trims to `n` once there are `2n`
+    /// (one copy of the features per `n` tokens; trimming to `n` at every token would copy them
+    /// at every plain step, a few percent of a step where every expert is resident).
+    fn bound(&mut self, n: usize) {
+        if self.tokens.len() >= 2 * n.max(1) {
+            self.keep_latest(n);
+        }
+    }
 }
 
 impl<'a> Decoder<'a> {
@@ -295,7 +304,7 @@ impl<'a> Decoder<'a> {
                 });
                 u.tokens.push(next);
                 u.features.extend(concat_taps(&out.taps, 1, h));
-                u.keep_latest(2 * CATCH_UP_TOKENS);
+                u.bound(CATCH_UP_TOKENS);
             }
             // One lap per step. The policy hears of every step but the first, which pays for
             // what the cycle before it left in the processor's caches.
@@ -651,5 +660,26 @@ mod tests {
         assert_eq!(u.first, 13);
         assert_eq!(u.tokens, [4, 5]);
         assert_eq!(u.features, [6.0, 7.0, 8.0, 9.0]);
+    }
+
+    #[test]
+    fn bounded_unlearned_tokens_trim_only_when_twice_the_bound_and_keep_the_latest() {
+        let mut u = Unlearned {
+            first: 0,
+            tokens: Vec::new(),
+            features: Vec::new(),
+        };
+        for t in 0..7u32 {
+            u.tokens.push(t);
+            u.features.push(t as f32);
+            u.bound(3);
+            // Never fewer than the 3 latest, never 6 or more.
+            assert!(u.tokens.len() >= 3.min(t as usize + 1) && u.tokens.len() < 6);
+            assert_eq!(*u.tokens.last().unwrap(), t);
+            assert_eq!(u.first + u.tokens.len(), t as usize + 1);
+        }
+        // Trimmed at the 6th token (to 3), then grew again to 4.
+        assert_eq!(u.tokens, [3, 4, 5, 6]);
+        assert_eq!(u.features, [3.0, 4.0, 5.0, 6.0]);
     }
 }

@@ -204,7 +204,7 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
     print_fit(&cal);
     let r = file.replay.as_ref().expect("fitted");
     eprintln!(
-        "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per token per cached token",
+        "replay model, {} verify probes: R² = {:.4}, median |error| = {:.3} ms; a[0] {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, {:.4} ms per read waiting for a slot, attention {:.2e} ms per token per cached token",
         m.verify.len() + m.resident.len(),
         r.r2,
         r.median_abs_err_ms,
@@ -212,11 +212,12 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
         r.beta_hit,
         r.beta_miss,
         r.read_round_ms,
+        r.slot_wait_ms,
         r.context_ms
     );
     if let Some(p) = &r.plain {
         eprintln!(
-            "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, attention {:.2e} ms per cached token",
+            "replay model, {} plain steps: R² = {:.4}, median |error| = {:.3} ms; step {:.3} ms, hit {:.4} ms, miss {:.4} ms, {:.3} ms per read round, {:.4} ms per read waiting for a slot, attention {:.2e} ms per cached token",
             m.plain.len(),
             p.r2,
             p.median_abs_err_ms,
@@ -224,6 +225,7 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
             p.beta_hit,
             p.beta_miss,
             p.read_round_ms,
+            p.slot_wait_ms,
             p.context_ms
         );
     }
@@ -317,6 +319,7 @@ pub fn rows_jsonl(m: &Measured) -> String {
         serde_json::json!({
             "kind": kind, "nodes": r.nodes, "demand": r.demand, "ms": r.ms, "hits": r.hits,
             "misses": r.misses, "read_rounds": r.read_rounds, "read_width": m.read_width,
+            "slot_waits": r.slot_waits,
             "context": r.context, "draft_forwards": r.draft_forwards, "draft_ms": r.draft_ms,
             "fed": r.fed, "feed_ms": r.feed_ms,
         })
@@ -325,6 +328,7 @@ pub fn rows_jsonl(m: &Measured) -> String {
         serde_json::json!({
             "kind": "plain", "nodes": 0, "demand": p.hits + p.misses, "ms": p.ms, "hits": p.hits,
             "misses": p.misses, "read_rounds": p.read_rounds, "read_width": m.read_width,
+            "slot_waits": p.slot_waits,
             "context": p.context,
         })
     };
@@ -345,12 +349,14 @@ fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
         let (read_rounds, context, read_width) = (r.read_rounds?, r.context?, r.read_width?);
         m.read_width = read_width;
         let (hits, misses) = (r.hits?, r.misses?);
+        let slot_waits = r.slot_waits.unwrap_or(0);
         match kind {
             ProbeKind::Plain => m.plain.push(VerifyRow {
                 nodes: 0,
                 hits,
                 misses,
                 read_rounds,
+                slot_waits,
                 context,
                 ms: r.ms,
             }),
@@ -361,6 +367,7 @@ fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
                     hits,
                     misses,
                     read_rounds,
+                    slot_waits,
                     ms: r.ms,
                     draft_forwards: r.draft_forwards?,
                     draft_ms: r.draft_ms?,

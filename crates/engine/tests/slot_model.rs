@@ -1,6 +1,7 @@
-//! The simulator's slot model (`specfit_sim::lru::SlotLru`) counts exactly the hits and misses
-//! the engine's `ExpertCache` counts on the same stream of per-layer expert sets: the simulator
-//! check of `specfit bench` compares replayed and measured runs on that premise.
+//! The simulator's slot model (`specfit_sim::lru::SlotLru`) counts exactly the hits, misses and
+//! reads that waited for a slot the engine's `ExpertCache` counts on the same stream of
+//! per-layer expert sets: the simulator check of `specfit bench` compares replayed and measured
+//! runs on that premise.
 
 use proptest::prelude::*;
 use specfit_engine::experts::ExpertLayout;
@@ -24,7 +25,7 @@ fn streams() -> impl Strategy<Value = (usize, usize, usize, Vec<Vec<Vec<u32>>>)>
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn the_simulators_slots_count_the_engines_hits_and_misses(
+    fn the_simulators_slots_count_the_engines_hits_misses_and_slot_waits(
         (layers, experts, slots, forwards) in streams()
     ) {
         let layout = ExpertLayout { hidden: 16, intermediate: 16, dtype: WeightDtype::F32, quant_bytes: None };
@@ -37,9 +38,14 @@ proptest! {
                 let before = cache.stats().per_layer[layer];
                 cache.with_experts(layer, needed, &[], |_| {}).unwrap();
                 let after = cache.stats().per_layer[layer];
-                let engine = (after.hits - before.hits, after.misses - before.misses);
+                let engine = (
+                    after.hits - before.hits,
+                    after.misses - before.misses,
+                    after.slot_waits - before.slot_waits,
+                );
+                let modeled = model.access(layer, needed);
                 prop_assert_eq!(
-                    model.access_layer(layer, needed),
+                    (modeled.hits, modeled.misses, modeled.slot_waits),
                     engine,
                     "forward {} layer {} needed {:?}",
                     f,

@@ -261,6 +261,9 @@ pub struct ProbeJson {
     /// Per layer `⌈misses / read_width⌉`, summed.
     #[serde(default)]
     pub read_rounds: Option<usize>,
+    /// Reads that waited for a slot (0 when absent: files written before it was counted).
+    #[serde(default)]
+    pub slot_waits: Option<u64>,
     /// Reads in flight at once when the rounds were counted.
     #[serde(default)]
     pub read_width: Option<usize>,
@@ -425,6 +428,10 @@ pub struct ReplayJson {
     /// Reads in flight at once on the measured engine (its I/O threads).
     #[serde(default = "one")]
     pub read_width: usize,
+    /// ms per read that could start only once a slot was freed by an expert computed (0 in
+    /// files written before it was measured).
+    #[serde(default)]
+    pub slot_wait_ms: f64,
     pub r2: f64,
     pub median_abs_err_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -443,6 +450,9 @@ pub struct PlainJson {
     pub beta_miss: f64,
     pub read_round_ms: f64,
     pub context_ms: f64,
+    /// As [`ReplayJson::slot_wait_ms`].
+    #[serde(default)]
+    pub slot_wait_ms: f64,
     pub r2: f64,
     pub median_abs_err_ms: f64,
 }

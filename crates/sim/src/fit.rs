@@ -17,6 +17,8 @@ pub struct VerifyRow {
     pub misses: u64,
     /// Per layer `⌈misses / reads in flight⌉`, summed.
     pub read_rounds: usize,
+    /// Reads that could start only once a slot was freed by an expert computed.
+    pub slot_waits: u64,
     /// Tokens already cached (every verified token attends to them).
     pub context: usize,
     pub ms: f64,
@@ -34,9 +36,9 @@ pub struct DraftRow {
 }
 
 /// The replay model (see `ReplayJson`): verify probes fitted on non-decreasing node-count
-/// intercepts ([`node_columns`]), hits,
-/// misses, read rounds and (verified tokens × cached tokens); plain steps fitted apart on 1,
-/// hits, misses, read rounds and cached tokens. `read_width` is the reads in flight the rounds
+/// intercepts ([`node_columns`]), hits, misses, read rounds, reads that waited for a slot and
+/// (verified tokens × cached tokens); plain steps fitted apart on 1, hits, misses, read rounds,
+/// slot waits and cached tokens. `read_width` is the reads in flight the rounds
 /// were counted with.
 pub fn replay_fit(
     probes: &[VerifyRow],
@@ -48,12 +50,13 @@ pub fn replay_fit(
     let verify: Vec<(Vec<f64>, f64)> = probes
         .iter()
         .map(|p| {
-            let mut row = vec![0.0; k + 5];
+            let mut row = vec![0.0; k + 6];
             node_columns(&mut row, p.nodes);
             row[k + 1] = p.hits as f64;
             row[k + 2] = p.misses as f64;
             row[k + 3] = p.read_rounds as f64;
             row[k + 4] = ((p.nodes + 1) * p.context) as f64;
+            row[k + 5] = p.slot_waits as f64;
             (row, p.ms)
         })
         .collect();
@@ -66,6 +69,7 @@ pub fn replay_fit(
                 s.misses as f64,
                 s.read_rounds as f64,
                 s.context as f64,
+                s.slot_waits as f64,
             ];
             (row, s.ms)
         })
@@ -80,6 +84,7 @@ pub fn replay_fit(
         read_round_ms: x[k + 3],
         read_width,
         context_ms: x[k + 4],
+        slot_wait_ms: x[k + 5],
         r2,
         median_abs_err_ms,
         plain: Some(PlainJson {
@@ -88,6 +93,7 @@ pub fn replay_fit(
             beta_miss: y[2],
             read_round_ms: y[3],
             context_ms: y[4],
+            slot_wait_ms: y[5],
             r2: plain_r2,
             median_abs_err_ms: plain_median,
         }),
@@ -143,11 +149,13 @@ mod tests {
             let read_rounds = (misses as usize).min(8).max(usize::from(misses > 0))
                 - (i % 2).min(misses as usize / 9);
             let context = 20 + (i * 37 % 900);
+            let slot_waits = (i * 11 % 7) as u64;
             let ms = 0.5
                 + 0.2 * nodes as f64
                 + 0.01 * hits as f64
                 + 0.06 * misses as f64
                 + 0.08 * read_rounds as f64
+                + 0.03 * slot_waits as f64
                 + 0.001 * ((nodes + 1) * context) as f64;
             let (forwards, fed) = (i % 5, 1 + i % 4);
             probes.push(VerifyRow {
@@ -155,6 +163,7 @@ mod tests {
                 hits,
                 misses,
                 read_rounds,
+                slot_waits,
                 context,
                 ms,
             });
@@ -170,11 +179,13 @@ mod tests {
                 hits,
                 misses,
                 read_rounds,
+                slot_waits,
                 context,
                 ms: 0.3
                     + 0.005 * hits as f64
                     + 0.05 * misses as f64
                     + 0.07 * read_rounds as f64
+                    + 0.02 * slot_waits as f64
                     + 0.0012 * context as f64,
             });
         }
@@ -193,6 +204,7 @@ mod tests {
             close(r.read_round_ms, 0.08) && close(r.context_ms, 0.001),
             "{r:?}"
         );
+        assert!(close(r.slot_wait_ms, 0.03), "{r:?}");
         let p = r.plain.unwrap();
         assert!(close(p.intercept, 0.3) && close(p.beta_hit, 0.005), "{p:?}");
         assert!(
@@ -203,6 +215,7 @@ mod tests {
             close(p.context_ms, 0.0012) && close(r.ar_intercept, 0.3),
             "{p:?}"
         );
+        assert!(close(p.slot_wait_ms, 0.02), "{p:?}");
         assert!(r.r2 > 0.999999 && p.r2 > 0.999999);
     }
 

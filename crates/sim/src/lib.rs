@@ -40,6 +40,9 @@ pub struct SimConfig {
     pub read_round_ms: f64,
     /// Reads in flight at once (the engine's I/O threads; at least 1).
     pub read_width: usize,
+    /// ms per read that could start only once a slot was freed by an expert computed (a layer
+    /// needing more experts than it has free slots), on top of its miss and round.
+    pub slot_wait_ms: f64,
     /// A plain decoding step's own cost, when it differs from a root-only verify's.
     pub plain: Option<PlainCost>,
 }
@@ -55,19 +58,22 @@ impl SimConfig {
             context_ms: 0.0,
             read_round_ms: 0.0,
             read_width: 1,
+            slot_wait_ms: 0.0,
             plain: None,
         }
     }
 }
 
 /// What a plain decoding step costs: `intercept + beta_hit · hits + beta_miss · misses +
-/// read_round_ms · R + context_ms · c` (`R` read rounds, `c` tokens cached).
+/// read_round_ms · R + slot_wait_ms · W + context_ms · c` (`R` read rounds, `W` reads that
+/// waited for a slot, `c` tokens cached).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PlainCost {
     pub intercept: f64,
     pub beta_hit: f64,
     pub beta_miss: f64,
     pub read_round_ms: f64,
+    pub slot_wait_ms: f64,
     pub context_ms: f64,
 }
 
@@ -141,6 +147,15 @@ struct Lru {
     slots: lru::SlotLru,
 }
 
+/// What one forward's union cost the slots, summed over layers.
+#[derive(Debug, Clone, Copy, Default)]
+struct Charged {
+    hits: u64,
+    misses: u64,
+    read_rounds: usize,
+    slot_waits: u64,
+}
+
 impl Lru {
     fn new(layers: usize, slots: usize) -> Lru {
         Lru {
@@ -148,23 +163,24 @@ impl Lru {
         }
     }
 
-    /// Charges one forward's union (per layer, distinct and ascending); returns (hits, misses,
+    /// Charges one forward's union (per layer, distinct and ascending); returns its counts,
     /// read rounds with `width` reads in flight at once, or as many as there are slots when
     /// fewer: each read holds a slot until its expert is computed, as in the engine's
-    /// `ExpertCache::read_width`).
-    fn access(&mut self, union: &[Vec<u32>], width: usize) -> (u64, u64, usize) {
+    /// `ExpertCache::read_width`.
+    fn access(&mut self, union: &[Vec<u32>], width: usize) -> Charged {
         let width = match self.slots.slots() {
             0 => width,
             s => width.min(s),
         };
-        let (mut hits, mut misses, mut read_rounds) = (0, 0, 0);
+        let mut c = Charged::default();
         for (layer, experts) in union.iter().enumerate() {
-            let (h, m) = self.slots.access_layer(layer, experts);
-            hits += h;
-            misses += m;
-            read_rounds += m.div_ceil(width.max(1) as u64) as usize;
+            let a = self.slots.access(layer, experts);
+            c.hits += a.hits;
+            c.misses += a.misses;
+            c.slot_waits += a.slot_waits;
+            c.read_rounds += a.misses.div_ceil(width.max(1) as u64) as usize;
         }
-        (hits, misses, read_rounds)
+        c
     }
 
     /// Resident experts per layer, least recently used first.
@@ -241,8 +257,9 @@ fn replay(
             policy.keep_burst(i + burst - end);
             for (k, step) in steps[i..end].iter().enumerate() {
                 let union = verify_union(header, step, &[]);
-                let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
-                let ms = plain_step_ms(config, hits, misses, read_rounds, step.position as f64);
+                let charged = lru.access(&union, config.read_width);
+                let (hits, misses) = (charged.hits, charged.misses);
+                let ms = plain_step_ms(config, &charged, step.position as f64);
                 // As the engine's decoder: every step but a burst's first.
                 if k > 0 {
                     policy.observe_plain(1, ms);
@@ -262,16 +279,18 @@ fn replay(
         let (chosen, levels) = choose(header, step, policy, lru)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
-        let (hits, misses, read_rounds) = lru.access(&union, config.read_width);
+        let charged = lru.access(&union, config.read_width);
+        let (hits, misses) = (charged.hits, charged.misses);
         let context = step.position as f64;
         let mut ms = if policy.drafts() {
             config
                 .true_cost
                 .time_ms(chosen.len(), hits as u32, misses as u32)
-                + config.read_round_ms * read_rounds as f64
+                + config.read_round_ms * charged.read_rounds as f64
+                + config.slot_wait_ms * charged.slot_waits as f64
                 + config.context_ms * (chosen.len() + 1) as f64 * context
         } else {
-            plain_step_ms(config, hits, misses, read_rounds, context)
+            plain_step_ms(config, &charged, context)
         };
         report.hits += hits;
         report.misses += misses;
@@ -312,24 +331,20 @@ fn replay(
 
 /// A plain decoding step's time: the plain-step cost when the machine has one, else a
 /// root-only verify's (with its read rounds and attention term).
-fn plain_step_ms(
-    config: &SimConfig,
-    hits: u64,
-    misses: u64,
-    read_rounds: usize,
-    context: f64,
-) -> f64 {
+fn plain_step_ms(config: &SimConfig, c: &Charged, context: f64) -> f64 {
     match &config.plain {
         Some(p) => {
             p.intercept
-                + p.beta_hit * hits as f64
-                + p.beta_miss * misses as f64
-                + p.read_round_ms * read_rounds as f64
+                + p.beta_hit * c.hits as f64
+                + p.beta_miss * c.misses as f64
+                + p.read_round_ms * c.read_rounds as f64
+                + p.slot_wait_ms * c.slot_waits as f64
                 + p.context_ms * context
         }
         None => {
-            config.true_cost.time_ms(0, hits as u32, misses as u32)
-                + config.read_round_ms * read_rounds as f64
+            config.true_cost.time_ms(0, c.hits as u32, c.misses as u32)
+                + config.read_round_ms * c.read_rounds as f64
+                + config.slot_wait_ms * c.slot_waits as f64
                 + config.context_ms * context
         }
     }
@@ -541,7 +556,7 @@ pub fn calibrate_on(
         let chosen = specfit_selector::subtree::random_closed(&parents, want, &mut rng);
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
-        let (hits, misses, _) = lru.access(&union, config.read_width);
+        let Charged { hits, misses, .. } = lru.access(&union, config.read_width);
         let ms = config
             .true_cost
             .time_ms(chosen.len(), hits as u32, misses as u32);

@@ -9,7 +9,7 @@
 //!    such slot), while one is free;
 //! 3. the hits are used (each becomes the most recent, in order) and unpinned; more reads start;
 //! 4. the reads finish in the order they started: each expert is used (most recent), its slot
-//!    freed, and more reads start.
+//!    freed, and more reads start (those waited for a slot: `Access::slot_waits`).
 //!
 //! With 0 slots there is no cache: every needed expert is a miss.
 
@@ -62,8 +62,17 @@ impl SlotLru {
 
     /// One forward's use of `needed` (distinct, ascending) in `layer`: (hits, misses).
     pub fn access_layer(&mut self, layer: usize, needed: &[u32]) -> (u64, u64) {
+        let a = self.access(layer, needed);
+        (a.hits, a.misses)
+    }
+
+    /// One forward's use of `needed` (distinct, ascending) in `layer`, counted.
+    pub fn access(&mut self, layer: usize, needed: &[u32]) -> Access {
         if self.slots == 0 {
-            return (0, needed.len() as u64);
+            return Access {
+                misses: needed.len() as u64,
+                ..Access::default()
+            };
         }
         let l = &mut self.layers[layer];
         let slot_of = |l: &Layer, e: u32| l.holds.iter().position(|&h| h == Some(e));
@@ -104,14 +113,31 @@ impl SlotLru {
             }
             launch(l, &mut busy, &mut pending, &mut in_flight);
         }
+        let mut slot_waits = 0;
         while let Some(s) = in_flight.pop_front() {
             self.clock += 1;
             l.last_use[s] = self.clock;
             busy[s] = false;
+            let before = pending.len();
             launch(l, &mut busy, &mut pending, &mut in_flight);
+            slot_waits += (before - pending.len()) as u64;
         }
-        (hit.len() as u64, miss.len() as u64)
+        Access {
+            hits: hit.len() as u64,
+            misses: miss.len() as u64,
+            slot_waits,
+        }
     }
+}
+
+/// What one layer's call cost the slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    pub hits: u64,
+    pub misses: u64,
+    /// Of `misses`, the reads that could start only once a slot was freed by an expert computed
+    /// (the engine's `LayerStats::slot_waits`).
+    pub slot_waits: u64,
 }
 
 #[cfg(test)]
@@ -134,6 +160,23 @@ mod tests {
         assert_eq!(lru.access_layer(0, &[0, 1, 2, 3]), (0, 4));
         assert_eq!(lru.resident(0), vec![2, 3]);
         assert_eq!(lru.access_layer(0, &[3]), (1, 0));
+    }
+
+    #[test]
+    fn reads_beyond_the_free_slots_wait_for_a_slot_and_are_counted() {
+        // Three slots holding 0, 1, 2; needing {0, 5, 6, 7, 8}: 0 is a hit (pinned), 5 and 6
+        // start at once, 7 once the hit is used, 8 only once 5 is computed.
+        let mut lru = SlotLru::new(1, 3);
+        lru.access(0, &[0, 1, 2]);
+        let a = lru.access(0, &[0, 5, 6, 7, 8]);
+        assert_eq!((a.hits, a.misses, a.slot_waits), (1, 4, 1));
+        // Enough slots: nobody waits.
+        let mut lru = SlotLru::new(1, 8);
+        let a = lru.access(0, &[1, 2, 3, 4, 5]);
+        assert_eq!((a.hits, a.misses, a.slot_waits), (0, 5, 0));
+        // No cache: nothing is counted but misses.
+        let mut lru = SlotLru::new(1, 0);
+        assert_eq!(lru.access(0, &[1, 2]).slot_waits, 0);
     }
 
     #[test]

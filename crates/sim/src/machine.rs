@@ -32,6 +32,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
             beta_hit: p.beta_hit,
             beta_miss: p.beta_miss,
             read_round_ms: p.read_round_ms,
+            slot_wait_ms: p.slot_wait_ms,
             context_ms: p.context_ms,
         },
         // Older files: the plain-step intercept with the verify coefficients.
@@ -40,6 +41,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
             beta_hit: r.beta_hit,
             beta_miss: r.beta_miss,
             read_round_ms: r.read_round_ms,
+            slot_wait_ms: r.slot_wait_ms,
             context_ms: r.context_ms,
         },
     };
@@ -49,6 +51,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
         context_ms: r.context_ms,
         read_round_ms: r.read_round_ms,
         read_width: r.read_width.max(1),
+        slot_wait_ms: r.slot_wait_ms,
         plain: Some(plain),
         ..SimConfig::verify_only(0, true_cost)
     })

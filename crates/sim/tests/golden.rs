@@ -161,6 +161,7 @@ fn each_read_round_pays_one_read_latency_and_plain_steps_use_their_own_cost() {
         beta_hit: 0.25,
         beta_miss: 0.5,
         read_round_ms: 1.0,
+        slot_wait_ms: 0.0,
         context_ms: 0.125,
     });
     // 4 steps of 3 ms, 3 hits, 1 miss in 1 layer, positions 10..=13 cached: 12 + 0.75 + 0.5 + 1
@@ -224,4 +225,22 @@ fn drafting_costs_grow_with_the_tokens_already_cached() {
             .time_ms,
         41.0
     );
+}
+
+#[test]
+fn reads_that_wait_for_a_slot_pay_their_own_term() {
+    let (h, s) = trace();
+    let with = |slots: usize, wait: f64| {
+        let mut c = config(slots);
+        c.read_width = 8;
+        c.slot_wait_ms = wait;
+        simulate(&h, &s, &VerifyPolicy::top_k(2), &c)
+            .unwrap()
+            .time_ms
+    };
+    // Through 2 slots the first cycle's three copies (experts 0, 1, 2) start two at once and
+    // the third once the first is computed: one read waits (the second cycle copies 0 again,
+    // evicted by 2, with a slot free). Through 4 slots nothing waits.
+    assert_eq!(with(2, 3.0), with(2, 0.0) + 3.0);
+    assert_eq!(with(4, 3.0), with(4, 0.0));
 }

@@ -119,7 +119,21 @@ impl Probes {
             self.probed
         );
         match fit(&m, max_nodes) {
-            Ok((file, _)) => Ok((file, said)),
+            Ok((file, _)) => {
+                let said = match &file.replay {
+                    Some(r) => format!(
+                        "{said} (verify a[0] {:.3} ms, a[K] {:.3} ms, miss {:.4} ms, read round {:.3} ms, read waiting for a slot {:.4} ms; plain step {:.3} ms)",
+                        r.intercepts[0],
+                        r.intercepts.last().copied().unwrap_or(0.0),
+                        r.beta_miss,
+                        r.read_round_ms,
+                        r.slot_wait_ms,
+                        r.plain.as_ref().map_or(r.ar_intercept, |p| p.intercept)
+                    ),
+                    None => said,
+                };
+                Ok((file, said))
+            }
             Err(e) => Err(format!(
                 "the calibration measured before the runs ({said}, not enough to fit: {e})"
             )),

@@ -27,6 +27,11 @@ pub struct LayerStats {
     pub predicted: u64,
     pub predicted_right: u64,
     pub predicted_needed: u64,
+    /// Of `misses`, the reads a forward could start only once a slot of its layer was freed
+    /// (the expert that held it computed, or a read-ahead into it finished): when a layer needs
+    /// more experts than it has free slots. They wait behind experts computed in launch order,
+    /// which costs more than reads queued behind other reads (the replay model's own term).
+    pub slot_waits: u64,
 }
 
 impl LayerStats {
@@ -42,6 +47,7 @@ impl LayerStats {
         self.predicted += other.predicted;
         self.predicted_right += other.predicted_right;
         self.predicted_needed += other.predicted_needed;
+        self.slot_waits += other.slot_waits;
     }
 }
 
@@ -77,6 +83,7 @@ impl CopyStats {
             predicted: a.predicted - b.predicted,
             predicted_right: a.predicted_right - b.predicted_right,
             predicted_needed: a.predicted_needed - b.predicted_needed,
+            slot_waits: a.slot_waits - b.slot_waits,
         };
         let per_layer: Vec<LayerStats> = self
             .per_layer

@@ -203,6 +203,7 @@ pub fn verify_row(r: &ProbeRow) -> VerifyRow {
         hits: r.hits,
         misses: r.misses,
         read_rounds: r.read_rounds,
+        slot_waits: r.slot_waits,
         context: r.context,
         ms: r.ms,
     }
@@ -226,6 +227,7 @@ pub fn plain_row(s: &PlainStep) -> VerifyRow {
         hits: s.hits,
         misses: s.misses,
         read_rounds: s.read_rounds,
+        slot_waits: s.slot_waits,
         context: s.context,
         ms: s.ms,
     }

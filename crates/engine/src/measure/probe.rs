@@ -49,6 +49,8 @@ pub struct ProbeRow {
     pub misses: u64,
     /// Read rounds ([`crate::experts::CopyStats::read_rounds`]).
     pub read_rounds: usize,
+    /// Reads that waited for a slot ([`crate::experts::LayerStats::slot_waits`]).
+    pub slot_waits: u64,
     pub ms: f64,
     /// Drafter forwards that drafted this cycle's levels past the first, and their time.
     pub draft_forwards: usize,
@@ -115,6 +117,7 @@ pub fn probe(
             hits: v.copies.hits,
             misses: v.copies.misses,
             read_rounds: v.read_rounds,
+            slot_waits: v.copies.slot_waits,
             ms: v.seconds * 1e3,
             draft_forwards: levels.saturating_sub(1),
             draft_ms,
@@ -183,6 +186,8 @@ pub struct PlainStep {
     pub misses: u64,
     /// Read rounds ([`crate::experts::CopyStats::read_rounds`]).
     pub read_rounds: usize,
+    /// Reads that waited for a slot ([`crate::experts::LayerStats::slot_waits`]).
+    pub slot_waits: u64,
     /// Tokens already cached.
     pub context: usize,
     pub ms: f64,
@@ -203,6 +208,7 @@ fn plain_step(
         hits: out.copies.total.hits,
         misses: out.copies.total.misses,
         read_rounds: out.copies.read_rounds(cache.read_width()),
+        slot_waits: out.copies.total.slot_waits,
         context,
         ms,
     };

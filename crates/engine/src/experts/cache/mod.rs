@@ -412,7 +412,9 @@ impl ExpertCache {
                 if l == layer && w.awaited[s] {
                     arrived[s] = Some(result);
                 } else if error.is_none() {
-                    stats.misses += self.launch(layer, &mut w);
+                    let late = self.launch(layer, &mut w);
+                    (stats.misses, stats.slot_waits) =
+                        (stats.misses + late, stats.slot_waits + late);
                 }
                 continue;
             }
@@ -433,7 +435,8 @@ impl ExpertCache {
                 }
             }
             if error.is_none() {
-                stats.misses += self.launch(layer, &mut w);
+                let late = self.launch(layer, &mut w);
+                (stats.misses, stats.slot_waits) = (stats.misses + late, stats.slot_waits + late);
             }
         }
         stats.bytes_copied = stats.misses * bytes;

@@ -104,6 +104,9 @@ impl Probes {
         let prompt = prompts[i % self.prompts.min(prompts.len()).max(1)];
         let points = self.caches.len();
         let cache = &mut self.caches[i % points];
+        // Fresh slot memory, as every run gets (`runner.cache.relocate()`), outside the timers.
+        cache.relocate();
+        self.prober.relocate();
         self.prober.prompt(model, drafter, cache, i, prompt)?;
         self.probed += 1;
         Ok(())

@@ -162,6 +162,17 @@ impl Prober {
         Ok(())
     }
 
+    /// Moves the emptied and all-resident caches' slots to fresh memory
+    /// ([`ExpertCache::relocate`]), as `specfit bench` moves every configuration's before each
+    /// prompt: probes taken to predict those runs then sample arenas as the runs do, rather than
+    /// one arena, fast or slow, for the whole set.
+    pub fn relocate(&mut self) {
+        self.cleared.relocate();
+        if let Some(r) = self.resident.as_mut() {
+            r.relocate();
+        }
+    }
+
     /// Everything measured so far.
     pub fn finish(self) -> Measured {
         self.measured

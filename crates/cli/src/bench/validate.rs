@@ -69,7 +69,7 @@ pub struct Probes {
 
 impl Probes {
     /// Probes for `prompts` validated prompts beside `base`'s store, one decoding cache per
-    /// entry of `slot_points` (at least one): enough cycles per prompt that the fit has a few
+    /// entry of `slot_points` (the first always, the rest as memory allows): enough cycles per prompt that the fit has a few
     /// hundred verify rows (8 to 32 per prompt).
     pub fn new(
         base: &ExpertCache,
@@ -83,7 +83,22 @@ impl Probes {
             shape: TreeShape::default(),
             seed: 0,
         };
-        let caches = slot_points
+        // The first point always; the others while all of them together take at most a quarter
+        // of the memory budget (a model larger than memory runs one configuration at a time,
+        // and the probes' caches live beside it).
+        let budget = crate::target::memory_budget() / 4;
+        let mut bytes = 0u64;
+        let points: Vec<usize> = slot_points
+            .iter()
+            .copied()
+            .enumerate()
+            .take_while(|&(i, n)| {
+                bytes = bytes.saturating_add(base.arena_bytes(n));
+                i == 0 || bytes <= budget
+            })
+            .map(|(_, n)| n)
+            .collect();
+        let caches = points
             .iter()
             .map(|&n| Ok(base.sibling(n, specfit_engine::CacheMode::Lru)?))
             .collect::<Result<Vec<_>>>()?;
@@ -126,7 +141,7 @@ impl Probes {
                 let said = match &file.replay {
                     Some(r) => format!(
                         "{said} (verify a[0] {:.3} ms, a[K] {:.3} ms, miss {:.4} ms, read round {:.3} ms, read waiting for a slot {:.4} ms; plain step {:.3} ms)",
-                        r.intercepts[0],
+                        r.intercepts.first().copied().unwrap_or(0.0),
                         r.intercepts.last().copied().unwrap_or(0.0),
                         r.beta_miss,
                         r.read_round_ms,

@@ -109,6 +109,9 @@ pub struct SimReport {
     pub hits: u64,
     pub misses: u64,
     pub time_ms: f64,
+    /// Of `time_ms`, drafting: the drafter's levels past the first and its catch-up on plain
+    /// bursts (the engine's draft phase; feeding committed tokens counts with the verify).
+    pub draft_ms: f64,
 }
 
 impl SimReport {
@@ -315,15 +318,18 @@ fn replay(
                 0 => 0.0,
                 n => d.feed(n.min(CATCH_UP_TOKENS), context),
             };
-            ms += catch_up
-                + (d.ms_per_level + d.level_context_ms * context) * levels.saturating_sub(1) as f64
-                + d.feed(accepted + 1, context);
+            let drafting = catch_up
+                + (d.ms_per_level + d.level_context_ms * context) * levels.saturating_sub(1) as f64;
+            report.draft_ms += drafting;
+            ms += drafting + d.feed(accepted + 1, context);
             policy.observe_cycle(accepted + 1, ms);
         }
         report.time_ms += ms;
         report.cycles += 1;
         report.verified_nodes += chosen.len();
-        report.committed += accepted + 1;
+        // The trace ends where the engine's generation ended: tokens committed past it are
+        // dropped there (the engine emits none past its token limit), their time not.
+        report.committed += (accepted + 1).min(steps.len() - i);
         i += accepted + 1;
     }
     Ok(())

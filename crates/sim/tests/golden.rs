@@ -244,3 +244,13 @@ fn reads_that_wait_for_a_slot_pay_their_own_term() {
     assert_eq!(with(2, 3.0), with(2, 0.0) + 3.0);
     assert_eq!(with(4, 3.0), with(4, 0.0));
 }
+
+#[test]
+fn tokens_committed_past_the_trace_end_are_dropped_as_the_engine_drops_them() {
+    let (h, s) = trace();
+    // The first two positions only: the first cycle commits 3 tokens (both nodes agree), of
+    // which the trace holds 2; the cycle's time is paid in full.
+    let r = simulate(&h, &s[..2], &VerifyPolicy::top_k(2), &config(4)).unwrap();
+    assert_eq!((r.cycles, r.committed), (1, 2));
+    assert_eq!(r.time_ms, 10.0 + 3.0);
+}

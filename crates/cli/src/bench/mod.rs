@@ -285,7 +285,8 @@ pub fn run(args: &Args) -> Result<()> {
                 }
             }
             if index < validated {
-                lengths.push(reference.len());
+                // The forwards decoding ran after the prefill's token: the positions to replay.
+                lengths.push(reference.len().saturating_sub(1));
             }
         }
         if let Some(probes) = probes {

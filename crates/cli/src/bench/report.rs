@@ -24,6 +24,8 @@ pub struct Outcome {
     pub verified: usize,
     pub committed: usize,
     pub atlas_seconds: f64,
+    /// Of `decode_seconds`, drafting (the engine's draft phase).
+    pub draft_seconds: f64,
     /// Expert hits, copies, bytes, and the reads' own and waited-for time.
     pub copies: LayerStats,
 }
@@ -38,6 +40,7 @@ impl Outcome {
             verified: g.verified_nodes,
             committed: g.committed,
             atlas_seconds: g.atlas_seconds,
+            draft_seconds: g.draft_seconds,
             copies: g.copies,
         }
     }
@@ -49,6 +52,7 @@ impl Outcome {
         self.verified += o.verified;
         self.committed += o.committed;
         self.atlas_seconds += o.atlas_seconds;
+        self.draft_seconds += o.draft_seconds;
         self.copies.add(&o.copies);
     }
 }
@@ -302,10 +306,12 @@ impl Report {
                 v.name, v.prompts
             );
             let _ = writeln!(out, "  costs {}", v.costs);
-            for [label, slots, measured, simulated, error, at_start, tokens, copies] in checks(v) {
+            for [label, slots, measured, simulated, error, at_start, tokens, copies, phases] in
+                checks(v)
+            {
                 let _ = writeln!(
                     out,
-                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  (start calibration {at_start:>7})  tok/cycle {tokens:>11}  copies/tok {copies:>11}"
+                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  (start calibration {at_start:>7})  tok/cycle {tokens:>11}  copies/tok {copies:>11}  draft | rest ms/cycle {phases}"
                 );
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
@@ -370,9 +376,12 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| policy | slots | measured tok/s | simulated tok/s | error | error, start calibration | tok/cyc measured / simulated | copies/tok measured / simulated |"
+                "| policy | slots | measured tok/s | simulated tok/s | error | error, start calibration | tok/cyc measured / simulated | copies/tok measured / simulated | ms/cycle drafting · rest, measured / simulated |"
             );
-            let _ = writeln!(out, "| --- | --- | --- | --- | --- | --- | --- | --- |");
+            let _ = writeln!(
+                out,
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            );
             for cells in checks(v) {
                 let _ = writeln!(out, "| {} |", cells.join(" | "));
             }
@@ -400,7 +409,7 @@ impl Report {
 
 /// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,
 /// error.
-fn checks(v: &super::validate::SetValidation) -> Vec<[String; 8]> {
+fn checks(v: &super::validate::SetValidation) -> Vec<[String; 9]> {
     v.checks
         .iter()
         .map(|c| {
@@ -423,6 +432,13 @@ fn checks(v: &super::validate::SetValidation) -> Vec<[String; 8]> {
                 format!(
                     "{:.1} / {:.1}",
                     c.measured_copies_per_token, c.simulated_copies_per_token
+                ),
+                format!(
+                    "{:.2} · {:.2} / {:.2} · {:.2}",
+                    c.measured_draft_ms_per_cycle,
+                    c.measured_rest_ms_per_cycle,
+                    c.simulated_draft_ms_per_cycle,
+                    c.simulated_rest_ms_per_cycle
                 ),
             ]
         })

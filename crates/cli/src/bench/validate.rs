@@ -40,6 +40,12 @@ pub struct Check {
     pub simulated_tokens_per_cycle: f64,
     pub measured_copies_per_token: f64,
     pub simulated_copies_per_token: f64,
+    /// ms per cycle drafting, and the rest (verify forwards, feeding the drafter, selecting,
+    /// plain steps), measured and simulated.
+    pub measured_draft_ms_per_cycle: f64,
+    pub simulated_draft_ms_per_cycle: f64,
+    pub measured_rest_ms_per_cycle: f64,
+    pub simulated_rest_ms_per_cycle: f64,
 }
 
 /// The validation of one prompt set.
@@ -252,6 +258,13 @@ pub fn check(
             simulated_tokens_per_cycle: per(committed as f64, r.cycles + r.plain_steps),
             measured_copies_per_token: per(t.sum.copies.misses as f64, t.sum.committed),
             simulated_copies_per_token: per(r.misses as f64, committed),
+            measured_draft_ms_per_cycle: per(1e3 * t.sum.draft_seconds, t.sum.cycles),
+            simulated_draft_ms_per_cycle: per(r.draft_ms, r.cycles + r.plain_steps),
+            measured_rest_ms_per_cycle: per(
+                1e3 * (t.sum.decode_seconds - t.sum.draft_seconds),
+                t.sum.cycles,
+            ),
+            simulated_rest_ms_per_cycle: per(r.time_ms - r.draft_ms, r.cycles + r.plain_steps),
             label: c.label.clone(),
             slots: c.slots.number(),
             measured_tok_s: measured,

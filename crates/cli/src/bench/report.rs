@@ -88,7 +88,7 @@ impl Tally {
     }
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
+pub(super) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {

@@ -19,7 +19,7 @@ use specfit_sim::{simulate_many, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use super::plan::Config;
-use super::report::Tally;
+use super::report::{ratio, Tally};
 use crate::policy::RouteChoice;
 
 /// One configuration's predicted and measured throughput on the validation prompts.
@@ -69,7 +69,6 @@ pub struct SetValidation {
 pub struct Probes {
     caches: Vec<ExpertCache>,
     prober: Prober,
-    prompts: usize,
     probed: usize,
 }
 
@@ -113,16 +112,17 @@ impl Probes {
         Ok(Probes {
             caches,
             prober,
-            prompts: prompts.max(1),
             probed: 0,
         })
     }
 
-    /// Probes the next validated prompt (round robin over `prompts`' first ones) on the next
-    /// decoding cache (round robin over the slot points).
+    /// Probes the next of the validated `prompts` (round robin) on the next decoding cache
+    /// (round robin over the slot points).
     pub fn take(&mut self, model: &Qwen3Moe, drafter: &Eagle3, prompts: &[&[u32]]) -> Result<()> {
         let i = self.probed;
-        let prompt = prompts[i % self.prompts.min(prompts.len()).max(1)];
+        let prompt = *prompts
+            .get(i % prompts.len().max(1))
+            .context("no validated prompt to probe")?;
         let points = self.caches.len();
         let cache = &mut self.caches[i % points];
         // Fresh slot memory, as every run gets (`runner.cache.relocate()`), outside the timers.
@@ -252,19 +252,19 @@ pub fn check(
         let simulated = r.tokens_per_second();
         let simulated_at_start = replay(&at_start)?.tokens_per_second();
         let measured = t.tokens_per_second();
-        let per = |a: f64, b: usize| if b > 0 { a / b as f64 } else { 0.0 };
+        let (cycles, sim_cycles) = (t.sum.cycles as f64, (r.cycles + r.plain_steps) as f64);
         checks.push(Check {
-            measured_tokens_per_cycle: per(t.sum.committed as f64, t.sum.cycles),
-            simulated_tokens_per_cycle: per(committed as f64, r.cycles + r.plain_steps),
-            measured_copies_per_token: per(t.sum.copies.misses as f64, t.sum.committed),
-            simulated_copies_per_token: per(r.misses as f64, committed),
-            measured_draft_ms_per_cycle: per(1e3 * t.sum.draft_seconds, t.sum.cycles),
-            simulated_draft_ms_per_cycle: per(r.draft_ms, r.cycles + r.plain_steps),
-            measured_rest_ms_per_cycle: per(
+            measured_tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
+            simulated_tokens_per_cycle: ratio(committed as f64, sim_cycles),
+            measured_copies_per_token: ratio(t.sum.copies.misses as f64, t.sum.committed as f64),
+            simulated_copies_per_token: ratio(r.misses as f64, committed as f64),
+            measured_draft_ms_per_cycle: ratio(1e3 * t.sum.draft_seconds, cycles),
+            simulated_draft_ms_per_cycle: ratio(r.draft_ms, sim_cycles),
+            measured_rest_ms_per_cycle: ratio(
                 1e3 * (t.sum.decode_seconds - t.sum.draft_seconds),
-                t.sum.cycles,
+                cycles,
             ),
-            simulated_rest_ms_per_cycle: per(r.time_ms - r.draft_ms, r.cycles + r.plain_steps),
+            simulated_rest_ms_per_cycle: ratio(r.time_ms - r.draft_ms, sim_cycles),
             label: c.label.clone(),
             slots: c.slots.number(),
             measured_tok_s: measured,

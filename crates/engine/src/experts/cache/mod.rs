@@ -412,9 +412,7 @@ impl ExpertCache {
                 if l == layer && w.awaited[s] {
                     arrived[s] = Some(result);
                 } else if error.is_none() {
-                    let late = self.launch(layer, &mut w);
-                    (stats.misses, stats.slot_waits) =
-                        (stats.misses + late, stats.slot_waits + late);
+                    self.launch_late(layer, &mut w, &mut stats);
                 }
                 continue;
             }
@@ -435,8 +433,7 @@ impl ExpertCache {
                 }
             }
             if error.is_none() {
-                let late = self.launch(layer, &mut w);
-                (stats.misses, stats.slot_waits) = (stats.misses + late, stats.slot_waits + late);
+                self.launch_late(layer, &mut w, &mut stats);
             }
         }
         stats.bytes_copied = stats.misses * bytes;

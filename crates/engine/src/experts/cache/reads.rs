@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 
 use super::ExpertCache;
 use crate::experts::io::{start_read, Read, Urgency};
+use crate::experts::stats::LayerStats;
 
 /// What one call of [`ExpertCache::with_experts`] waits for in its layer.
 pub(super) struct Waiting {
@@ -49,6 +50,14 @@ impl ExpertCache {
             started += 1;
         }
         started
+    }
+
+    /// [`Self::launch`] once a slot was freed during the layer's call: those reads waited for a
+    /// slot, and are counted so (`slot_waits`) as well as misses.
+    pub(super) fn launch_late(&mut self, layer: usize, w: &mut Waiting, stats: &mut LayerStats) {
+        let late = self.launch(layer, w);
+        stats.misses += late;
+        stats.slot_waits += late;
     }
 
     /// Evicts slot `s` of `layer` and starts reading expert `e` into it.

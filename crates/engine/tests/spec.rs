@@ -97,6 +97,41 @@ fn eagle3_stops_drafting_once_its_top_k_is_settled_and_verifies_the_same_nodes()
 }
 
 #[test]
+fn no_level_is_drafted_past_the_tokens_left_and_the_last_token_is_decoded_plainly() {
+    let (target, drafter, mut cache) = fixture_pair(usize::MAX);
+    let pair = Pair::new(&target, &drafter);
+    let prompt = [1, 243, 56, 119, 188, 74, 255, 15];
+    let want = greedy_tokens(&target, &mut cache, &prompt, 12);
+    for max_tokens in 2..=12 {
+        let options = DecodeOptions {
+            max_tokens,
+            stop: vec![],
+            ..DecodeOptions::default()
+        };
+        // Top-7 drafting every level of the default shape unless told otherwise.
+        let mut every = VerifyPolicy::top_k(7).stop_rule(false);
+        let got = pair
+            .speculate(
+                &mut cache,
+                &mut every,
+                Routes::None,
+                Start::Prompt(&prompt),
+                &options,
+            )
+            .unwrap();
+        assert_eq!(got.tokens, want[..max_tokens], "max_tokens {max_tokens}");
+        // Every committed token is emitted: no cycle verified a path past the limit.
+        assert_eq!(got.committed, max_tokens - 1, "max_tokens {max_tokens}");
+        if max_tokens == 2 {
+            assert_eq!((got.cycles, got.plain_steps, got.drafted_levels), (1, 1, 0));
+        }
+        if max_tokens == 3 {
+            assert_eq!(got.drafted_levels, 1, "one token left past the bonus");
+        }
+    }
+}
+
+#[test]
 fn a_probe_plan_that_could_run_past_the_context_is_refused_before_it_starts() {
     let (target, drafter, mut cache) = fixture_pair(usize::MAX);
     let context = target.config().max_position_embeddings;

@@ -253,7 +253,10 @@ fn replay(
     let mut unlearned = 0;
     while i < steps.len() {
         let burst = policy.take_burst();
-        if burst > 0 {
+        // As the engine's decoder: with one token left, a drafting policy decodes it plainly.
+        let last = policy.drafts() && i + 1 == steps.len();
+        if burst > 0 || last {
+            let burst = burst.max(1);
             // The policy's plain burst: the root alone at each position, no drafting.
             let end = (i + burst).min(steps.len());
             // A burst past the trace's end goes on into the next trace, as in the engine.
@@ -279,7 +282,7 @@ fn replay(
             continue;
         }
         let step = &steps[i];
-        let (chosen, levels) = choose(header, step, policy, lru)?;
+        let (chosen, levels) = choose(header, step, policy, lru, steps.len() - i - 1)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
         let charged = lru.access(&union, config.read_width);
@@ -327,9 +330,8 @@ fn replay(
         report.time_ms += ms;
         report.cycles += 1;
         report.verified_nodes += chosen.len();
-        // The trace ends where the engine's generation ended: tokens committed past it are
-        // dropped there (the engine emits none past its token limit), their time not.
-        report.committed += (accepted + 1).min(steps.len() - i);
+        // No level past the tokens left was drafted: the cycle ends within the trace.
+        report.committed += accepted + 1;
         i += accepted + 1;
     }
     Ok(())
@@ -372,12 +374,14 @@ fn verify_union(header: &TraceHeader, step: &TraceStep, chosen: &[usize]) -> Vec
 }
 
 /// The policy's subtree for one step, and how many levels it drafted: the policy decides after
-/// each recorded level, as the engine's decoder asks it while drafting.
+/// each recorded level up to `max_levels` (the levels that can still commit a token), as the
+/// engine's decoder asks it while drafting.
 fn choose(
     header: &TraceHeader,
     step: &TraceStep,
     policy: &mut VerifyPolicy,
     lru: &Lru,
+    max_levels: usize,
 ) -> Result<(Vec<usize>, usize), SimError> {
     if !policy.drafts() {
         return Ok((Vec::new(), 0));
@@ -391,6 +395,7 @@ fn choose(
         false => None,
     };
     let max_depth = step.nodes.iter().map(|n| n.depth).max().unwrap_or(0);
+    let max_depth = max_depth.min(max_levels);
     for depth in 1..=max_depth {
         let pool = pool_upto(header, step, depth, policy)?;
         let more = depth < max_depth;
@@ -651,7 +656,7 @@ mod tests {
     fn top_k_levels(step: &TraceStep, k: usize) -> usize {
         let header = TraceHeader::new(1, 4, 1, 16);
         let lru = Lru::new(1, 0);
-        choose(&header, step, &mut VerifyPolicy::top_k(k), &lru)
+        choose(&header, step, &mut VerifyPolicy::top_k(k), &lru, usize::MAX)
             .unwrap()
             .1
     }

@@ -241,6 +241,11 @@ impl<'a> Decoder<'a> {
         if burst > 0 {
             return self.commit_plain(burst);
         }
+        // One token left: a cycle would commit it from the root alone, after drafting for
+        // nothing. Decode it plainly.
+        if self.tokens_left() <= 1 {
+            return self.commit_plain(1);
+        }
         let mut clock = Clock::start(self.outside_clock_seconds());
         self.catch_up_drafter(&mut clock)?;
         let Drafted {
@@ -263,6 +268,13 @@ impl<'a> Decoder<'a> {
             .count_cycle(chosen.len(), pool_depth(&pool), committed);
         self.emit(&verified.committed);
         Ok(())
+    }
+
+    /// Tokens still to emit before `max_tokens`.
+    fn tokens_left(&self) -> usize {
+        self.options
+            .max_tokens
+            .saturating_sub(self.stats.tokens.len())
     }
 
     /// Up to `burst` plain decoding steps (one target forward each, one token drawn exactly as
@@ -356,6 +368,12 @@ impl<'a> Decoder<'a> {
     /// Drafts the pool level by level, asking the policy after each whether to go on, until it
     /// chooses the nodes to verify. Returns the pool, the chosen nodes and the latest routes.
     fn draft_and_choose(&mut self, clock: &mut Clock) -> Result<Drafted, EngineError> {
+        // A cycle commits at most one token per drafted level and the bonus token: levels past
+        // the tokens left would be drafted for nothing.
+        let shape = TreeShape {
+            levels: self.options.shape.levels.min(self.tokens_left() - 1),
+            ..self.options.shape
+        };
         let spec = self.speculation.as_mut().expect("speculating");
         let draft = self.draft.as_mut().expect("speculating");
         let n = self.kv.len();
@@ -378,7 +396,7 @@ impl<'a> Decoder<'a> {
             stats: &mut self.stats,
         };
         let mut chosen = None;
-        let (target, shape) = (self.target, self.options.shape);
+        let target = self.target;
         let pool = draft_tree(
             target,
             spec.drafter,

@@ -250,8 +250,9 @@ fn summary(s: &DecodeStats, cache: &ExpertCache, cleared: bool) {
     let cycles = s.cycles.max(1) as f64;
     if s.plain_steps < s.cycles {
         eprintln!(
-            "{} cycles: {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} ({:.2} levels) + select {:.3} + verify {:.2}",
+            "{} cycles ({} of them plain steps): {:.2} draft nodes verified and {:.2} tokens committed per cycle; cycle {:.2} ms = draft {:.2} ({:.2} levels) + select {:.3} + verify {:.2}",
             s.cycles,
+            s.plain_steps,
             s.verified_nodes as f64 / cycles,
             s.tokens_per_cycle(),
             1e3 * s.decode_seconds / cycles,

@@ -360,8 +360,7 @@ impl ExpertCache {
                 stats.hits += 1;
             }
             if slots.loading[s] {
-                w.awaited[s] = true;
-                w.queue.push_back(s);
+                w.enqueue(s);
             } else {
                 hit.push(e);
             }
@@ -393,17 +392,17 @@ impl ExpertCache {
             stats.misses += self.launch(layer, &mut w);
         }
         let bytes = self.layout.bytes() as u64;
-        // Awaited experts run in a fixed order (read-ahead ones as `needed` lists them, then
-        // misses as launched), whatever order their reads finish in, so that the LRU order,
-        // and with it every later eviction, does not depend on the disk's timing.
+        // Awaited experts run as their reads finish (`Waiting::next_ready`), but each takes the
+        // LRU stamp it would take running in queue order (`base` + its place + 1), so the LRU
+        // order, and with it every later eviction, does not depend on the disk's timing.
+        let base = self.clock;
         let mut arrived: Vec<Option<Result<(), EngineError>>> =
             (0..slot_count).map(|_| None).collect();
         loop {
-            let next = w.queue.front().copied();
-            if next.is_none() && (error.is_some() || w.pending.is_empty()) {
-                break;
-            }
-            if next.is_none_or(|s| arrived[s].is_none()) {
+            let Some(i) = w.next_ready(|s| arrived[s].is_some()) else {
+                if w.queue.is_empty() && (error.is_some() || w.pending.is_empty()) {
+                    break;
+                }
                 // Wait for a read: ours, or a read-ahead whose slot a pending miss needs.
                 let wait = Instant::now();
                 let (tag, result, seconds) = self.done_rx.recv().expect("a read is in flight");
@@ -415,14 +414,15 @@ impl ExpertCache {
                     self.launch_late(layer, &mut w, &mut stats);
                 }
                 continue;
-            }
-            let s = w.queue.pop_front().expect("a next slot");
+            };
+            let s = w.queue.remove(i).expect("a ready slot");
             w.awaited[s] = false;
             w.busy[s] = false;
             match arrived[s].take().expect("arrived") {
                 Ok(()) if error.is_none() => {
-                    self.clock += 1;
-                    self.slots[layer].last_use[s] = self.clock;
+                    let stamp = base + w.place[s] as u64 + 1;
+                    self.clock = self.clock.max(stamp);
+                    self.slots[layer].last_use[s] = stamp;
                     let e = self.slots[layer].holds[s].expect("read into this slot");
                     let block = self.arena.slot(layer, s, bytes as usize);
                     f(&[(e, self.layout.expert(block))]);
@@ -541,6 +541,64 @@ mod tests {
         .unwrap();
         seen.sort_unstable();
         seen
+    }
+
+    /// A store whose reads of one expert take `delay`; the others are immediate.
+    struct SlowOne {
+        inner: RamStore,
+        slow: (usize, usize),
+        delay: std::time::Duration,
+    }
+
+    impl ExpertStore for SlowOne {
+        fn layout(&self) -> ExpertLayout {
+            self.inner.layout()
+        }
+        fn read_into(
+            &self,
+            layer: usize,
+            expert: usize,
+            dst: &mut [u8],
+        ) -> Result<(), EngineError> {
+            if (layer, expert) == self.slow {
+                std::thread::sleep(self.delay);
+            }
+            self.inner.read_into(layer, expert, dst)
+        }
+        fn tier(&self) -> &'static str {
+            "test (one slow expert)"
+        }
+    }
+
+    #[test]
+    fn missed_experts_run_as_their_reads_finish_and_keep_the_lru_order_of_their_queue() {
+        let layout = ExpertLayout {
+            hidden: 8,
+            intermediate: 4,
+            dtype: WeightDtype::F32,
+            quant_bytes: None,
+        };
+        let store = SlowOne {
+            inner: RamStore::new(layout, 1, 6),
+            slow: (0, 0),
+            delay: std::time::Duration::from_millis(300),
+        };
+        let mut c = ExpertCache::new(Arc::new(store), 1, 6, 3, CacheMode::Lru).unwrap();
+        let mut order = Vec::new();
+        c.with_experts(0, &[0, 1, 2], &[], |views| {
+            order.extend(views.iter().map(|&(e, _)| e));
+        })
+        .unwrap();
+        // Expert 0's read is slow: with reads in flight together, 1 and 2 run while it is read.
+        let expected = if crate::experts::io::reads_in_flight() > 1 {
+            [1, 2, 0]
+        } else {
+            [0, 1, 2]
+        };
+        assert_eq!(order, expected);
+        // The LRU order is the queue's (0 least recently used) whatever order they ran in.
+        run(&mut c, 0, &[3]);
+        assert_eq!(c.resident(0), [1, 2, 3]);
     }
 
     #[test]

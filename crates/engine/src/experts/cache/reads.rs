@@ -15,8 +15,13 @@ pub(super) struct Waiting {
     pub(super) busy: Vec<bool>,
     /// Slots whose read this call waits for.
     pub(super) awaited: Vec<bool>,
-    /// Awaited slots in the order their experts run.
+    /// Awaited slots in the order they were queued (read-ahead ones as `needed` lists them,
+    /// then misses as launched), not yet run.
     pub(super) queue: VecDeque<usize>,
+    /// Each awaited slot's place in that order, counted from the call's first.
+    pub(super) place: Vec<usize>,
+    /// Slots queued so far in this call.
+    queued: usize,
     /// Missing experts not yet given a slot.
     pub(super) pending: VecDeque<u32>,
 }
@@ -28,7 +33,31 @@ impl Waiting {
             busy: vec![false; slots],
             awaited: vec![false; slots],
             queue: VecDeque::new(),
+            place: vec![0; slots],
+            queued: 0,
             pending: VecDeque::new(),
+        }
+    }
+
+    /// Waits for slot `s`'s read: it is busy until its expert has run.
+    pub(super) fn enqueue(&mut self, s: usize) {
+        (self.busy[s], self.awaited[s]) = (true, true);
+        self.place[s] = self.queued;
+        self.queued += 1;
+        self.queue.push_back(s);
+    }
+
+    /// Where in the queue the next expert to run is, once its read has `arrived`: the first
+    /// arrived one (completion order) while no miss waits for a slot, else only the queue's
+    /// front. The reads' timing then decides which slot frees first and so which slot a
+    /// waiting miss evicts; with none waiting, it decides only the order the experts run in,
+    /// which the layer's output does not depend on (each expert's rows are kept apart and
+    /// summed in a fixed order).
+    pub(super) fn next_ready(&self, arrived: impl Fn(usize) -> bool) -> Option<usize> {
+        if self.pending.is_empty() {
+            self.queue.iter().position(|&s| arrived(s))
+        } else {
+            self.queue.front().filter(|&&s| arrived(s)).map(|_| 0)
         }
     }
 }
@@ -44,8 +73,7 @@ impl ExpertCache {
                 return started;
             };
             w.pending.pop_front();
-            (w.busy[victim], w.awaited[victim]) = (true, true);
-            w.queue.push_back(victim);
+            w.enqueue(victim);
             self.start(layer, e, victim, Urgency::Now);
             started += 1;
         }

@@ -681,6 +681,7 @@ mod tests {
                 (37, 2 * elems),
                 (5, 3 * elems),
                 (48, 8 * elems),
+                (7, 11 * elems),
             ] {
                 let bytes = random_gguf(ty, n, k, n as u64);
                 let m = QuantMatrix::from_gguf(ty, &bytes, n, k).unwrap();

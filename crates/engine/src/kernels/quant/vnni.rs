@@ -8,7 +8,7 @@
 //!
 //! [`LANES`]: super::LANES
 
-use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales};
+use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales_reg};
 use super::QuantActs;
 use std::arch::x86_64::*;
 
@@ -100,8 +100,7 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
         for b in 0..row.len() / block {
             let blk = row.as_ptr().add(block * b);
             let (d, dmin) = (half(blk), -half(blk.add(2)));
-            let sc = k4_scales(blk.add(4));
-            let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+            let packed = k4_scales_reg(blk.add(4));
             let scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
                 _mm256_broadcastsi128_si256(packed),
                 pick_scale,

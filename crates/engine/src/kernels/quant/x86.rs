@@ -70,7 +70,7 @@ pub(super) unsafe fn k4_scales_reg(p: *const u8) -> __m128i {
     _mm_blend_epi32::<0b1010>(low, _mm_or_si128(nibbles, tops))
 }
 
-/// The sum of the 8 lanes (exact)./// The sum of the 8 lanes (exact).
+/// The sum of the 8 lanes (exact).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn hsum(v: __m256i) -> i32 {
@@ -147,21 +147,16 @@ pub(super) use by_row_groups;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::tests::lcg;
 
     #[test]
     fn the_register_scale_unpacking_gives_the_scalar_bytes() {
         if !is_x86_feature_detected!("avx2") {
             return;
         }
-        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut state = 7u64;
         for _ in 0..4096 {
-            let mut packed = [0u8; 16];
-            for b in &mut packed {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                *b = state as u8;
-            }
+            let packed: [u8; 16] = std::array::from_fn(|_| ((lcg(&mut state) + 0.5) * 256.0) as u8);
             // SAFETY: 16 bytes; AVX2 checked above.
             let (want, got) = unsafe {
                 let mut got = [0u8; 16];

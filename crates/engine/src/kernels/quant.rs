@@ -5,19 +5,28 @@
 //!
 //! **Order of operations** (the same for every instruction set, every batch size and every
 //! thread split, so results are batch-invariant like the float kernels): for output `(r, j)`,
-//! `acc = +0`, then for each block `b` of row `j` in increasing order, with the block's integers
-//! `q`, integer sub-scales `sc[g]`, mins `m[g]` and float factors `d`, `dmin`
-//! ([`specfit_gguf::dequant::split_block`]) and the activation block's integers `a` and scale
-//! `da`:
+//! `L` accumulators `acc[0..L] = +0` ([`block_lanes`]: 8 for the k-quants' 256-element blocks,
+//! 1 for the 32-element types); for each block `b` of row `j` in increasing order, with the
+//! block's integers `q`, integer sub-scales `sc[g]`, mins `m[g]` and float factors `d`, `dmin`
+//! ([`specfit_gguf::dequant::split_block`]), the activation block's integers `a` and scale `da`,
+//! and `l = b mod L`:
 //! - `S1 = Σ_g sc[g] · Σ_{i∈g} q[i]·a[i]` and `S2 = Σ_g m[g] · Σ_{i∈g} a[i]`, exact in i32;
-//! - `acc = fma(d·da, f32(S1), acc)`, then, for types with mins, `acc = fma(dmin·da, f32(S2),
-//!   acc)`.
+//! - `acc[l] = fma(d·da, f32(S1), acc[l])`, then, for types with mins,
+//!   `acc[l] = fma(dmin·da, f32(S2), acc[l])`;
+//!
+//! and the output is `((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] +
+//! acc[7]))` ([`lanes_total`], the lanes past `L` zero: with one lane, `acc[0]` itself, as no
+//! accumulator is ever −0). A k-quant block `b` sits in lane `b mod 8` so that a SIMD kernel
+//! sums eight blocks' integer vectors in one transposing tree and runs their float steps as one
+//! vector operation, instead of a horizontal sum and two dependent scalar steps per block. The
+//! 32-element types keep one lane: on them this order agrees with llama.cpp's to 1e-7
+//! (crates/engine/tests/gguf.rs), while eight lanes move an activation's 8-bit rounding there.
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
-//! one fixed sequence per output, so the AMX kernel (Q4_K from 8 rows, Q5_K from 12), the AVX-512 VNNI
-//! kernels (Q4_K, Q5_K, Q6_K), the AVX2 ones and the portable reference ([`block_reference`])
-//! give identical bits; tests hold them to it. Each row's activations are quantized from that row alone, so no row depends on
-//! another.
+//! one fixed sequence per output, so the AMX kernel (Q4_K from 8 rows, Q5_K from 12), the
+//! AVX-512 VNNI kernels (Q4_K, Q5_K, Q6_K), the AVX2 ones and the portable reference
+//! ([`block_reference`]) give identical bits; tests hold them to it. Each row's activations are
+//! quantized from that row alone, so no row depends on another.
 //!
 //! The results are not those of the f32 kernels on the dequantized matrix (the activations are
 //! rounded to 8 bits): `--weights f32` decodes every matrix for that exact path.
@@ -179,6 +188,7 @@ impl<'a> QuantView<'a> {
         let row_bytes = blocks * block_bytes;
         // Padded to `acts.lanes`, as the fast kernels' contract asks.
         let mut acc = vec![0.0f32; acts.lanes];
+        let mut lanes = vec![[0.0f32; BLOCK_LANES]; acts.rows];
         let fast = fast_kernel(isa, self.ty);
         let weights = |j: usize| &self.data[j * row_bytes..(j + 1) * row_bytes];
         #[cfg(target_arch = "x86_64")]
@@ -193,7 +203,8 @@ impl<'a> QuantView<'a> {
                 (five, isa, acts.q_amx.is_empty(), cols.len() >= 16)
             {
                 let groups = acts.amx_groups();
-                let mut acc = vec![0.0f32; 16 * 16 * groups];
+                let plane = 16 * 16 * groups;
+                let mut acc = vec![0.0f32; BLOCK_LANES * plane];
                 // SAFETY: `q_amx` is only laid out when `amx::amx_ready` said yes.
                 let mut scratch = unsafe { amx::Scratch::new() };
                 while cols.len() >= 16 {
@@ -214,10 +225,10 @@ impl<'a> QuantView<'a> {
                     for r in 0..acts.rows {
                         let (group, m) = (r / amx::AMX_ROWS, r % amx::AMX_ROWS);
                         for i in 0..16 {
+                            let at = (16 * group + i) * 16 + m;
+                            let total = lanes_total(&std::array::from_fn(|l| acc[l * plane + at]));
                             // SAFETY: `(r, j0 + i)` is inside `out`.
-                            unsafe {
-                                *out.add(r * self.n + j0 + i) = acc[(16 * group + i) * 16 + m]
-                            };
+                            unsafe { *out.add(r * self.n + j0 + i) = total };
                         }
                     }
                     cols.start += 16;
@@ -240,8 +251,12 @@ impl<'a> QuantView<'a> {
                 // `acts.lanes` floats.
                 Some(kernel) => unsafe { kernel(row, acts, &mut acc) },
                 None => {
+                    lanes.fill([0.0; BLOCK_LANES]);
                     for (b, block) in row.chunks_exact(block_bytes).enumerate() {
-                        block_reference(self.ty, self.form, block, acts, b, &mut acc[..acts.rows]);
+                        block_reference(self.ty, self.form, block, acts, b, &mut lanes);
+                    }
+                    for (a, l) in acc.iter_mut().zip(&lanes) {
+                        *a = lanes_total(l);
                     }
                 }
             }
@@ -305,6 +320,24 @@ pub struct QuantActs {
     d_by_block: Vec<f32>,
     /// Each block's sum of `q`, laid out as `d_by_block`.
     sum_by_block: Vec<i32>,
+}
+
+/// The most float accumulators per output ([`block_lanes`]).
+pub(crate) const BLOCK_LANES: usize = 8;
+
+/// Float accumulators per output for weights of `ty`: block `b` of a row adds into lane
+/// `b mod block_lanes(ty)` (module docs).
+pub(crate) fn block_lanes(ty: GgmlType) -> usize {
+    if ty.block().0 == 256 {
+        BLOCK_LANES
+    } else {
+        1
+    }
+}
+
+/// An output's lane accumulators summed in the fixed order of the module docs.
+pub(crate) fn lanes_total(acc: &[f32; BLOCK_LANES]) -> f32 {
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 /// Rows whose products the AVX2 kernels finish together (one 8-lane vector of accumulators).
@@ -518,14 +551,15 @@ fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// One weight block `w` (block `b` of its row) against block `b` of every activation row, added
-/// to `acc` (one per row) in the order the module docs give. The oracle of the fast kernels.
+/// to lane `b mod block_lanes(ty)` of `acc` (one set of lanes per row) in the order the module
+/// docs give. The oracle of the fast kernels.
 pub(crate) fn block_reference(
     ty: GgmlType,
     form: IntGroups,
     w: &[u8],
     acts: &QuantActs,
     b: usize,
-    acc: &mut [f32],
+    acc: &mut [[f32; BLOCK_LANES]],
 ) {
     let elems = acts.block;
     let groups = elems / form.group;
@@ -545,6 +579,7 @@ pub(crate) fn block_reference(
             s1 += sc[g] * dot;
             s2 += mn[g] * sum;
         }
+        let acc = &mut acc[b % block_lanes(ty)];
         *acc = (f.d * da).mul_add(s1 as f32, *acc);
         if form.offset {
             *acc = (f.dmin * da).mul_add(s2 as f32, *acc);
@@ -552,8 +587,8 @@ pub(crate) fn block_reference(
     }
 }
 
-/// A whole row of weights against every activation row, added to `acc` (`acts.lanes` floats,
-/// one per activation row, then padding the kernel may write).
+/// A whole row of weights against every activation row, its outputs written to `acc`
+/// (`acts.lanes` floats, one per activation row, then padding the kernel may write).
 type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 
 /// The fast kernel for `ty` on `isa`: the VNNI kernels on AVX-512 with VNNI, the AVX2 ones
@@ -644,8 +679,9 @@ mod tests {
         let mut out = vec![0.0f32; rows * n];
         for r in 0..rows {
             for j in 0..n {
-                let mut acc = 0.0f32;
+                let mut lanes = [0.0f32; BLOCK_LANES];
                 for b in 0..k / elems {
+                    let acc = &mut lanes[b % block_lanes(ty)];
                     let blk = &w[(j * (k / elems) + b) * bytes..][..bytes];
                     let (mut q, mut sc, mut mn) = (vec![0i8; elems], [0i32; 16], [0i32; 16]);
                     let f = split_block(ty, blk, &mut q, &mut sc, &mut mn);
@@ -657,12 +693,13 @@ mod tests {
                         s1 += sc[g] as i64 * q[i] as i64 * a[i] as i64;
                         s2 += mn[g] as i64 * a[i] as i64;
                     }
-                    acc = (f.d * da).mul_add(s1 as i32 as f32, acc);
+                    *acc = (f.d * da).mul_add(s1 as i32 as f32, *acc);
                     if form.offset {
-                        acc = (f.dmin * da).mul_add(s2 as i32 as f32, acc);
+                        *acc = (f.dmin * da).mul_add(s2 as i32 as f32, *acc);
                     }
                 }
-                out[r * n + j] = acc;
+                let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
+                out[r * n + j] = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
             }
         }
         out

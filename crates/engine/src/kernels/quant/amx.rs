@@ -6,13 +6,13 @@
 //! so `sc = 8 · hi + lo` with `hi, lo ≤ 7` and two products (`lo · q`, `hi · q`, at most 217)
 //! give `S1 = S_lo + 8 · S_hi` exactly; the mins' sum `S2` is a third product with each element's
 //! group min as its weight. The float steps then run per output on a vector of the rows, the
-//! module docs' two roundings per block: the same bits as the reference.
+//! module docs' two roundings per block into the block's lane: the same bits as the reference.
 //!
 //! The instructions are written as inline assembly (the AMX intrinsics are not in stable Rust);
 //! Linux hands out the tile state only on request ([`amx_ready`]).
 
 use super::x86::k4_scales;
-use super::QuantActs;
+use super::{QuantActs, BLOCK_LANES};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -260,8 +260,9 @@ impl Drop for Scratch {
 }
 
 /// `Q4_K` (or, with `FIVE`, `Q5_K`) products of 16 weight rows `rows[j]` (`j` of `0..16`) against
-/// every activation row, added to `acc` (`acts.amx_groups · 16 · 16` floats: activation row `m`
-/// of group `G`'s product with weight row `j` at `(16 · G + j) · 16 + m`). `ahead` (the next
+/// every activation row, added to `acc`: [`BLOCK_LANES`] planes of `acts.amx_groups · 16 · 16`
+/// floats, block `b` into plane `b mod 8` (the module docs' lanes; activation row `m` of group
+/// `G`'s product with weight row `j` at `(16 · G + j) · 16 + m` of each plane). `ahead` (the next
 /// call's rows) is read ahead a part per block.
 ///
 /// # Safety
@@ -279,6 +280,12 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
     let block = if FIVE { 176 } else { 144 };
     let blocks = rows[0].len() / block;
     let groups = acts.amx_groups();
+    let plane = OUTPUTS * groups * AMX_ROWS;
+    assert_eq!(
+        acc.len(),
+        BLOCK_LANES * plane,
+        "acc is not the lanes' planes"
+    );
     let Scratch { buffers, sums } = scratch;
     let steps = blocks * groups;
     // SAFETY (whole body): the tiles are configured before use and released after; every tile
@@ -312,7 +319,8 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
             }
             if s > 0 {
                 let (b, group) = ((s - 1) / groups, (s - 1) % groups);
-                finish(sums, &buffers[b % 4], acts, group, b, acc);
+                let lane = &mut acc[(b % BLOCK_LANES) * plane..][..plane];
+                finish(sums, &buffers[b % 4], acts, group, b, lane);
             }
         }
     }
@@ -397,7 +405,8 @@ unsafe fn store_sums(pair: usize, sums: &mut [[[i32; AMX_ROWS]; OUTPUTS]; 2]) {
 }
 
 /// The float steps of row group `group`'s block `b` from its integer `sums` (`S1 = lo + 8 · hi`;
-/// `S2` from the group sums and `tiles`' mins), added to `acc` as [`q4_k`] lays it out.
+/// `S2` from the group sums and `tiles`' mins), added to `acc` (block `b`'s plane) as [`q4_k`]
+/// lays it out.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/VNNI and FMA; `acts` has its AMX layout with `group` and `b` inside it.

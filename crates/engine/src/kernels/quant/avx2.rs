@@ -4,12 +4,15 @@
 //! and `vpmaddwd` (the integer scales, or ones, summed to 32 bits); the same exact sums, so the
 //! same bits.
 //!
-//! The rows go [`LANES`](super::LANES) at a time through a row of weights, each weight block decoded once for
-//! them: their integer vectors are summed by one transposing tree ([`hsum_rows`](super::x86::hsum_rows), exact), and the
-//! float steps run on one vector holding the rows' accumulators ([`fma_rows`](super::x86::fma_rows)): per row the same
-//! two roundings as the scalar `(d · da).mul_add(f32(S), acc)`, so the same bits as a row alone.
+//! The rows go [`LANES`](super::LANES) at a time through a row of weights, each weight block
+//! decoded once for them. For the k-quants [`drive`] sums their integer vectors (exact) and runs
+//! the float steps in the order of [`super`]'s docs: per row and lane the same two roundings as
+//! the scalar `(d · da).mul_add(f32(S), acc[b mod 8])`, so the same bits as a row alone. The
+//! 32-element types (one lane) sum the rows' vectors by one transposing tree per block
+//! ([`hsum_rows`], exact) and run the float steps on one vector of the rows' accumulators
+//! ([`fma_rows`]).
 
-use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales};
+use super::x86::{by_row_groups, drive, fma_rows, halves, hsum_rows, k4_scales, BlockSums};
 use super::QuantActs;
 use std::arch::x86_64::*;
 
@@ -56,7 +59,7 @@ unsafe fn k_rows<const N: usize>(
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `row` is whole blocks of the type, `acts` quantized for it
-/// with as many blocks per row, `acc` holds `acts.lanes` floats.
+/// with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are written to the first `acts.rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
     // SAFETY: the caller's contract.
@@ -84,11 +87,10 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
     // and `acc` (the caller's contract).
     unsafe {
-        let at = acc.as_mut_ptr().add(r0);
-        let mut v = _mm256_loadu_ps(at);
-        for b in 0..row.len() / block {
+        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
             let blk = row.as_ptr().add(block * b);
-            let (d, dmin) = (half(blk), -half(blk.add(2)));
+            // d and −dmin.
+            let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
             let sc = k4_scales(blk.add(4));
             let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
             let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
@@ -110,11 +112,8 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
                 scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
             }
             let (s1, s2) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, mins);
-            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
-            v = fma_rows(v, d, da, hsum_rows(&s1));
-            v = fma_rows(v, dmin, da, hsum_rows(&s2));
-        }
-        _mm256_storeu_ps(at, v);
+            BlockSums { f, s1, s2 }
+        });
     }
 }
 
@@ -138,11 +137,10 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
     let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
     // SAFETY (whole body): as in `q4_k_rows`.
     unsafe {
-        let at = acc.as_mut_ptr().add(r0);
-        let mut v = _mm256_loadu_ps(at);
-        for b in 0..row.len() / 210 {
+        drive::<N, false>(row.len() / 210, acts, r0, acc, |b| {
             let p = row.as_ptr().add(210 * b);
-            let d = half(p.add(208));
+            // d (bytes 208–209) in lane 0.
+            let f = _mm_movehdup_ps(halves(p.add(206)));
             // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
             let mut w = [_mm256_setzero_si256(); 8];
             for h in 0..2 {
@@ -171,11 +169,9 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
             // 32 · sc[g] per sum of 16 (group g): the +32 of the stored values comes back out.
             let bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
             let (sum, off) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, bias);
-            let s: [__m256i; N] = std::array::from_fn(|i| _mm256_sub_epi32(sum[i], off[i]));
-            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
-            v = fma_rows(v, d, da, hsum_rows(&s));
-        }
-        _mm256_storeu_ps(at, v);
+            let s1: [__m256i; N] = std::array::from_fn(|i| _mm256_sub_epi32(sum[i], off[i]));
+            BlockSums { f, s1, s2: s1 }
+        });
     }
 }
 
@@ -228,7 +224,8 @@ unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
         let mut v = _mm256_loadu_ps(at);
         for b in 0..row.len() / block {
             let blk = row.as_ptr().add(block * b);
-            let d = half(blk);
+            // d, and with MIN m.
+            let f = halves(blk);
             let raw = _mm_loadu_si128(blk.add(nibbles) as *const __m128i);
             let lo = _mm_and_si128(raw, mask);
             let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
@@ -252,9 +249,14 @@ unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
                 _mm256_loadu_si256(acts.sum_by_block.as_ptr().add(by_block) as *const __m256i);
             // dot − bias · sum, exact (bias is 0, 8 or 16).
             let biased = _mm256_mullo_epi32(sum, _mm256_set1_epi32(bias));
-            v = fma_rows(v, d, da, _mm256_sub_epi32(hsum_rows(&dots), biased));
+            v = fma_rows(
+                v,
+                _mm256_broadcastss_ps(f),
+                da,
+                _mm256_sub_epi32(hsum_rows(&dots), biased),
+            );
             if MIN {
-                v = fma_rows(v, half(blk.add(2)), da, sum);
+                v = fma_rows(v, _mm256_broadcastss_ps(_mm_movehdup_ps(f)), da, sum);
             }
         }
         _mm256_storeu_ps(at, v);
@@ -295,7 +297,7 @@ unsafe fn q8_0_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
                 *s = _mm256_madd_epi16(pairs, ones);
             }
             let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
-            v = fma_rows(v, half(blk), da, hsum_rows(&s));
+            v = fma_rows(v, _mm256_broadcastss_ps(halves(blk)), da, hsum_rows(&s));
         }
         _mm256_storeu_ps(at, v);
     }

@@ -2,13 +2,13 @@
 //! weight block decoded once to four registers of unsigned bytes for up to [`LANES`] activation
 //! rows, `vpdpbusd` (unsigned × signed bytes, four products per 32-bit lane) against each row's
 //! activation bytes in [`VNNI_ORDER`], the integer scales applied by `vpmaddwd` on the lane sums
-//! narrowed to 16 bits (exact: each kernel bounds them), the rows' lanes summed by one transposing
-//! tree and the float steps run on a vector of the rows' accumulators ([`super::x86`]): per row
-//! the same exact integers and the same two roundings as the reference, so the same bits.
+//! narrowed to 16 bits (exact: each kernel bounds them), then [`drive`] sums the lanes (exact)
+//! and runs the float steps in the order of [`super`]'s docs: per row and lane the same exact
+//! integers and the same two roundings as the reference, so the same bits.
 //!
 //! [`LANES`]: super::LANES
 
-use super::x86::{by_row_groups, fma_rows, half, hsum_rows, k4_scales_reg};
+use super::x86::{by_row_groups, drive, halves, k4_scales_reg, BlockSums};
 use super::QuantActs;
 use std::arch::x86_64::*;
 
@@ -46,7 +46,7 @@ fn fold(v: __m512i) -> __m256i {
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `row` is whole blocks of the type, `acts`
-/// quantized for it with as many blocks per row, `acc` holds `acts.lanes` floats.
+/// quantized for it with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are written to the first `acts.rows`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
     // SAFETY: the caller's contract.
@@ -94,12 +94,11 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
     // and `acc` (the caller's contract).
     unsafe {
-        let at = acc.as_mut_ptr().add(r0);
-        let mut v = _mm256_loadu_ps(at);
         let qh_none = _mm512_setzero_si512();
-        for b in 0..row.len() / block {
+        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
             let blk = row.as_ptr().add(block * b);
-            let (d, dmin) = (half(blk), -half(blk.add(2)));
+            // d and −dmin.
+            let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
             let packed = k4_scales_reg(blk.add(4));
             let scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
                 _mm256_broadcastsi128_si256(packed),
@@ -143,11 +142,8 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
                     .add(((r0 + i) * acts.k + 256 * b) / 16);
                 s2[i] = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), mins);
             }
-            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
-            v = fma_rows(v, d, da, hsum_rows(&s1));
-            v = fma_rows(v, dmin, da, hsum_rows(&s2));
-        }
-        _mm256_storeu_ps(at, v);
+            BlockSums { f, s1, s2 }
+        });
     }
 }
 
@@ -189,11 +185,10 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
     });
     // SAFETY (whole body): as in `q4_k_rows`.
     unsafe {
-        let at = acc.as_mut_ptr().add(r0);
-        let mut v = _mm256_loadu_ps(at);
-        for b in 0..row.len() / 210 {
+        drive::<N, false>(row.len() / 210, acts, r0, acc, |b| {
             let p = row.as_ptr().add(210 * b);
-            let d = half(p.add(208));
+            // d (bytes 208–209) in lane 0.
+            let f = _mm_movehdup_ps(halves(p.add(206)));
             let mut w = [_mm512_setzero_si512(); 4];
             for h in 0..2 {
                 let ql = _mm512_loadu_si512(p.add(64 * h) as *const __m512i);
@@ -230,9 +225,7 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
                 let off = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), bias);
                 *s = _mm256_sub_epi32(fold(_mm512_add_epi32(q0, q1)), off);
             }
-            let da = _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0));
-            v = fma_rows(v, d, da, hsum_rows(&s));
-        }
-        _mm256_storeu_ps(at, v);
+            BlockSums { f, s1: s, s2: s }
+        });
     }
 }

@@ -1,6 +1,7 @@
 //! What the x86 kernels of [`super`] share: an exact f16 load, the Q4_K/Q5_K scale unpacking,
-//! and the several-row machinery: row groups of up to [`LANES`](super::LANES), exact transposing lane sums, the
-//! float steps on a vector of the rows' accumulators.
+//! row groups of up to [`LANES`](super::LANES), and [`drive`], which runs a kernel's block step
+//! over a row and the float steps in the module docs' order: exact transposing lane sums, then
+//! the float steps as vector operations on the lanes.
 
 use std::arch::x86_64::*;
 
@@ -14,6 +15,21 @@ pub(super) unsafe fn half(p: *const u8) -> f32 {
     // SAFETY: the caller's contract.
     let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The f16 at `p` and the one after it, widened exactly (F16C), in lanes 0 and 1. One 32-bit
+/// load that writes its whole register: loading a single f16 let the compiler merge it into a
+/// register the float steps had just written (`vpinsrw`), which chained every block's float
+/// steps to the previous block's.
+///
+/// # Safety
+/// Four readable bytes at `p`; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "f16c")]
+pub(super) unsafe fn halves(p: *const u8) -> __m128 {
+    // SAFETY: the caller's contract.
+    let bits = unsafe { std::ptr::read_unaligned(p as *const i32) };
+    _mm_cvtph_ps(_mm_cvtsi32_si128(bits))
 }
 
 /// The 6-bit scales (bytes 0–7) and mins (bytes 8–15) of the eight groups of a Q4_K/Q5_K
@@ -111,16 +127,259 @@ pub(super) fn hsum_rows<const N: usize>(v: &[__m256i; N]) -> __m256i {
     )
 }
 
-/// One float step of the module docs for [`LANES`](super::LANES) rows' accumulators `acc`:
-/// `acc = fma(d · da, f32(s), acc)` lane by lane, `da` the rows' activation scales.
+/// The lane sums of eight consecutive blocks' integer vectors, built as the blocks come (a
+/// transposing tree of `vphaddd`, exact): after block 7, lane `c` holds block `c`'s sum (after
+/// block 3, [`Tree::four`] gives blocks 0–3's). Three registers; the one-row driver keeps one
+/// per kind of sum.
+#[derive(Clone, Copy)]
+pub(super) struct Tree {
+    /// The latest even block's vector.
+    last: __m256i,
+    /// Blocks 0–1 (or 4–5) summed pairwise.
+    pair: __m256i,
+    /// Blocks 0–3 summed by 128-bit half; after block 7, the result.
+    quad: __m256i,
+}
+
+impl Tree {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn new() -> Tree {
+        let zero = _mm256_setzero_si256();
+        Tree {
+            last: zero,
+            pair: zero,
+            quad: zero,
+        }
+    }
+
+    /// Adds block `c`'s vector (`c` counts 0 to 7 across calls; a constant where it is called,
+    /// so the branches fold).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn push(&mut self, c: usize, v: __m256i) {
+        if c & 1 == 0 {
+            self.last = v;
+            return;
+        }
+        // The latest two blocks' adjacent lanes summed, by 128-bit half.
+        let p = _mm256_hadd_epi32(self.last, v);
+        if c & 2 == 0 {
+            self.pair = p;
+            return;
+        }
+        // Lane j < 4 of each half: block 4 · (c / 4) + j's half summed.
+        let q = _mm256_hadd_epi32(self.pair, p);
+        if c & 4 == 0 {
+            self.quad = q;
+        } else {
+            self.quad = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(self.quad, q),
+                _mm256_permute2x128_si256::<0x31>(self.quad, q),
+            );
+        }
+    }
+
+    /// Blocks 0–3's sums in lanes 0–3, zeros above, once blocks 0–3 were pushed.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn four(self) -> __m256i {
+        let x = _mm_add_epi32(
+            _mm256_castsi256_si128(self.quad),
+            _mm256_extracti128_si256::<1>(self.quad),
+        );
+        _mm256_zextsi128_si256(x)
+    }
+}
+
+/// One weight block against `N` activation rows, as a kernel's block step gives it to
+/// [`drive`]: the block's float factors and, per row, vectors whose lane sums are `S1` and `S2`
+/// (exact).
+pub(super) struct BlockSums<const N: usize> {
+    /// `d` in lane 0, `dmin` in lane 1.
+    pub f: __m128,
+    pub s1: [__m256i; N],
+    pub s2: [__m256i; N],
+}
+
+/// Runs a kernel's block step over a row of `blocks` weight blocks against activation rows
+/// `r0..r0 + N` and writes their outputs to `acc[r0..r0 + N]` in the module docs' order (the
+/// second float step only with `MINS`): [`tree_rows`] for up to [`TREE_ROWS`] rows,
+/// [`several_rows`] for more.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; rows `r0..r0 + N` of `acts` have `blocks` blocks each; `acc` has
+/// `acts.lanes` floats and `r0` is a multiple of [`LANES`](super::LANES) (several rows write
+/// all eight of theirs); `block` is safe to call for every block of the row.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn fma_rows(acc: __m256, d: f32, da: __m256, s: __m256i) -> __m256 {
-    _mm256_fmadd_ps(
-        _mm256_mul_ps(_mm256_set1_ps(d), da),
-        _mm256_cvtepi32_ps(s),
-        acc,
-    )
+pub(super) unsafe fn drive<const N: usize, const MINS: bool>(
+    blocks: usize,
+    acts: &super::QuantActs,
+    r0: usize,
+    acc: &mut [f32],
+    block: impl FnMut(usize) -> BlockSums<N>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if N <= TREE_ROWS {
+            tree_rows::<N, MINS>(blocks, acts, r0, acc, block);
+        } else {
+            several_rows::<N, MINS>(blocks, acts, r0, acc, block);
+        }
+    }
+}
+
+/// Row groups up to this size run [`tree_rows`] (each row its own trees: one tree step per
+/// block and row); larger ones [`several_rows`] (one transposing tree per block, shared by the
+/// rows), whose registers the per-row trees would overflow.
+const TREE_ROWS: usize = 2;
+
+/// [`drive`] for a few rows: eight blocks at a time, each row's sums by its own [`Tree`] and its
+/// float steps as one vector operation on its lanes.
+///
+/// # Safety
+/// As [`drive`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tree_rows<const N: usize, const MINS: bool>(
+    blocks: usize,
+    acts: &super::QuantActs,
+    r0: usize,
+    acc: &mut [f32],
+    mut block: impl FnMut(usize) -> BlockSums<N>,
+) {
+    let zero = _mm256_setzero_si256();
+    let mut lanes = [_mm256_setzero_ps(); N];
+    for b0 in (0..blocks).step_by(8) {
+        let n = (blocks - b0).min(8);
+        let (mut t1, mut t2) = ([Tree::new(); N], [Tree::new(); N]);
+        let (mut d, mut dmin) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+        // Blocks b0 + c written out for each c, so that the tree steps and lanes are constants.
+        macro_rules! at {
+            ($($c:literal)*) => {$(
+                if $c < n {
+                    let o = block(b0 + $c);
+                    d = _mm256_blend_ps::<{ 1 << $c }>(d, _mm256_broadcastss_ps(o.f));
+                    for i in 0..N {
+                        t1[i].push($c, o.s1[i]);
+                    }
+                    if MINS {
+                        let fmin = _mm256_broadcastss_ps(_mm_movehdup_ps(o.f));
+                        dmin = _mm256_blend_ps::<{ 1 << $c }>(dmin, fmin);
+                        for i in 0..N {
+                            t2[i].push($c, o.s2[i]);
+                        }
+                    }
+                } else {
+                    for i in 0..N {
+                        t1[i].push($c, zero);
+                        if MINS {
+                            t2[i].push($c, zero);
+                        }
+                    }
+                }
+            )*};
+        }
+        at!(0 1 2 3);
+        let wide = n > 4;
+        if wide {
+            at!(4 5 6 7);
+        }
+        let sums = |t: Tree| if wide { t.quad } else { t.four() };
+        for i in 0..N {
+            // SAFETY: blocks b0..b0 + n of row r0 + i (the caller's contract).
+            let da = unsafe { load_lanes(acts.d.as_ptr().add((r0 + i) * blocks + b0), n) };
+            let s1 = _mm256_cvtepi32_ps(sums(t1[i]));
+            lanes[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, da), s1, lanes[i]);
+            if MINS {
+                let s2 = _mm256_cvtepi32_ps(sums(t2[i]));
+                lanes[i] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, da), s2, lanes[i]);
+            }
+        }
+    }
+    for (i, &v) in lanes.iter().enumerate() {
+        acc[r0 + i] = lanes_total(v);
+    }
+}
+
+/// [`drive`] for more than [`TREE_ROWS`] rows.
+///
+/// # Safety
+/// As [`drive`].
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn several_rows<const N: usize, const MINS: bool>(
+    blocks: usize,
+    acts: &super::QuantActs,
+    r0: usize,
+    acc: &mut [f32],
+    mut block: impl FnMut(usize) -> BlockSums<N>,
+) {
+    // Lane i of accumulator l (floats 8l..8l + 8): row r0 + i's, which sums blocks l, l + 8, …
+    // in turn. In memory, each written once: an array of registers indexed by `l` compiles to
+    // blends, and one written out for each `l` overflows the registers.
+    let mut lanes = [0.0f32; 64];
+    for l in 0..8 {
+        let mut v = _mm256_setzero_ps();
+        for b in (l..blocks).step_by(8) {
+            let o = block(b);
+            // SAFETY: block b of rows r0..r0 + N (the caller's contract; the layout pads to
+            // LANES rows).
+            let da = unsafe { _mm256_loadu_ps(acts.d_by_block.as_ptr().add(b * acts.lanes + r0)) };
+            v = fma_rows(v, _mm256_broadcastss_ps(o.f), da, hsum_rows(&o.s1));
+            if MINS {
+                let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(o.f));
+                v = fma_rows(v, dmin, da, hsum_rows(&o.s2));
+            }
+        }
+        // SAFETY: floats 8l..8l + 8 of `lanes`.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * l), v) };
+    }
+    // SAFETY: 8 floats each.
+    let lane = |l: usize| unsafe { _mm256_loadu_ps(lanes.as_ptr().add(8 * l)) };
+    let add = _mm256_add_ps;
+    let total = add(
+        add(add(lane(0), lane(4)), add(lane(2), lane(6))),
+        add(add(lane(1), lane(5)), add(lane(3), lane(7))),
+    );
+    // SAFETY: `acc` holds `acts.lanes` floats and r0 + 8 ≤ `acts.lanes` (r0 is a multiple of
+    // LANES); lanes past N are written and never read.
+    unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(r0), total) };
+}
+
+/// One float step of the module docs for [`LANES`](super::LANES) rows' accumulators `acc`:
+/// `acc = fma(d · da, f32(s), acc)` lane by lane, `d` broadcast, `da` the rows' activation
+/// scales.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn fma_rows(acc: __m256, d: __m256, da: __m256, s: __m256i) -> __m256 {
+    _mm256_fmadd_ps(_mm256_mul_ps(d, da), _mm256_cvtepi32_ps(s), acc)
+}
+
+/// The first `n` (at most 8) floats at `p` in lanes `0..n`, zeros above.
+///
+/// # Safety
+/// `n` readable floats at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load_lanes(p: *const f32, n: usize) -> __m256 {
+    let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), lane);
+    // SAFETY: the caller's contract; masked-off lanes are not read.
+    unsafe { _mm256_maskload_ps(p, mask) }
+}
+
+/// An output's eight lane accumulators summed in the module docs' order (as
+/// [`super::lanes_total`]): `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lanes_total(v: __m256) -> f32 {
+    // [l0 + l4, l1 + l5, l2 + l6, l3 + l7]
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    // [x0 + x2, x1 + x3, …]
+    let y = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(y, _mm_movehdup_ps(y)))
 }
 
 /// Runs `$kernel::<N>($args…)` for each group of up to [`LANES`](super::LANES) rows of `$acts`, `N` the

@@ -59,7 +59,8 @@ unsafe fn k_rows<const N: usize>(
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `row` is whole blocks of the type, `acts` quantized for it
-/// with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are written to the first `acts.rows`).
+/// with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are written to the
+/// first `acts.rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
     // SAFETY: the caller's contract.

@@ -46,7 +46,8 @@ fn fold(v: __m512i) -> __m256i {
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `row` is whole blocks of the type, `acts`
-/// quantized for it with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are written to the first `acts.rows`).
+/// quantized for it with as many blocks per row, `acc` holds `acts.lanes` floats (the outputs are
+/// written to the first `acts.rows`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
     // SAFETY: the caller's contract.

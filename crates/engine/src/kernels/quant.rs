@@ -188,8 +188,13 @@ impl<'a> QuantView<'a> {
         let row_bytes = blocks * block_bytes;
         // Padded to `acts.lanes`, as the fast kernels' contract asks.
         let mut acc = vec![0.0f32; acts.lanes];
-        let mut lanes = vec![[0.0f32; BLOCK_LANES]; acts.rows];
         let fast = fast_kernel(isa, self.ty);
+        // The reference's lanes (no allocation when a fast kernel runs: this is every product's
+        // path).
+        let mut lanes = match fast {
+            Some(_) => Vec::new(),
+            None => vec![[0.0f32; BLOCK_LANES]; acts.rows],
+        };
         let weights = |j: usize| &self.data[j * row_bytes..(j + 1) * row_bytes];
         #[cfg(target_arch = "x86_64")]
         let cols = {

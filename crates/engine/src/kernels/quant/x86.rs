@@ -86,11 +86,29 @@ pub(super) unsafe fn k4_scales_reg(p: *const u8) -> __m128i {
     _mm_blend_epi32::<0b1010>(low, _mm_or_si128(nibbles, tops))
 }
 
+/// `v`'s two 128-bit halves added lane by lane (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn halves_added(v: __m256i) -> __m128i {
+    _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+}
+
+/// The last step of an 8-vector transposing tree: `lo`'s halves added in lanes 0–3, `hi`'s in
+/// lanes 4–7 (exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn halves_joined(lo: __m256i, hi: __m256i) -> __m256i {
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
+}
+
 /// The sum of the 8 lanes (exact).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn hsum(v: __m256i) -> i32 {
-    let x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let x = halves_added(v);
     let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b01_00_11_10>(x));
     let x = _mm_add_epi32(x, _mm_shuffle_epi32::<0b10_11_00_01>(x));
     _mm_cvtsi128_si32(x)
@@ -112,19 +130,11 @@ pub(super) fn hsum_rows<const N: usize>(v: &[__m256i; N]) -> __m256i {
     let a1 = _mm256_hadd_epi32(at(2), at(3));
     let b0 = _mm256_hadd_epi32(a0, a1);
     if N <= 4 {
-        let x = _mm_add_epi32(
-            _mm256_castsi256_si128(b0),
-            _mm256_extracti128_si256::<1>(b0),
-        );
-        return _mm256_castsi128_si256(x);
+        return _mm256_castsi128_si256(halves_added(b0));
     }
     let a2 = _mm256_hadd_epi32(at(4), at(5));
     let a3 = _mm256_hadd_epi32(at(6), at(7));
-    let b1 = _mm256_hadd_epi32(a2, a3);
-    _mm256_add_epi32(
-        _mm256_permute2x128_si256::<0x20>(b0, b1),
-        _mm256_permute2x128_si256::<0x31>(b0, b1),
-    )
+    halves_joined(b0, _mm256_hadd_epi32(a2, a3))
 }
 
 /// The lane sums of eight consecutive blocks' integer vectors, built as the blocks come (a
@@ -170,25 +180,18 @@ impl Tree {
         }
         // Lane j < 4 of each half: block 4 · (c / 4) + j's half summed.
         let q = _mm256_hadd_epi32(self.pair, p);
-        if c & 4 == 0 {
-            self.quad = q;
+        self.quad = if c & 4 == 0 {
+            q
         } else {
-            self.quad = _mm256_add_epi32(
-                _mm256_permute2x128_si256::<0x20>(self.quad, q),
-                _mm256_permute2x128_si256::<0x31>(self.quad, q),
-            );
-        }
+            halves_joined(self.quad, q)
+        };
     }
 
     /// Blocks 0–3's sums in lanes 0–3, zeros above, once blocks 0–3 were pushed.
     #[inline]
     #[target_feature(enable = "avx2")]
     fn four(self) -> __m256i {
-        let x = _mm_add_epi32(
-            _mm256_castsi256_si128(self.quad),
-            _mm256_extracti128_si256::<1>(self.quad),
-        );
-        _mm256_zextsi128_si256(x)
+        _mm256_zextsi128_si256(halves_added(self.quad))
     }
 }
 

@@ -11,7 +11,7 @@
 //! The instructions are written as inline assembly (the AMX intrinsics are not in stable Rust);
 //! Linux hands out the tile state only on request ([`amx_ready`]).
 
-use super::x86::k4_scales;
+use super::x86::{k4_scales, prefetch_part};
 use super::{QuantActs, BLOCK_LANES};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -204,20 +204,6 @@ unsafe fn prepare<const FIVE: bool>(row: &[u8], b: usize, tiles: &mut BlockTiles
     }
 }
 
-/// Asks for part `b` of `parts` equal parts of `ahead` (the next call's weights, one contiguous
-/// range) to be loaded into the second-level cache (a hint; no effect on results).
-#[inline]
-fn prefetch_part(ahead: &[u8], b: usize, parts: usize) {
-    let part = ahead.len().div_ceil(parts);
-    let bytes = ahead
-        .get(part * b..ahead.len().min(part * (b + 1)))
-        .unwrap_or(&[]);
-    for line in bytes.chunks(64) {
-        // SAFETY: prefetching is a hint on a valid address and never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
-    }
-}
-
 /// What a run of [`q4_k`] calls on one thread reuses: the tile configuration (loaded once; the
 /// tiles are released when it drops) and the prepared blocks.
 pub(super) struct Scratch {
@@ -310,7 +296,7 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
                     // The read-ahead is spread over the block's rows, a few lines each.
                     let next = &mut buffers[(b + 2) % 4];
                     for (n, row) in rows.iter().enumerate() {
-                        prefetch_part(ahead, OUTPUTS * b + n, OUTPUTS * blocks);
+                        prefetch_part::<_MM_HINT_T1>(ahead, OUTPUTS * b + n, OUTPUTS * blocks);
                         if b + 2 < blocks {
                             prepare::<FIVE>(row, b + 2, next, n);
                         }

@@ -12,8 +12,11 @@
 //! ([`hsum_rows`], exact) and run the float steps on one vector of the rows' accumulators
 //! ([`fma_rows`]).
 
-use super::x86::{by_row_groups, drive, fma_rows, halves, hsum_rows, k4_scales, BlockSums};
-use super::QuantActs;
+use super::x86::{
+    by_row_groups, drive, fma_rows, halves, halves_of, hsum_rows, k4_scales, prefetch_part,
+    BlockSums,
+};
+use super::{QuantActs, COLS};
 use std::arch::x86_64::*;
 
 /// The `N` activation rows' 256-element blocks at `at + i · acts.k` against a k-quant block
@@ -301,5 +304,40 @@ unsafe fn q8_0_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
             v = fma_rows(v, _mm256_broadcastss_ps(halves(blk)), da, hsum_rows(&s));
         }
         _mm256_storeu_ps(at, v);
+    }
+}
+
+/// `Q8_0` against one activation row for [`COLS`] consecutive weight rows (`rows`, whole blocks
+/// each): output `j` in lane `j` of one vector of accumulators, so the eight outputs' float
+/// chains run side by side and one transposing tree per block sums their integer vectors
+/// (exact), where a row alone pays a horizontal sum and a dependent float step per block. Each
+/// lane's float steps are the one-lane order of [`super`]'s docs, so the same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0` blocks, `acts` one
+/// row quantized for them with as many blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
+    let row_bytes = rows.len() / COLS;
+    let blocks = row_bytes / 34;
+    let ones = _mm256_set1_epi16(1);
+    // SAFETY (whole body): every access stays inside `rows` and row 0 of `acts` (the caller's
+    // contract).
+    unsafe {
+        let mut v = _mm256_setzero_ps();
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
+            let a = _mm256_loadu_si256(acts.q.as_ptr().add(32 * b) as *const __m256i);
+            let s: [__m256i; COLS] = std::array::from_fn(|j| {
+                let w = _mm256_loadu_si256(blk(j).add(2) as *const __m256i);
+                let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+                _mm256_madd_epi16(pairs, ones)
+            });
+            let d = halves_of(std::array::from_fn(|j| blk(j)));
+            let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
+            v = fma_rows(v, d, da, hsum_rows(&s));
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
     }
 }

@@ -32,6 +32,35 @@ pub(super) unsafe fn halves(p: *const u8) -> __m128 {
     _mm_cvtph_ps(_mm_cvtsi32_si128(bits))
 }
 
+/// The f16 at each of eight addresses, widened exactly (F16C), in lanes 0–7: scalar loads
+/// gathered into one register (`vpgatherdd` is microcoded on Intel parts with the gather
+/// mitigations).
+///
+/// # Safety
+/// Two readable bytes at each address; the CPU has AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn halves_of(at: [*const u8; 8]) -> __m256 {
+    // SAFETY: the caller's contract.
+    let h = |j: usize| u64::from(unsafe { std::ptr::read_unaligned(at[j] as *const u16) });
+    let word = |j: usize| (h(j) | h(j + 1) << 16 | h(j + 2) << 32 | h(j + 3) << 48) as i64;
+    _mm256_cvtph_ps(_mm_set_epi64x(word(4), word(0)))
+}
+
+/// Asks for part `b` of `parts` equal parts of `ahead` (the next call's weights, one contiguous
+/// range) to be loaded into the cache level `HINT` names (a hint; no effect on results).
+#[inline]
+pub(super) fn prefetch_part<const HINT: i32>(ahead: &[u8], b: usize, parts: usize) {
+    let part = ahead.len().div_ceil(parts);
+    let bytes = ahead
+        .get(part * b..ahead.len().min(part * (b + 1)))
+        .unwrap_or(&[]);
+    for line in bytes.chunks(64) {
+        // SAFETY: prefetching is a hint on a valid address and never faults.
+        unsafe { _mm_prefetch::<HINT>(line.as_ptr() as *const i8) };
+    }
+}
+
 /// The 6-bit scales (bytes 0–7) and mins (bytes 8–15) of the eight groups of a Q4_K/Q5_K
 /// block from its 12 packed bytes at `p` (ggml's `get_scale_min_k4`, all groups at once).
 ///

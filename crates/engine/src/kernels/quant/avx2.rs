@@ -334,7 +334,7 @@ pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out:
                 let pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
                 _mm256_madd_epi16(pairs, ones)
             });
-            let d = halves_of(std::array::from_fn(|j| blk(j)));
+            let d = halves_of(std::array::from_fn(blk));
             let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
             v = fma_rows(v, d, da, hsum_rows(&s));
         }

@@ -659,6 +659,10 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType) -> Option<ColsKernel> {
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && std::arch::is_x86_feature_detected!("f16c") {
         return match ty {
             GgmlType::Q8_0 => Some(avx2::q8_0_cols),
+            GgmlType::Q4_0 => Some(avx2::legacy_cols::<false, false>),
+            GgmlType::Q4_1 => Some(avx2::legacy_cols::<false, true>),
+            GgmlType::Q5_0 => Some(avx2::legacy_cols::<true, false>),
+            GgmlType::Q5_1 => Some(avx2::legacy_cols::<true, true>),
             _ => None,
         };
     }

@@ -196,6 +196,50 @@ pub(super) unsafe fn legacy<const FIVE: bool, const MIN: bool>(
     unsafe { by_row_groups!(legacy_rows<FIVE, MIN>, acts; row, acts, acc) }
 }
 
+/// The layout of a legacy block (`Q4_0`, `Q4_1`, `Q5_0`, `Q5_1`): its size, where its nibbles
+/// start, and the offset its unsigned weights carry (taken back out with the activation sums).
+const fn legacy_layout(five: bool, min: bool) -> (usize, usize, i32) {
+    let block = 18 + if min { 2 } else { 0 } + if five { 4 } else { 0 };
+    let bias = match (five, min) {
+        (_, true) => 0,
+        (false, false) => 8,
+        (true, false) => 16,
+    };
+    (block, block - 16, bias)
+}
+
+/// A legacy block's 32 weights at `blk` as unsigned bytes (element `i` in byte `i`), the
+/// fifth bits set with `FIVE`.
+///
+/// # Safety
+/// The CPU has AVX2; `blk` is a whole block of the type.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn legacy_weights<const FIVE: bool, const MIN: bool>(blk: *const u8) -> __m256i {
+    let (_, nibbles, _) = legacy_layout(FIVE, MIN);
+    let mask = _mm_set1_epi8(0x0F);
+    // SAFETY: the caller's contract.
+    let raw = unsafe { _mm_loadu_si128(blk.add(nibbles) as *const __m128i) };
+    let lo = _mm_and_si128(raw, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+    let w = _mm256_set_m128i(hi, lo);
+    if !FIVE {
+        return w;
+    }
+    // Byte i of the expansion takes byte i / 8 of the 32 bits and keeps bit i mod 8.
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let at = if MIN { 4 } else { 2 };
+    // SAFETY: the caller's contract.
+    let qh = unsafe { std::ptr::read_unaligned(blk.add(at) as *const u32) };
+    let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+    _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)))
+}
+
 /// [`legacy`] for the `N` rows from `r0`.
 ///
 /// # Safety
@@ -208,20 +252,8 @@ unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
     acc: &mut [f32],
     r0: usize,
 ) {
-    let block = 18 + if MIN { 2 } else { 0 } + if FIVE { 4 } else { 0 };
-    let nibbles = block - 16;
-    let bias = match (FIVE, MIN) {
-        (_, true) => 0,
-        (false, false) => 8,
-        (true, false) => 16,
-    };
-    let (mask, one) = (_mm_set1_epi8(0x0F), _mm256_set1_epi16(1));
-    // Byte i of the expansion takes byte i / 8 of the 32 bits and keeps bit i mod 8.
-    let spread = _mm256_setr_epi8(
-        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
-        3, 3,
-    );
-    let bit = _mm256_set1_epi64x(i64::from_le_bytes([1, 2, 4, 8, 16, 32, 64, 128]));
+    let (block, _, bias) = legacy_layout(FIVE, MIN);
+    let one = _mm256_set1_epi16(1);
     // SAFETY (whole body): as in `q4_k_rows`.
     unsafe {
         let at = acc.as_mut_ptr().add(r0);
@@ -230,17 +262,7 @@ unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
             let blk = row.as_ptr().add(block * b);
             // d, and with MIN m.
             let f = halves(blk);
-            let raw = _mm_loadu_si128(blk.add(nibbles) as *const __m128i);
-            let lo = _mm_and_si128(raw, mask);
-            let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-            let mut w = _mm256_set_m128i(hi, lo);
-            if FIVE {
-                let at = if MIN { 4 } else { 2 };
-                let qh = std::ptr::read_unaligned(blk.add(at) as *const u32);
-                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh as i32), spread);
-                let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-                w = _mm256_or_si256(w, _mm256_and_si256(set, _mm256_set1_epi8(16)));
-            }
+            let w = legacy_weights::<FIVE, MIN>(blk);
             let mut dots = [_mm256_setzero_si256(); N];
             for (i, dot) in dots.iter_mut().enumerate() {
                 let at = (r0 + i) * acts.k + 32 * b;
@@ -264,6 +286,48 @@ unsafe fn legacy_rows<const FIVE: bool, const MIN: bool, const N: usize>(
             }
         }
         _mm256_storeu_ps(at, v);
+    }
+}
+
+/// [`legacy`] against one activation row for [`COLS`] consecutive weight rows, as
+/// [`q8_0_cols`] runs `Q8_0`: output `j` in lane `j`, the one-lane order of [`super`]'s docs.
+///
+/// # Safety
+/// As [`q8_0_cols`], for the type.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn legacy_cols<const FIVE: bool, const MIN: bool>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [f32; COLS],
+) {
+    let (block, _, bias) = legacy_layout(FIVE, MIN);
+    let row_bytes = rows.len() / COLS;
+    let blocks = row_bytes / block;
+    let one = _mm256_set1_epi16(1);
+    // SAFETY (whole body): as in `q8_0_cols`.
+    unsafe {
+        let mut v = _mm256_setzero_ps();
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + block * b);
+            let a = _mm256_loadu_si256(acts.q.as_ptr().add(32 * b) as *const __m256i);
+            let dots: [__m256i; COLS] = std::array::from_fn(|j| {
+                let w = legacy_weights::<FIVE, MIN>(blk(j));
+                _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), one)
+            });
+            let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
+            let sum = *acts.sum_by_block.get_unchecked(b * acts.lanes);
+            // dot − bias · sum, exact (bias is 0, 8 or 16).
+            let biased = _mm256_set1_epi32(sum * bias);
+            let d = halves_of(std::array::from_fn(blk));
+            v = fma_rows(v, d, da, _mm256_sub_epi32(hsum_rows(&dots), biased));
+            if MIN {
+                let m = halves_of(std::array::from_fn(|j| blk(j).add(2)));
+                v = fma_rows(v, m, da, _mm256_set1_epi32(sum));
+            }
+        }
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
     }
 }
 

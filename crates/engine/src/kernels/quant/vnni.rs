@@ -8,8 +8,8 @@
 //!
 //! [`LANES`]: super::LANES
 
-use super::x86::{by_row_groups, drive, halves, k4_scales_reg, BlockSums};
-use super::QuantActs;
+use super::x86::{by_row_groups, drive, drive_cols, halves, k4_scales_reg, BlockSums};
+use super::{QuantActs, COLS};
 use std::arch::x86_64::*;
 
 /// Where each 16-element chunk of a 256-element block sits in [`QuantActs`]' VNNI copy of the
@@ -56,13 +56,6 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(row: &[u8], acts: &QuantActs, acc: &
 
 /// [`q4_k`] for the `N` rows from `r0`.
 ///
-/// Per block, the nibbles of elements `64t .. 64t + 64` (bytes `32t ..`, low nibbles the first
-/// 32 elements) load as one register for `t` = 0, 1 and one for 2, 3; masking gives chunks
-/// `(0, 1, 4, 5)` (low) and `(2, 3, 6, 7)` (high), which `vpermt2q` deals into [`VNNI_ORDER`]:
-/// register 0 holds chunks 0, 2, 4, 6 (groups 0–3) and register 1 chunks 1, 3, 5, 7 (the same
-/// groups). A lane of `vpdpbusd` over registers 0 and 1 sums 8 products of at most 31 · 127
-/// (Q5_K), so at most 31,496 and `vpackssdw` narrows it exactly.
-///
 /// # Safety
 /// As [`q4_k`]; `r0 + N ≤ acts.rows`.
 #[inline]
@@ -73,6 +66,57 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     acc: &mut [f32],
     r0: usize,
 ) {
+    let block = if FIVE { 176 } else { 144 };
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
+            q4_k_block::<FIVE, N>(row.as_ptr(), b, acts, r0)
+        });
+    }
+}
+
+/// [`q4_k`] against one activation row for [`COLS`] consecutive weight rows (`rows`), output
+/// `j` in lane `j` ([`drive_cols`]).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole blocks of
+/// the type, `acts` one row quantized for them with as many blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_cols<const FIVE: bool>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [f32; COLS],
+) {
+    let row_bytes = rows.len() / COLS;
+    let block = if FIVE { 176 } else { 144 };
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive_cols::<true>(row_bytes / block, acts, ahead, out, |j, b| {
+            q4_k_block::<FIVE, 1>(rows.as_ptr().add(j * row_bytes), b, acts, 0)
+        });
+    }
+}
+
+/// Block `b` of the row at `row` against the `N` activation rows from `r0`.
+///
+/// Per block, the nibbles of elements `64t .. 64t + 64` (bytes `32t ..`, low nibbles the first
+/// 32 elements) load as one register for `t` = 0, 1 and one for 2, 3; masking gives chunks
+/// `(0, 1, 4, 5)` (low) and `(2, 3, 6, 7)` (high), which `vpermt2q` deals into [`VNNI_ORDER`]:
+/// register 0 holds chunks 0, 2, 4, 6 (groups 0–3) and register 1 chunks 1, 3, 5, 7 (the same
+/// groups). A lane of `vpdpbusd` over registers 0 and 1 sums 8 products of at most 31 · 127
+/// (Q5_K), so at most 31,496 and `vpackssdw` narrows it exactly.
+///
+/// # Safety
+/// As [`q4_k`]; block `b` lies inside the row; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_block<const FIVE: bool, const N: usize>(
+    row: *const u8,
+    b: usize,
+    acts: &QuantActs,
+    r0: usize,
+) -> BlockSums<N> {
     let block = if FIVE { 176 } else { 144 };
     let nibbles = if FIVE { 48 } else { 16 };
     let mask = _mm512_set1_epi8(0x0F);
@@ -92,59 +136,57 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     let shifts =
         |a: i16, b: i16| _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b));
     let fifth = [[shifts(0, 2), shifts(1, 3)], [shifts(4, 6), shifts(5, 7)]];
-    // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
-    // and `acc` (the caller's contract).
+    // SAFETY (whole body): every access stays inside block `b` at `row` and the rows
+    // `r0..r0 + N` of `acts` (the caller's contract).
     unsafe {
         let qh_none = _mm512_setzero_si512();
-        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
-            let blk = row.as_ptr().add(block * b);
-            // d and −dmin.
-            let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
-            let packed = k4_scales_reg(blk.add(4));
-            let scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(packed),
-                pick_scale,
-            ));
-            let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
-            let qh = if FIVE {
-                _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16) as *const __m256i))
-            } else {
-                qh_none
-            };
-            let mut w = [_mm512_setzero_si512(); 4];
-            for p in 0..2 {
-                let raw = _mm512_loadu_si512(blk.add(nibbles + 64 * p) as *const __m512i);
-                let mut lo = _mm512_and_si512(raw, mask);
-                let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask);
-                if FIVE {
-                    let bit = |s: __m512i| {
-                        let b = _mm512_and_si512(_mm512_srlv_epi16(qh, s), one);
-                        _mm512_slli_epi16::<4>(b)
-                    };
-                    lo = _mm512_or_si512(lo, bit(fifth[p][0]));
-                    hi = _mm512_or_si512(hi, bit(fifth[p][1]));
-                }
-                w[2 * p] = _mm512_permutex2var_epi64(lo, even, hi);
-                w[2 * p + 1] = _mm512_permutex2var_epi64(lo, odd, hi);
-            }
-            let mut s1 = [_mm256_setzero_si256(); N];
-            let mut s2 = [_mm256_setzero_si256(); N];
-            for i in 0..N {
-                let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
-                let pair = |p: usize| {
-                    let x = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2 * p], a[2 * p]);
-                    _mm512_dpbusd_epi32(x, w[2 * p + 1], a[2 * p + 1])
+        let blk = row.add(block * b);
+        // d and −dmin.
+        let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
+        let packed = k4_scales_reg(blk.add(4));
+        let scale = _mm512_cvtepu8_epi16(_mm256_shuffle_epi8(
+            _mm256_broadcastsi128_si256(packed),
+            pick_scale,
+        ));
+        let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
+        let qh = if FIVE {
+            _mm512_broadcast_i64x4(_mm256_loadu_si256(blk.add(16) as *const __m256i))
+        } else {
+            qh_none
+        };
+        let mut w = [_mm512_setzero_si512(); 4];
+        for p in 0..2 {
+            let raw = _mm512_loadu_si512(blk.add(nibbles + 64 * p) as *const __m512i);
+            let mut lo = _mm512_and_si512(raw, mask);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), mask);
+            if FIVE {
+                let bit = |s: __m512i| {
+                    let b = _mm512_and_si512(_mm512_srlv_epi16(qh, s), one);
+                    _mm512_slli_epi16::<4>(b)
                 };
-                let narrow = _mm512_packs_epi32(pair(0), pair(1));
-                s1[i] = fold(_mm512_madd_epi16(narrow, scale));
-                let sums = acts
-                    .sum16_i16
-                    .as_ptr()
-                    .add(((r0 + i) * acts.k + 256 * b) / 16);
-                s2[i] = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), mins);
+                lo = _mm512_or_si512(lo, bit(fifth[p][0]));
+                hi = _mm512_or_si512(hi, bit(fifth[p][1]));
             }
-            BlockSums { f, s1, s2 }
-        });
+            w[2 * p] = _mm512_permutex2var_epi64(lo, even, hi);
+            w[2 * p + 1] = _mm512_permutex2var_epi64(lo, odd, hi);
+        }
+        let mut s1 = [_mm256_setzero_si256(); N];
+        let mut s2 = [_mm256_setzero_si256(); N];
+        for i in 0..N {
+            let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
+            let pair = |p: usize| {
+                let x = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2 * p], a[2 * p]);
+                _mm512_dpbusd_epi32(x, w[2 * p + 1], a[2 * p + 1])
+            };
+            let narrow = _mm512_packs_epi32(pair(0), pair(1));
+            s1[i] = fold(_mm512_madd_epi16(narrow, scale));
+            let sums = acts
+                .sum16_i16
+                .as_ptr()
+                .add(((r0 + i) * acts.k + 256 * b) / 16);
+            s2[i] = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), mins);
+        }
+        BlockSums { f, s1, s2 }
     }
 }
 
@@ -161,16 +203,51 @@ pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
 
 /// [`q6_k`] for the `N` rows from `r0`.
 ///
+/// # Safety
+/// As [`q6_k`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive::<N, false>(row.len() / 210, acts, r0, acc, |b| {
+            q6_k_block::<N>(row.as_ptr(), b, acts, r0)
+        });
+    }
+}
+
+/// [`q6_k`] against one activation row for [`COLS`] consecutive weight rows, as [`q4_k_cols`].
+///
+/// # Safety
+/// As [`q4_k_cols`], for `Q6_K`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
+    let row_bytes = rows.len() / COLS;
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive_cols::<false>(row_bytes / 210, acts, ahead, out, |j, b| {
+            q6_k_block::<1>(rows.as_ptr().add(j * row_bytes), b, acts, 0)
+        });
+    }
+}
+
+/// Block `b` of the `Q6_K` row at `row` against the `N` activation rows from `r0`.
+///
 /// Per half `h` of the block, the 64 low-nibble bytes and 32 high-pair bytes give chunks
 /// `8h + (0, 1, 2, 3)` and `8h + (4, 5, 6, 7)`, which `vshufi32x4` deals into [`VNNI_ORDER`].
 /// Every chunk is its own group, so each register has its own accumulator: a lane sums 4
 /// products of at most 63 · 127 (8,001 · 4 = 32,004), narrowed exactly by `vpackssdw`.
 ///
 /// # Safety
-/// As [`q6_k`]; `r0 + N ≤ acts.rows`.
+/// As [`q6_k`]; block `b` lies inside the row; `r0 + N ≤ acts.rows`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
+unsafe fn q6_k_block<const N: usize>(
+    row: *const u8,
+    b: usize,
+    acts: &QuantActs,
+    r0: usize,
+) -> BlockSums<N> {
     let (m4, m3) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(3));
     // The high pairs of chunks 8h + (0, 1) / (2, 3) sit at bits 0 / 2 of the 32 bytes, those
     // of (4, 5) / (6, 7) at bits 4 / 6: one shift count per 256-bit half.
@@ -184,49 +261,44 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
         // SAFETY: 32 bytes.
         unsafe { _mm256_loadu_si256(pick.as_ptr() as *const __m256i) }
     });
-    // SAFETY (whole body): as in `q4_k_rows`.
+    // SAFETY (whole body): as in `q4_k_block`.
     unsafe {
-        drive::<N, false>(row.len() / 210, acts, r0, acc, |b| {
-            let p = row.as_ptr().add(210 * b);
-            // d (bytes 208–209) in lane 0.
-            let f = _mm_movehdup_ps(halves(p.add(206)));
-            let mut w = [_mm512_setzero_si512(); 4];
-            for h in 0..2 {
-                let ql = _mm512_loadu_si512(p.add(64 * h) as *const __m512i);
-                let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(
-                    p.add(128 + 32 * h) as *const __m256i
-                ));
-                let high = |s: __m512i| {
-                    _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, s), m3))
-                };
-                let first = _mm512_or_si512(_mm512_and_si512(ql, m4), high(low_shift));
-                let second = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
-                    high(high_shift),
-                );
-                w[2 * h] = _mm512_shuffle_i32x4::<0b10_00_10_00>(first, second);
-                w[2 * h + 1] = _mm512_shuffle_i32x4::<0b11_01_11_01>(first, second);
-            }
-            let sc = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(192) as *const __m128i));
-            let scale: [__m512i; 2] = std::array::from_fn(|q| {
-                _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc, pick_scale[q]))
-            });
-            // 32 · sc[g] per sum of 16 (chunk g): the +32 of the stored values comes back out.
-            let bias = _mm256_slli_epi16::<5>(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(sc)));
-            let mut s = [_mm256_setzero_si256(); N];
-            for (i, s) in s.iter_mut().enumerate() {
-                let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
-                let dot = |t: usize| _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], a[t]);
-                let q0 = _mm512_madd_epi16(_mm512_packs_epi32(dot(0), dot(1)), scale[0]);
-                let q1 = _mm512_madd_epi16(_mm512_packs_epi32(dot(2), dot(3)), scale[1]);
-                let sums = acts
-                    .sum16_i16
-                    .as_ptr()
-                    .add(((r0 + i) * acts.k + 256 * b) / 16);
-                let off = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), bias);
-                *s = _mm256_sub_epi32(fold(_mm512_add_epi32(q0, q1)), off);
-            }
-            BlockSums { f, s1: s, s2: s }
-        });
+        let p = row.add(210 * b);
+        // d (bytes 208–209) in lane 0.
+        let f = _mm_movehdup_ps(halves(p.add(206)));
+        let mut w = [_mm512_setzero_si512(); 4];
+        for h in 0..2 {
+            let ql = _mm512_loadu_si512(p.add(64 * h) as *const __m512i);
+            let qh =
+                _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i));
+            let high =
+                |s: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(_mm512_srlv_epi16(qh, s), m3));
+            let first = _mm512_or_si512(_mm512_and_si512(ql, m4), high(low_shift));
+            let second = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m4),
+                high(high_shift),
+            );
+            w[2 * h] = _mm512_shuffle_i32x4::<0b10_00_10_00>(first, second);
+            w[2 * h + 1] = _mm512_shuffle_i32x4::<0b11_01_11_01>(first, second);
+        }
+        let sc = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(192) as *const __m128i));
+        let scale: [__m512i; 2] =
+            std::array::from_fn(|q| _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(sc, pick_scale[q])));
+        // 32 · sc[g] per sum of 16 (chunk g): the +32 of the stored values comes back out.
+        let bias = _mm256_slli_epi16::<5>(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(sc)));
+        let mut s = [_mm256_setzero_si256(); N];
+        for (i, s) in s.iter_mut().enumerate() {
+            let a = act_regs(acts, (r0 + i) * acts.k + 256 * b);
+            let dot = |t: usize| _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[t], a[t]);
+            let q0 = _mm512_madd_epi16(_mm512_packs_epi32(dot(0), dot(1)), scale[0]);
+            let q1 = _mm512_madd_epi16(_mm512_packs_epi32(dot(2), dot(3)), scale[1]);
+            let sums = acts
+                .sum16_i16
+                .as_ptr()
+                .add(((r0 + i) * acts.k + 256 * b) / 16);
+            let off = _mm256_madd_epi16(_mm256_loadu_si256(sums as *const __m256i), bias);
+            *s = _mm256_sub_epi32(fold(_mm512_add_epi32(q0, q1)), off);
+        }
+        BlockSums { f, s1: s, s2: s }
     }
 }

@@ -381,6 +381,71 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
     unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(r0), total) };
 }
 
+/// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the one
+/// activation row) over [`COLS`](super::COLS) weight rows of `blocks` blocks and writes their
+/// outputs to `out`, output `j` in lane `j`: per block the rows' integer vectors summed by one
+/// transposing tree each (exact) and their float steps as one vector operation into the
+/// outputs' accumulator `b mod 8`, then the module docs' tree of the eight accumulators (the
+/// lanes past the row's blocks +0, as in the reference). `ahead` (the next call's rows) is read
+/// ahead a part per block.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `acts` is one row of `blocks` blocks; `block` is safe to call for
+/// every weight row `j < COLS` and block `b < blocks`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn drive_cols<const MINS: bool>(
+    blocks: usize,
+    acts: &super::QuantActs,
+    ahead: &[u8],
+    out: &mut [f32; super::COLS],
+    mut block: impl FnMut(usize, usize) -> BlockSums<1>,
+) {
+    let mut lanes = [_mm256_setzero_ps(); 8];
+    for b0 in (0..blocks).step_by(8) {
+        // Each lane written out so that the accumulators stay in registers.
+        macro_rules! at {
+            ($($c:literal)*) => {$(
+                let b = b0 + $c;
+                if b < blocks {
+                    prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+                    let o: [BlockSums<1>; 8] = std::array::from_fn(|j| block(j, b));
+                    let (d, dmin) = factors(std::array::from_fn(|j| o[j].f));
+                    // SAFETY: block b of the one activation row (the caller's contract).
+                    let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked(b) });
+                    let s1 = hsum_rows::<8>(&std::array::from_fn(|j| o[j].s1[0]));
+                    lanes[$c] = fma_rows(lanes[$c], d, da, s1);
+                    if MINS {
+                        let s2 = hsum_rows::<8>(&std::array::from_fn(|j| o[j].s2[0]));
+                        lanes[$c] = fma_rows(lanes[$c], dmin, da, s2);
+                    }
+                }
+            )*};
+        }
+        at!(0 1 2 3 4 5 6 7);
+    }
+    let add = _mm256_add_ps;
+    let l = lanes;
+    let total = add(
+        add(add(l[0], l[4]), add(l[2], l[6])),
+        add(add(l[1], l[5]), add(l[3], l[7])),
+    );
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), total) };
+}
+
+/// Eight blocks' float factors ([`BlockSums::f`]: `d` in lane 0, `dmin` in lane 1) as one
+/// vector of the `d`s and one of the `dmin`s, block `j` in lane `j`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn factors(f: [__m128; 8]) -> (__m256, __m256) {
+    // [d_a, d_b, dmin_a, dmin_b] for the pairs (0, 1), (2, 3), (4, 5), (6, 7).
+    let p: [__m128; 4] = std::array::from_fn(|i| _mm_unpacklo_ps(f[2 * i], f[2 * i + 1]));
+    let d = _mm256_set_m128(_mm_movelh_ps(p[2], p[3]), _mm_movelh_ps(p[0], p[1]));
+    let dmin = _mm256_set_m128(_mm_movehl_ps(p[3], p[2]), _mm_movehl_ps(p[1], p[0]));
+    (d, dmin)
+}
+
 /// One float step of the module docs for [`LANES`](super::LANES) rows' accumulators `acc`:
 /// `acc = fma(d · da, f32(s), acc)` lane by lane, `d` broadcast, `da` the rows' activation
 /// scales.

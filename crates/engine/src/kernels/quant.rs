@@ -278,12 +278,10 @@ impl<'a> QuantView<'a> {
             }
         }
     }
-}
 
-impl QuantView<'_> {
     /// Outputs `cols` of one activation row into `out` by `kernel`, [`COLS`] at a time, each
-    /// group's rows read ahead a part per block while the previous group is multiplied; returns the columns left
-    /// (fewer than [`COLS`]).
+    /// group's rows read ahead a part per block while the previous group is multiplied;
+    /// returns the columns left (fewer than [`COLS`]).
     ///
     /// # Safety
     /// `out` points to `n` floats; `kernel` runs on this CPU, for this matrix's type.

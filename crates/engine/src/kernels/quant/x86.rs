@@ -33,8 +33,7 @@ pub(super) unsafe fn halves(p: *const u8) -> __m128 {
 }
 
 /// The f16 at each of eight addresses, widened exactly (F16C), in lanes 0–7: scalar loads
-/// gathered into one register (`vpgatherdd` is microcoded on Intel parts with the gather
-/// mitigations).
+/// combined into one register.
 ///
 /// # Safety
 /// Two readable bytes at each address; the CPU has AVX2 and F16C.
@@ -370,12 +369,9 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
         unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * l), v) };
     }
     // SAFETY: 8 floats each.
-    let lane = |l: usize| unsafe { _mm256_loadu_ps(lanes.as_ptr().add(8 * l)) };
-    let add = _mm256_add_ps;
-    let total = add(
-        add(add(lane(0), lane(4)), add(lane(2), lane(6))),
-        add(add(lane(1), lane(5)), add(lane(3), lane(7))),
-    );
+    let total = lanes_tree(std::array::from_fn(|l| unsafe {
+        _mm256_loadu_ps(lanes.as_ptr().add(8 * l))
+    }));
     // SAFETY: `acc` holds `acts.lanes` floats and r0 + 8 ≤ `acts.lanes` (r0 is a multiple of
     // LANES); lanes past N are written and never read.
     unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(r0), total) };
@@ -424,18 +420,24 @@ pub(super) unsafe fn drive_cols<const MINS: bool>(
         }
         at!(0 1 2 3 4 5 6 7);
     }
-    let add = _mm256_add_ps;
-    let l = lanes;
-    let total = add(
-        add(add(l[0], l[4]), add(l[2], l[6])),
-        add(add(l[1], l[5]), add(l[3], l[7])),
-    );
     // SAFETY: 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), total) };
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), lanes_tree(lanes)) };
 }
 
-/// Eight blocks' float factors ([`BlockSums::f`]: `d` in lane 0, `dmin` in lane 1) as one
-/// vector of the `d`s and one of the `dmin`s, block `j` in lane `j`.
+/// Eight vectors of accumulators (accumulator `l` of eight outputs in vector `l`) summed lane
+/// by lane in the module docs' order: `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lanes_tree(l: [__m256; 8]) -> __m256 {
+    let add = _mm256_add_ps;
+    add(
+        add(add(l[0], l[4]), add(l[2], l[6])),
+        add(add(l[1], l[5]), add(l[3], l[7])),
+    )
+}
+
+/// Eight weight rows' float factors of one block ([`BlockSums::f`]: `d` in lane 0, `dmin` in
+/// lane 1) as one vector of the `d`s and one of the `dmin`s, row `j` in lane `j`.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn factors(f: [__m128; 8]) -> (__m256, __m256) {

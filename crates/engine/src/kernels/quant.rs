@@ -241,11 +241,15 @@ impl<'a> QuantView<'a> {
             }
             cols
         };
-        let cols = match fast_cols_kernel(isa, self.ty, blocks) {
-            Some(kernel) if acts.rows == 1 => {
-                // SAFETY: the caller's contract.
-                unsafe { self.one_row_cols(kernel, acts, cols, out) }
-            }
+        let cols = match (
+            fast_rows_cols_kernel(isa, self.ty, acts.rows),
+            fast_cols_kernel(isa, self.ty, blocks),
+        ) {
+            // SAFETY (both): the caller's contract.
+            (Some(kernel), _) => unsafe { self.rows_cols(kernel, acts, cols, out) },
+            (None, Some(kernel)) if acts.rows == 1 => unsafe {
+                self.one_row_cols(kernel, acts, cols, out)
+            },
             _ => cols,
         };
         for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
@@ -311,6 +315,50 @@ impl<'a> QuantView<'a> {
             for (i, v) in got.into_iter().enumerate() {
                 // SAFETY: `j + i` is a column inside `out` (the caller's contract).
                 unsafe { *out.add(j + i) = v };
+            }
+            j += COLS;
+        }
+        j..cols.end
+    }
+
+    /// Outputs `cols` of every activation row into `out` (`rows × n`) by `kernel`, [`COLS`]
+    /// columns at a time against each group of up to [`LANES`] rows, each group's weight rows
+    /// read ahead while the previous group is multiplied; returns the columns left (fewer than
+    /// [`COLS`]).
+    ///
+    /// # Safety
+    /// `out` points to `acts.rows × n` floats; `kernel` runs on this CPU, for this matrix's type.
+    unsafe fn rows_cols(
+        &self,
+        kernel: RowsColsKernel,
+        acts: &QuantActs,
+        cols: std::ops::Range<usize>,
+        out: *mut f32,
+    ) -> std::ops::Range<usize> {
+        let row_bytes = self.data.len() / self.n;
+        let group = |j: usize| &self.data[j * row_bytes..(j + COLS) * row_bytes];
+        let mut j = cols.start;
+        if cols.len() >= COLS {
+            prefetch(group(j));
+        }
+        let mut got = [[0.0f32; COLS]; LANES];
+        while cols.end - j >= COLS {
+            for r0 in (0..acts.rows).step_by(LANES) {
+                // The next group is read ahead during the last row group's product.
+                let ahead = if r0 + LANES >= acts.rows && cols.end - j >= 2 * COLS {
+                    group(j + COLS)
+                } else {
+                    &[]
+                };
+                // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
+                // `r0` a row of `acts`.
+                unsafe { kernel(group(j), ahead, acts, r0, &mut got) };
+                for (i, row) in got.iter().enumerate().take(acts.rows - r0) {
+                    for (c, &v) in row.iter().enumerate() {
+                        // SAFETY: `(r0 + i, j + c)` is inside `out` (the caller's contract).
+                        unsafe { *out.add((r0 + i) * self.n + j + c) = v };
+                    }
+                }
             }
             j += COLS;
         }
@@ -599,9 +647,24 @@ fn quantize_q8_0(x: &[f32], q: &mut [i8]) -> f32 {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     for (qv, &v) in q.iter_mut().zip(x) {
-        *qv = (v * id).round() as i8;
+        *qv = round_half_away_small(v * id) as i8;
     }
     half::f16::from_f32(d).to_f32()
+}
+
+/// `y.round()` (halves away from zero) for `|y| < 2^22`: the nearest integer, ties to even
+/// ([`round_ties_even_small`]), moved away from zero where `y` was a half. Unlike the library
+/// call, it vectorizes.
+#[inline(always)]
+fn round_half_away_small(y: f32) -> f32 {
+    let t = round_ties_even_small(y);
+    // `y - t` is exact (both within one unit of each other); a half means `y` was a tie, and
+    // then `y ± 0.5` is an integer, exact too.
+    if (y - t).abs() == 0.5 {
+        y + 0.5f32.copysign(y)
+    } else {
+        t
+    }
 }
 
 /// One weight block `w` (block `b` of its row) against block `b` of every activation row, added
@@ -648,6 +711,26 @@ type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 /// [`COLS`] consecutive weight rows against one activation row, output `j` of the group
 /// written to `out[j]`.
 type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
+
+/// [`COLS`] consecutive weight rows against the activation rows from the given one, up to
+/// [`LANES`] of them: output `j` of row `r0 + i` written to `out[i][j]`.
+type RowsColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; COLS]; LANES]);
+
+/// The kernel for `ty` on `isa` that runs [`COLS`] outputs of `rows` activation rows side by
+/// side, where one beats the others (measured: BENCHMARKS "Several activation rows, eight
+/// outputs side by side"): Q8_0 with VNNI from [`Q8_0_COLS_MIN_ROWS`] rows.
+fn fast_rows_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<RowsColsKernel> {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && has_vnni() && ty == GgmlType::Q8_0 && rows >= Q8_0_COLS_MIN_ROWS {
+        return Some(vnni::q8_0_cols_rows);
+    }
+    let _ = (isa, ty, rows);
+    None
+}
+
+/// Activation rows from which Q8_0 products run [`vnni::q8_0_cols_rows`].
+#[cfg(target_arch = "x86_64")]
+const Q8_0_COLS_MIN_ROWS: usize = 1;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
 /// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS
@@ -838,13 +921,14 @@ mod tests {
     fn extreme_weights_and_activations_stay_exact_in_the_integer_sums() {
         // Largest integers every type can hold, against activations that quantize to ±127:
         // 7 rows of 3 outputs (every row group size the kernels special-case up to 8 but one),
-        // 16 rows of 16 outputs (one whole AMX tile where the CPU has it), and one row of 9
-        // outputs (a group of eight side by side, then one alone).
-        for ty in TYPES {
-            for (n, rows) in [(3, 7), (16, 16), (9, 1)] {
+        // 16 rows of 16 outputs (one whole AMX tile where the CPU has it), and 1 and 7 rows of 9
+        // outputs (a group of eight side by side, then one alone); every byte all ones, then
+        // (Q8_0's most negative weight) 0x80.
+        for (ty, fill) in TYPES.into_iter().flat_map(|ty| [(ty, 0xFFu8), (ty, 0x80)]) {
+            for (n, rows) in [(3, 7), (16, 16), (9, 1), (9, 7)] {
                 let (elems, bytes) = ty.block();
                 let k = 2 * elems;
-                let mut w = vec![0xFFu8; n * (k / elems) * bytes];
+                let mut w = vec![fill; n * (k / elems) * bytes];
                 for blk in w.chunks_exact_mut(bytes) {
                     for at in [0usize, 2, bytes - 2] {
                         blk[at + 1] = 0x3C; // f16 scales near 1
@@ -858,7 +942,11 @@ mod tests {
                 for isa in Isa::available() {
                     let mut got = vec![0.0; rows * n];
                     m.view().gemm_with(isa, &x, rows, &mut got, false);
-                    assert!(same(&got, &want), "{} {isa:?} rows {rows}", ty.name());
+                    assert!(
+                        same(&got, &want),
+                        "{} {isa:?} rows {rows} fill {fill:#x}",
+                        ty.name()
+                    );
                 }
             }
         }
@@ -928,7 +1016,7 @@ mod tests {
     }
 
     #[test]
-    fn the_vectorizable_rounding_equals_round_ties_even_below_2_pow_22() {
+    fn the_vectorizable_roundings_equal_the_library_ones_below_2_pow_22() {
         let mut state = 3u64;
         let halves = (-300..=300).map(|i| i as f32 / 2.0);
         let near_halves = (-300..=300).flat_map(|i| {
@@ -948,6 +1036,8 @@ mod tests {
             let (got, want) = (round_ties_even_small(y), y.round_ties_even());
             // −0.0 and +0.0 both convert to the integer 0, which is all the kernels use.
             assert!(got == want, "{y}: {got} vs {want}");
+            let (got, want) = (round_half_away_small(y), y.round());
+            assert!(got == want, "{y}: {got} vs {want} (halves away from zero)");
         }
     }
 

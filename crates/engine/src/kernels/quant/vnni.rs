@@ -4,12 +4,14 @@
 //! activation bytes in [`VNNI_ORDER`], the integer scales applied by `vpmaddwd` on the lane sums
 //! narrowed to 16 bits (exact: each kernel bounds them), then [`drive`] sums the lanes (exact)
 //! and runs the float steps in the order of [`super`]'s docs: per row and lane the same exact
-//! integers and the same two roundings as the reference, so the same bits.
-//!
-//! [`LANES`]: super::LANES
+//! integers and the same two roundings as the reference, so the same bits. And Q8_0 for eight
+//! weight rows side by side against several activation rows ([`q8_0_cols_rows`]).
 
-use super::x86::{by_row_groups, drive, drive_cols, halves, k4_scales_reg, BlockSums};
-use super::{QuantActs, COLS};
+use super::x86::{
+    by_row_groups, drive, drive_cols, fma_rows, halves, halves_of, k4_scales_reg, prefetch_part,
+    BlockSums,
+};
+use super::{QuantActs, COLS, LANES};
 use std::arch::x86_64::*;
 
 /// Where each 16-element chunk of a 256-element block sits in [`QuantActs`]' VNNI copy of the
@@ -301,4 +303,108 @@ unsafe fn q6_k_block<const N: usize>(
         }
         BlockSums { f, s1: s, s2: s }
     }
+}
+
+/// `Q8_0` (34-byte blocks: an f16 scale, 32 signed bytes) for [`COLS`] consecutive weight rows
+/// (`rows`, whole blocks each) against the activation rows from `r0`, up to [`LANES`] of them:
+/// output `j` of row `r0 + i` in `out[i][j]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0`
+/// blocks, `acts` quantized for them with as many blocks per row; `r0 < acts.rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_cols_rows(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; COLS]; LANES],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match acts.rows - r0 {
+            1 => q8_0_cols_n::<1>(rows, ahead, acts, r0, out),
+            2 => q8_0_cols_n::<2>(rows, ahead, acts, r0, out),
+            3 => q8_0_cols_n::<3>(rows, ahead, acts, r0, out),
+            4 => q8_0_cols_n::<4>(rows, ahead, acts, r0, out),
+            5 => q8_0_cols_n::<5>(rows, ahead, acts, r0, out),
+            6 => q8_0_cols_n::<6>(rows, ahead, acts, r0, out),
+            7 => q8_0_cols_n::<7>(rows, ahead, acts, r0, out),
+            _ => q8_0_cols_n::<8>(rows, ahead, acts, r0, out),
+        }
+    }
+}
+
+/// [`q8_0_cols_rows`] for the `N` rows from `r0`. Per block, weight rows `i` and `4 + i` share
+/// a register; each activation block is made unsigned once (`a ⊕ 0x80 = a + 128`, shared by the
+/// eight weight rows) and each weight register's accumulator starts at `−128 · Σ w` of its
+/// 4-byte groups (one `vpdpbusd` against 128s, shared by the activation rows), so one `vpdpbusd`
+/// per two weight rows and activation row gives `Σ a·w` per group exactly (a group's terms stay
+/// below 2^17), and [`half_sums`] adds the groups of each weight row (exact). Each lane's float
+/// step is [`fma_rows`]'s, the one-lane order of [`super`]'s docs, so the same bits.
+///
+/// # Safety
+/// As [`q8_0_cols_rows`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_cols_n<const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; COLS]; LANES],
+) {
+    let row_bytes = rows.len() / COLS;
+    let blocks = row_bytes / 34;
+    let bias = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // (the caller's contract).
+    unsafe {
+        let mut v = [_mm256_setzero_ps(); N];
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
+            let w: [__m512i; 4] = std::array::from_fn(|i| {
+                let lo = _mm256_loadu_si256(blk(i).add(2) as *const __m256i);
+                let hi = _mm256_loadu_si256(blk(4 + i).add(2) as *const __m256i);
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+            });
+            let start: [__m512i; 4] = std::array::from_fn(|i| {
+                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w[i]))
+            });
+            let d = halves_of(std::array::from_fn(blk));
+            for (i, v) in v.iter_mut().enumerate() {
+                let r = r0 + i;
+                let a = acts.q.as_ptr().add(r * acts.k + 32 * b) as *const __m256i;
+                let a = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256(a)), bias);
+                let p = std::array::from_fn(|t| _mm512_dpbusd_epi32(start[t], a, w[t]));
+                let da = _mm256_set1_ps(*acts.d.get_unchecked(r * blocks + b));
+                *v = fma_rows(*v, d, da, half_sums(p));
+            }
+        }
+        for (o, v) in out.iter_mut().zip(v) {
+            _mm256_storeu_ps(o.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// The sums of the eight 32-bit lanes of each half of `p`: half 0 of `p[i]` in lane `i`, half 1
+/// in lane `4 + i` (exact).
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+fn half_sums(p: [__m512i; 4]) -> __m256i {
+    // Per 128-bit chunk: [x0 + x2, y0 + y2, x1 + x3, y1 + y3].
+    let pair = |x, y| _mm512_add_epi32(_mm512_unpacklo_epi32(x, y), _mm512_unpackhi_epi32(x, y));
+    let (x01, x23) = (pair(p[0], p[1]), pair(p[2], p[3]));
+    // Per chunk c: [chunk c of p[0] summed, of p[1], of p[2], of p[3]].
+    let y = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(x01, x23),
+        _mm512_unpackhi_epi64(x01, x23),
+    );
+    let (lo, hi) = (_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64::<1>(y));
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(lo, hi),
+        _mm256_permute2x128_si256::<0x31>(lo, hi),
+    )
 }

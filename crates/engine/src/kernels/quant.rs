@@ -241,15 +241,21 @@ impl<'a> QuantView<'a> {
             }
             cols
         };
-        let cols = match (
-            fast_rows_cols_kernel(isa, self.ty, acts.rows),
-            fast_cols_kernel(isa, self.ty, blocks),
-        ) {
-            // SAFETY (both): the caller's contract.
-            (Some(kernel), _) => unsafe { self.rows_cols(kernel, acts, cols, out) },
-            (None, Some(kernel)) if acts.rows == 1 => unsafe {
-                self.one_row_cols(kernel, acts, cols, out)
-            },
+        #[cfg(target_arch = "x86_64")]
+        let cols = match self.ty {
+            GgmlType::Q8_0
+                if isa == Isa::Avx512 && has_vnni() && acts.rows >= Q8_0_WIDE_MIN_ROWS =>
+            {
+                // SAFETY: the caller's contract; `bias32` is laid out wherever VNNI is.
+                unsafe { self.wide_cols(vnni::q8_0_wide, acts, cols, out) }
+            }
+            _ => cols,
+        };
+        let cols = match fast_cols_kernel(isa, self.ty, blocks) {
+            Some(kernel) if acts.rows == 1 => {
+                // SAFETY: the caller's contract.
+                unsafe { self.one_row_cols(kernel, acts, cols, out) }
+            }
             _ => cols,
         };
         for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
@@ -321,32 +327,33 @@ impl<'a> QuantView<'a> {
         j..cols.end
     }
 
-    /// Outputs `cols` of every activation row into `out` (`rows × n`) by `kernel`, [`COLS`]
+    /// Outputs `cols` of every activation row into `out` (`rows × n`) by `kernel`, [`WIDE`]
     /// columns at a time against each group of up to [`LANES`] rows, each group's weight rows
     /// read ahead while the previous group is multiplied; returns the columns left (fewer than
-    /// [`COLS`]).
+    /// [`WIDE`]).
     ///
     /// # Safety
     /// `out` points to `acts.rows × n` floats; `kernel` runs on this CPU, for this matrix's type.
-    unsafe fn rows_cols(
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn wide_cols(
         &self,
-        kernel: RowsColsKernel,
+        kernel: WideKernel,
         acts: &QuantActs,
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) -> std::ops::Range<usize> {
         let row_bytes = self.data.len() / self.n;
-        let group = |j: usize| &self.data[j * row_bytes..(j + COLS) * row_bytes];
+        let group = |j: usize| &self.data[j * row_bytes..(j + WIDE) * row_bytes];
         let mut j = cols.start;
-        if cols.len() >= COLS {
+        if cols.len() >= WIDE {
             prefetch(group(j));
         }
-        let mut got = [[0.0f32; COLS]; LANES];
-        while cols.end - j >= COLS {
+        let mut got = [[0.0f32; WIDE]; LANES];
+        while cols.end - j >= WIDE {
             for r0 in (0..acts.rows).step_by(LANES) {
                 // The next group is read ahead during the last row group's product.
-                let ahead = if r0 + LANES >= acts.rows && cols.end - j >= 2 * COLS {
-                    group(j + COLS)
+                let ahead = if r0 + LANES >= acts.rows && cols.end - j >= 2 * WIDE {
+                    group(j + WIDE)
                 } else {
                     &[]
                 };
@@ -360,7 +367,7 @@ impl<'a> QuantView<'a> {
                     }
                 }
             }
-            j += COLS;
+            j += WIDE;
         }
         j..cols.end
     }
@@ -418,6 +425,9 @@ pub struct QuantActs {
     d_by_block: Vec<f32>,
     /// Each block's sum of `q`, laid out as `d_by_block`.
     sum_by_block: Vec<i32>,
+    /// `−128 ×` each block's sum of `q`, `rows × k / block` (empty unless the VNNI `Q8_0`
+    /// kernel can run: 32-element blocks on a CPU with VNNI).
+    bias32: Vec<i32>,
 }
 
 /// The most float accumulators per output ([`block_lanes`]).
@@ -441,6 +451,11 @@ pub(crate) fn lanes_total(acc: &[f32; BLOCK_LANES]) -> f32 {
 /// Outputs of one activation row that a [`ColsKernel`] finishes together (one 8-lane vector of
 /// accumulators, one output per lane).
 pub(crate) const COLS: usize = 8;
+
+/// Outputs of the activation rows that the widest kernels finish together (one 16-lane vector
+/// of accumulators per row).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const WIDE: usize = 16;
 
 /// Rows whose products the AVX2 kernels finish together (one 8-lane vector of accumulators).
 pub(crate) const LANES: usize = 8;
@@ -486,6 +501,7 @@ impl QuantActs {
             lanes: rows.div_ceil(LANES) * LANES,
             d_by_block: Vec::new(),
             sum_by_block: Vec::new(),
+            bias32: Vec::new(),
         };
         for (b, (xs, qs)) in x
             .chunks_exact(block)
@@ -509,6 +525,14 @@ impl QuantActs {
             if rows >= AMX_MIN_ROWS && amx::amx_ready() {
                 acts.lay_out_amx();
             }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if block == 32 && has_vnni() {
+            acts.bias32 = acts
+                .sum16
+                .chunks_exact(2)
+                .map(|s| -128 * (s[0] + s[1]))
+                .collect();
         }
         acts
     }
@@ -712,25 +736,16 @@ type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 /// written to `out[j]`.
 type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
 
-/// [`COLS`] consecutive weight rows against the activation rows from the given one, up to
+/// [`WIDE`] consecutive weight rows against the activation rows from the given one, up to
 /// [`LANES`] of them: output `j` of row `r0 + i` written to `out[i][j]`.
-type RowsColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; COLS]; LANES]);
-
-/// The kernel for `ty` on `isa` that runs [`COLS`] outputs of `rows` activation rows side by
-/// side, where one beats the others (measured: BENCHMARKS "Several activation rows, eight
-/// outputs side by side"): Q8_0 with VNNI from [`Q8_0_COLS_MIN_ROWS`] rows.
-fn fast_rows_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<RowsColsKernel> {
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && has_vnni() && ty == GgmlType::Q8_0 && rows >= Q8_0_COLS_MIN_ROWS {
-        return Some(vnni::q8_0_cols_rows);
-    }
-    let _ = (isa, ty, rows);
-    None
-}
-
-/// Activation rows from which Q8_0 products run [`vnni::q8_0_cols_rows`].
 #[cfg(target_arch = "x86_64")]
-const Q8_0_COLS_MIN_ROWS: usize = 1;
+type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; WIDE]; LANES]);
+
+/// Activation rows from which Q8_0 products on VNNI run [`vnni::q8_0_wide`] (one row runs
+/// [`vnni::q8_0_cols`], measured faster there: BENCHMARKS "Q8_0, sixteen outputs in the
+/// lanes").
+#[cfg(target_arch = "x86_64")]
+const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
 /// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS
@@ -741,6 +756,7 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, blocks: usize) -> Option<ColsKernel>
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && has_vnni() {
         match ty {
+            GgmlType::Q8_0 => return Some(vnni::q8_0_cols),
             GgmlType::Q4_K => return Some(vnni::q4_k_cols::<false>),
             GgmlType::Q5_K => return Some(vnni::q4_k_cols::<true>),
             GgmlType::Q6_K if blocks <= 4 => return Some(vnni::q6_k_cols),

@@ -4,14 +4,15 @@
 //! activation bytes in [`VNNI_ORDER`], the integer scales applied by `vpmaddwd` on the lane sums
 //! narrowed to 16 bits (exact: each kernel bounds them), then [`drive`] sums the lanes (exact)
 //! and runs the float steps in the order of [`super`]'s docs: per row and lane the same exact
-//! integers and the same two roundings as the reference, so the same bits. And Q8_0 for eight
-//! weight rows side by side against several activation rows ([`q8_0_cols_rows`]).
+//! integers and the same two roundings as the reference, so the same bits. And Q8_0: eight
+//! weight rows side by side against one activation row ([`q8_0_cols`]), sixteen in the lanes
+//! against several ([`q8_0_wide`]).
 
 use super::x86::{
     by_row_groups, drive, drive_cols, fma_rows, halves, halves_of, k4_scales_reg, prefetch_part,
     BlockSums,
 };
-use super::{QuantActs, COLS, LANES};
+use super::{QuantActs, COLS, LANES, WIDE};
 use std::arch::x86_64::*;
 
 /// Where each 16-element chunk of a 256-element block sits in [`QuantActs`]' VNNI copy of the
@@ -305,87 +306,45 @@ unsafe fn q6_k_block<const N: usize>(
     }
 }
 
-/// `Q8_0` (34-byte blocks: an f16 scale, 32 signed bytes) for [`COLS`] consecutive weight rows
-/// (`rows`, whole blocks each) against the activation rows from `r0`, up to [`LANES`] of them:
-/// output `j` of row `r0 + i` in `out[i][j]`.
+/// `Q8_0` (34-byte blocks: an f16 scale, 32 signed bytes) against one activation row for
+/// [`COLS`] consecutive weight rows (`rows`, whole blocks each), output `j` in lane `j`. Per
+/// block, weight rows `i` and `4 + i` share a register; the activation block is made unsigned
+/// (`a ⊕ 0x80 = a + 128`) and each weight register's accumulator starts at `−128 · Σ w` of its
+/// 4-byte groups (a `vpdpbusd` against 128s), so one `vpdpbusd` per two weight rows gives
+/// `Σ a·w` per group exactly (a group's terms stay below 2^17), and [`half_sums`] adds the
+/// groups of each weight row (exact). Each lane's float step is [`fma_rows`]'s, the one-lane
+/// order of [`super`]'s docs, so the same bits.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0`
-/// blocks, `acts` quantized for them with as many blocks per row; `r0 < acts.rows`.
+/// blocks, `acts` one row quantized for them with as many blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_cols_rows(
-    rows: &[u8],
-    ahead: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    out: &mut [[f32; COLS]; LANES],
-) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match acts.rows - r0 {
-            1 => q8_0_cols_n::<1>(rows, ahead, acts, r0, out),
-            2 => q8_0_cols_n::<2>(rows, ahead, acts, r0, out),
-            3 => q8_0_cols_n::<3>(rows, ahead, acts, r0, out),
-            4 => q8_0_cols_n::<4>(rows, ahead, acts, r0, out),
-            5 => q8_0_cols_n::<5>(rows, ahead, acts, r0, out),
-            6 => q8_0_cols_n::<6>(rows, ahead, acts, r0, out),
-            7 => q8_0_cols_n::<7>(rows, ahead, acts, r0, out),
-            _ => q8_0_cols_n::<8>(rows, ahead, acts, r0, out),
-        }
-    }
-}
-
-/// [`q8_0_cols_rows`] for the `N` rows from `r0`. Per block, weight rows `i` and `4 + i` share
-/// a register; each activation block is made unsigned once (`a ⊕ 0x80 = a + 128`, shared by the
-/// eight weight rows) and each weight register's accumulator starts at `−128 · Σ w` of its
-/// 4-byte groups (one `vpdpbusd` against 128s, shared by the activation rows), so one `vpdpbusd`
-/// per two weight rows and activation row gives `Σ a·w` per group exactly (a group's terms stay
-/// below 2^17), and [`half_sums`] adds the groups of each weight row (exact). Each lane's float
-/// step is [`fma_rows`]'s, the one-lane order of [`super`]'s docs, so the same bits.
-///
-/// # Safety
-/// As [`q8_0_cols_rows`]; `r0 + N ≤ acts.rows`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_cols_n<const N: usize>(
-    rows: &[u8],
-    ahead: &[u8],
-    acts: &QuantActs,
-    r0: usize,
-    out: &mut [[f32; COLS]; LANES],
-) {
+pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
     let row_bytes = rows.len() / COLS;
     let blocks = row_bytes / 34;
     let bias = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
-    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
-    // (the caller's contract).
+    // SAFETY (whole body): every access stays inside `rows` and row 0 of `acts` (the caller's
+    // contract).
     unsafe {
-        let mut v = [_mm256_setzero_ps(); N];
+        let mut v = _mm256_setzero_ps();
         for b in 0..blocks {
             prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
             let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
-            let w: [__m512i; 4] = std::array::from_fn(|i| {
+            let a = acts.q.as_ptr().add(32 * b) as *const __m256i;
+            let a = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256(a)), bias);
+            let p = std::array::from_fn(|i| {
                 let lo = _mm256_loadu_si256(blk(i).add(2) as *const __m256i);
                 let hi = _mm256_loadu_si256(blk(4 + i).add(2) as *const __m256i);
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-            });
-            let start: [__m512i; 4] = std::array::from_fn(|i| {
-                _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w[i]))
+                let w = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                let start = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, bias, w));
+                _mm512_dpbusd_epi32(start, a, w)
             });
             let d = halves_of(std::array::from_fn(blk));
-            for (i, v) in v.iter_mut().enumerate() {
-                let r = r0 + i;
-                let a = acts.q.as_ptr().add(r * acts.k + 32 * b) as *const __m256i;
-                let a = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256(a)), bias);
-                let p = std::array::from_fn(|t| _mm512_dpbusd_epi32(start[t], a, w[t]));
-                let da = _mm256_set1_ps(*acts.d.get_unchecked(r * blocks + b));
-                *v = fma_rows(*v, d, da, half_sums(p));
-            }
+            let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
+            v = fma_rows(v, d, da, half_sums(p));
         }
-        for (o, v) in out.iter_mut().zip(v) {
-            _mm256_storeu_ps(o.as_mut_ptr(), v);
-        }
+        _mm256_storeu_ps(out.as_mut_ptr(), v);
     }
 }
 
@@ -407,4 +366,131 @@ fn half_sums(p: [__m512i; 4]) -> __m256i {
         _mm256_permute2x128_si256::<0x20>(lo, hi),
         _mm256_permute2x128_si256::<0x31>(lo, hi),
     )
+}
+
+/// `Q8_0` for [`WIDE`] consecutive weight rows (`rows`, whole blocks each) against the
+/// activation rows from `r0`, up to [`LANES`] of them: output `j` of row `r0 + i` in
+/// `out[i][j]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL/DQ, VNNI, FMA and F16C; `rows` is [`WIDE`] rows of whole `Q8_0`
+/// blocks, `acts` quantized for them with as many blocks per row (and its `bias32` laid out);
+/// `r0 < acts.rows`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q8_0_wide(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; WIDE]; LANES],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match acts.rows - r0 {
+            1 => q8_0_wide_n::<1>(rows, ahead, acts, r0, out),
+            2 => q8_0_wide_n::<2>(rows, ahead, acts, r0, out),
+            3 => q8_0_wide_n::<3>(rows, ahead, acts, r0, out),
+            4 => q8_0_wide_n::<4>(rows, ahead, acts, r0, out),
+            5 => q8_0_wide_n::<5>(rows, ahead, acts, r0, out),
+            6 => q8_0_wide_n::<6>(rows, ahead, acts, r0, out),
+            7 => q8_0_wide_n::<7>(rows, ahead, acts, r0, out),
+            _ => q8_0_wide_n::<8>(rows, ahead, acts, r0, out),
+        }
+    }
+}
+
+/// [`q8_0_wide`] for the `N` rows from `r0`. Per block, the sixteen weight rows' bytes are
+/// transposed ([`transposed`]) so that lane `j` of register `t` holds bytes `4t .. 4t + 4` of
+/// row `j`, and made unsigned (`w ⊕ 0x80 = w + 128`); then per activation row each register
+/// meets its 4 activation bytes broadcast to every lane in a `vpdpbusd`, the accumulator
+/// starting at `−128 · Σ a` of the block, so lane `j` ends holding `Σ a·w` of row `j` exactly
+/// (below 2^21 in magnitude on the way), with no sum across lanes. Each lane's float step is
+/// [`fma_rows`]'s, the one-lane order of [`super`]'s docs, so the same bits.
+///
+/// # Safety
+/// As [`q8_0_wide`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn q8_0_wide_n<const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; WIDE]; LANES],
+) {
+    let row_bytes = rows.len() / WIDE;
+    let blocks = row_bytes / 34;
+    let bias = _mm512_set1_epi8(-128);
+    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // (the caller's contract).
+    unsafe {
+        let mut v = [_mm512_setzero_ps(); N];
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
+            let w = transposed(std::array::from_fn(|j| blk(j).add(2)));
+            let w: [__m512i; 8] = std::array::from_fn(|t| _mm512_xor_si512(w[t], bias));
+            let d = _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(halves_of(std::array::from_fn(blk))),
+                halves_of(std::array::from_fn(|j| blk(8 + j))),
+            );
+            for (i, v) in v.iter_mut().enumerate() {
+                let at = (r0 + i) * blocks + b;
+                let a = acts.q.as_ptr().add(32 * at) as *const i32;
+                let mut s = _mm512_set1_epi32(*acts.bias32.get_unchecked(at));
+                for (t, w) in w.iter().enumerate() {
+                    let quad = _mm512_set1_epi32(std::ptr::read_unaligned(a.add(t)));
+                    s = _mm512_dpbusd_epi32(s, *w, quad);
+                }
+                let da = _mm512_set1_ps(*acts.d.get_unchecked(at));
+                *v = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s), *v);
+            }
+        }
+        for (o, v) in out.iter_mut().zip(v) {
+            _mm512_storeu_ps(o.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// The 32 bytes at each of sixteen addresses as eight registers: lane `j` of register `t`
+/// holds bytes `4t .. 4t + 4` from address `j` (a transpose of 32-bit words: row `j` and row
+/// `8 + j` share a register, then three rounds of shuffles within each 256-bit half).
+///
+/// # Safety
+/// 32 readable bytes at each address; the CPU has AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn transposed(at: [*const u8; 16]) -> [__m512i; 8] {
+    // SAFETY: the caller's contract.
+    let z: [__m512i; 8] = std::array::from_fn(|i| unsafe {
+        let lo = _mm256_loadu_si256(at[i] as *const __m256i);
+        let hi = _mm256_loadu_si256(at[8 + i] as *const __m256i);
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+    });
+    // Per 128-bit chunk of each half (rows i, i + 1; words c, c + 1 of the chunk).
+    let t: [__m512i; 8] = std::array::from_fn(|i| {
+        let (x, y) = (z[i & !1], z[i | 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(x, y)
+        } else {
+            _mm512_unpackhi_epi32(x, y)
+        }
+    });
+    // u[4g + c]: word c of each chunk (chunk A: word c, chunk B: word 4 + c) for rows 4g .. 4g + 4.
+    let u: [__m512i; 8] = std::array::from_fn(|m| {
+        let (g, c) = (m / 4, m % 4);
+        let (x, y) = (t[4 * g + c / 2], t[4 * g + 2 + c / 2]);
+        if c % 2 == 0 {
+            _mm512_unpacklo_epi64(x, y)
+        } else {
+            _mm512_unpackhi_epi64(x, y)
+        }
+    });
+    let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    std::array::from_fn(|w| {
+        let c = w % 4;
+        let index = if w < 4 { lo } else { hi };
+        _mm512_permutex2var_epi64(u[c], index, u[4 + c])
+    })
 }

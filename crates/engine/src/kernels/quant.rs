@@ -508,11 +508,7 @@ impl QuantActs {
             .zip(acts.q.chunks_exact_mut(block))
             .enumerate()
         {
-            acts.d[b] = if block == 256 {
-                quantize_q8_k(xs, qs)
-            } else {
-                quantize_q8_0(xs, qs)
-            };
+            acts.d[b] = quantize_block(xs, qs);
         }
         for (s, qs) in acts.sum16.iter_mut().zip(acts.q.chunks_exact(16)) {
             *s = qs.iter().map(|&v| v as i32).sum();
@@ -636,6 +632,30 @@ impl QuantActs {
 
 /// llama.cpp's `quantize_row_q8_K_ref` on one block of 256: the element of largest magnitude
 /// maps to −127, `q = round_half_even(x · (−127 / max))` (at most 127); returns `1 / iscale`.
+/// One activation block (256 elements: `q8_K`, 32: `q8_0`) into `q`; returns its scale. With
+/// AVX-512 on whole vectors (`quantize512`: the same bits), else by the functions below.
+fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if quantize512::available() {
+        // SAFETY: `available` said yes.
+        let fast = unsafe {
+            if x.len() == 256 {
+                quantize512::q8_k_block(x, q)
+            } else {
+                quantize512::q8_0_block(x, q)
+            }
+        };
+        if let Some(d) = fast {
+            return d;
+        }
+    }
+    if x.len() == 256 {
+        quantize_q8_k(x, q)
+    } else {
+        quantize_q8_0(x, q)
+    }
+}
+
 fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {
@@ -833,6 +853,9 @@ mod amx;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+
+#[cfg(target_arch = "x86_64")]
+mod quantize512;
 
 #[cfg(test)]
 mod tests {
@@ -1054,6 +1077,66 @@ mod tests {
             assert!(got == want, "{y}: {got} vs {want}");
             let (got, want) = (round_half_away_small(y), y.round());
             assert!(got == want, "{y}: {got} vs {want} (halves away from zero)");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx512_quantizers_give_the_scalar_ones_bits() {
+        if !quantize512::available() {
+            return;
+        }
+        let mut state = 5u64;
+        for len in [32usize, 256] {
+            let mut blocks: Vec<Vec<f32>> = Vec::new();
+            for scale in [1.0f32, 1e-3, 1e3, 1e30, 1e-36, 1e-40, 0.0] {
+                blocks.push((0..len).map(|_| scale * lcg(&mut state)).collect());
+            }
+            // Ties: with a largest magnitude of 127 the scale is 1, so halves stay halves.
+            for top in [127.0f32, -127.0] {
+                let mut b: Vec<f32> = (0..len).map(|i| (i as f32 - 40.0) / 2.0 % 63.0).collect();
+                b[7] = top;
+                blocks.push(b);
+            }
+            // Two elements of the largest magnitude with opposite signs: the first one counts.
+            let mut b: Vec<f32> = (0..len).map(|_| lcg(&mut state)).collect();
+            (b[3], b[9]) = (-5.0, 5.0);
+            blocks.push(b);
+            for b in &blocks {
+                let (mut fast, mut slow) = (vec![0i8; len], vec![0i8; len]);
+                // SAFETY: `available` said yes.
+                let got = unsafe {
+                    if len == 256 {
+                        quantize512::q8_k_block(b, &mut fast)
+                    } else {
+                        quantize512::q8_0_block(b, &mut fast)
+                    }
+                };
+                let want = if len == 256 {
+                    quantize_q8_k(b, &mut slow)
+                } else {
+                    quantize_q8_0(b, &mut slow)
+                };
+                if got.is_none() && b.iter().all(|v| v.abs() < 1e-37) {
+                    continue; // so small that the inverse scale overflows: the scalar path's
+                }
+                assert_eq!(got.map(f32::to_bits), Some(want.to_bits()), "{b:?}");
+                assert_eq!(fast, slow, "{b:?}");
+            }
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut b = vec![1.0f32; len];
+                b[len - 1] = bad;
+                let mut q = vec![0i8; len];
+                // SAFETY: as above.
+                let got = unsafe {
+                    if len == 256 {
+                        quantize512::q8_k_block(&b, &mut q)
+                    } else {
+                        quantize512::q8_0_block(&b, &mut q)
+                    }
+                };
+                assert_eq!(got, None, "{bad} is left to the scalar function");
+            }
         }
     }
 

@@ -42,7 +42,10 @@ fn main() {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
         GgmlType::Q5_0,
+        GgmlType::Q5_1,
     ] {
         if !wanted.is_empty() && !wanted.iter().any(|w| w.eq_ignore_ascii_case(ty.name())) {
             continue;

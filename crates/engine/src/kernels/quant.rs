@@ -242,14 +242,10 @@ impl<'a> QuantView<'a> {
             cols
         };
         #[cfg(target_arch = "x86_64")]
-        let cols = match self.ty {
-            GgmlType::Q8_0
-                if isa == Isa::Avx512 && has_vnni() && acts.rows >= Q8_0_WIDE_MIN_ROWS =>
-            {
-                // SAFETY: the caller's contract; `bias32` is laid out wherever VNNI is.
-                unsafe { self.wide_cols(vnni::q8_0_wide, acts, cols, out) }
-            }
-            _ => cols,
+        let cols = match fast_wide_kernel(isa, self.ty, acts.rows) {
+            // SAFETY: the caller's contract; `bias32` is laid out wherever VNNI is.
+            Some(kernel) => unsafe { self.wide_cols(kernel, acts, cols, out) },
+            None => cols,
         };
         let cols = match fast_cols_kernel(isa, self.ty, blocks) {
             Some(kernel) if acts.rows == 1 => {
@@ -761,11 +757,28 @@ type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
 #[cfg(target_arch = "x86_64")]
 type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; WIDE]; LANES]);
 
-/// Activation rows from which Q8_0 products on VNNI run [`vnni::q8_0_wide`] (one row runs
-/// [`vnni::q8_0_cols`], measured faster there: BENCHMARKS "Q8_0, sixteen outputs in the
-/// lanes").
+/// The kernel for `ty` on `isa` that runs [`WIDE`] outputs of `rows` activation rows in the
+/// lanes, where one beats the others: the 32-element types on VNNI from [`WIDE_MIN_ROWS`] rows.
 #[cfg(target_arch = "x86_64")]
-const Q8_0_WIDE_MIN_ROWS: usize = 2;
+fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
+    if isa != Isa::Avx512 || !has_vnni() || rows < WIDE_MIN_ROWS {
+        return None;
+    }
+    match ty {
+        GgmlType::Q8_0 => Some(vnni::q8_0_wide),
+        GgmlType::Q4_0 => Some(vnni::legacy_wide::<false, false>),
+        GgmlType::Q4_1 => Some(vnni::legacy_wide::<false, true>),
+        GgmlType::Q5_0 => Some(vnni::legacy_wide::<true, false>),
+        GgmlType::Q5_1 => Some(vnni::legacy_wide::<true, true>),
+        _ => None,
+    }
+}
+
+/// Activation rows from which the 32-element types on VNNI run [`fast_wide_kernel`]'s kernels
+/// (one row runs eight outputs side by side, measured faster there: BENCHMARKS "Q8_0, sixteen
+/// outputs in the lanes").
+#[cfg(target_arch = "x86_64")]
+const WIDE_MIN_ROWS: usize = 2;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
 /// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS

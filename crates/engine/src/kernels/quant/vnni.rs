@@ -494,3 +494,162 @@ unsafe fn transposed(at: [*const u8; 16]) -> [__m512i; 8] {
         _mm512_permutex2var_epi64(u[c], index, u[4 + c])
     })
 }
+
+/// The legacy 32-element types for [`WIDE`] consecutive weight rows against the activation
+/// rows from `r0`, up to [`LANES`] of them, as [`q8_0_wide`]: `Q4_0` (18-byte blocks: d, 16
+/// bytes of nibbles, values `q − 8`), with `MIN` `Q4_1` (20: d, m, nibbles; `d·q + m`), with
+/// `FIVE` `Q5_0` (22: d, 32 fifth bits, nibbles; `q − 16`) and both `Q5_1` (24: d, m, fifth bits,
+/// nibbles).
+///
+/// # Safety
+/// As [`q8_0_wide`], for the type.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn legacy_wide<const FIVE: bool, const MIN: bool>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; WIDE]; LANES],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match acts.rows - r0 {
+            1 => legacy_wide_n::<FIVE, MIN, 1>(rows, ahead, acts, r0, out),
+            2 => legacy_wide_n::<FIVE, MIN, 2>(rows, ahead, acts, r0, out),
+            3 => legacy_wide_n::<FIVE, MIN, 3>(rows, ahead, acts, r0, out),
+            4 => legacy_wide_n::<FIVE, MIN, 4>(rows, ahead, acts, r0, out),
+            5 => legacy_wide_n::<FIVE, MIN, 5>(rows, ahead, acts, r0, out),
+            6 => legacy_wide_n::<FIVE, MIN, 6>(rows, ahead, acts, r0, out),
+            7 => legacy_wide_n::<FIVE, MIN, 7>(rows, ahead, acts, r0, out),
+            _ => legacy_wide_n::<FIVE, MIN, 8>(rows, ahead, acts, r0, out),
+        }
+    }
+}
+
+/// [`legacy_wide`] for the `N` rows from `r0`. Per block the sixteen rows' nibble bytes are
+/// transposed ([`transposed_quarter`]), split into low nibbles (elements `4t .. 4t + 4` in
+/// register `t`) and high ones (elements `16 + 4t ..` in register `4 + t`, so again elements
+/// `4t ..`), and with `FIVE` each element's fifth bit (bit `e` of the row's 32 bits) is spread
+/// into bit 4 of its byte (`(bits · 0x00204081) & 0x01010101`, no carries). The values stay
+/// unsigned: the accumulator starts at `−8 · Σ a` (`Q4_0`), `−16 · Σ a` (`Q5_0`), both exact
+/// shifts of `bias32`, or at 0 for the types with a min, whose second float step multiplies
+/// `Σ a` (exact in f32). Float steps per lane in the order of [`super`]'s docs.
+///
+/// # Safety
+/// As [`legacy_wide`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn legacy_wide_n<const FIVE: bool, const MIN: bool, const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; WIDE]; LANES],
+) {
+    let head = if MIN { 4 } else { 2 };
+    let block = head + if FIVE { 4 } else { 0 } + 16;
+    let row_bytes = rows.len() / WIDE;
+    let blocks = row_bytes / block;
+    let nibble = _mm512_set1_epi8(0x0F);
+    let zero = _mm512_setzero_si512();
+    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // (the caller's contract).
+    unsafe {
+        let row_at = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(row_bytes as i32),
+        );
+        let mut v = [_mm512_setzero_ps(); N];
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + block * b);
+            let packed = transposed_quarter(std::array::from_fn(|j| blk(j).add(block - 16)));
+            let mut w: [__m512i; 8] = std::array::from_fn(|t| {
+                let p = packed[t % 4];
+                _mm512_and_si512(if t < 4 { p } else { _mm512_srli_epi16::<4>(p) }, nibble)
+            });
+            if FIVE {
+                let base = rows.as_ptr().add(block * b + head) as *const i32;
+                let qh = _mm512_i32gather_epi32::<1>(row_at, base);
+                for (t, w) in w.iter_mut().enumerate() {
+                    let bits = _mm512_and_si512(
+                        _mm512_srlv_epi32(qh, _mm512_set1_epi32(4 * t as i32)),
+                        _mm512_set1_epi32(0xF),
+                    );
+                    let spread = _mm512_and_si512(
+                        _mm512_mullo_epi32(bits, _mm512_set1_epi32(0x0020_4081)),
+                        _mm512_set1_epi32(0x0101_0101),
+                    );
+                    *w = _mm512_or_si512(*w, _mm512_slli_epi32::<4>(spread));
+                }
+            }
+            let scales = |at: usize| {
+                _mm512_insertf32x8::<1>(
+                    _mm512_castps256_ps512(halves_of(std::array::from_fn(|j| blk(j).add(at)))),
+                    halves_of(std::array::from_fn(|j| blk(8 + j).add(at))),
+                )
+            };
+            let d = scales(0);
+            let m = if MIN { scales(2) } else { _mm512_setzero_ps() };
+            for (i, v) in v.iter_mut().enumerate() {
+                let at = (r0 + i) * blocks + b;
+                let a = acts.q.as_ptr().add(32 * at) as *const i32;
+                let bias = _mm512_set1_epi32(*acts.bias32.get_unchecked(at));
+                let mut s = match (MIN, FIVE) {
+                    (true, _) => zero,
+                    (false, false) => _mm512_srai_epi32::<4>(bias),
+                    (false, true) => _mm512_srai_epi32::<3>(bias),
+                };
+                for (t, w) in w.iter().enumerate() {
+                    let quad = _mm512_set1_epi32(std::ptr::read_unaligned(a.add(t)));
+                    s = _mm512_dpbusd_epi32(s, *w, quad);
+                }
+                let da = _mm512_set1_ps(*acts.d.get_unchecked(at));
+                *v = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s), *v);
+                if MIN {
+                    // Σ a = −bias32 / 128, exactly.
+                    let sum =
+                        _mm512_cvtepi32_ps(_mm512_sub_epi32(zero, _mm512_srai_epi32::<7>(bias)));
+                    *v = _mm512_fmadd_ps(_mm512_mul_ps(m, da), sum, *v);
+                }
+            }
+        }
+        for (o, v) in out.iter_mut().zip(v) {
+            _mm512_storeu_ps(o.as_mut_ptr(), v);
+        }
+    }
+}
+
+/// The 16 bytes at each of sixteen addresses as four registers: lane `j` of register `t` holds
+/// bytes `4t .. 4t + 4` from address `j` (rows `i`, `4 + i`, `8 + i`, `12 + i` share a register
+/// by 128-bit chunk, then a 4 × 4 transpose of 32-bit words within each chunk).
+///
+/// # Safety
+/// 16 readable bytes at each address; the CPU has AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn transposed_quarter(at: [*const u8; 16]) -> [__m512i; 4] {
+    // SAFETY: the caller's contract.
+    let z: [__m512i; 4] = std::array::from_fn(|i| unsafe {
+        let chunk = |c: usize| _mm_loadu_si128(at[4 * c + i] as *const __m128i);
+        let z = _mm512_castsi128_si512(chunk(0));
+        let z = _mm512_inserti32x4::<1>(z, chunk(1));
+        let z = _mm512_inserti32x4::<2>(z, chunk(2));
+        _mm512_inserti32x4::<3>(z, chunk(3))
+    });
+    // Per chunk: [z0 w0, z1 w0, z0 w1, z1 w1] and [z0 w2, z1 w2, z0 w3, z1 w3], likewise z2, z3.
+    let (t0, t1) = (
+        _mm512_unpacklo_epi32(z[0], z[1]),
+        _mm512_unpackhi_epi32(z[0], z[1]),
+    );
+    let (t2, t3) = (
+        _mm512_unpacklo_epi32(z[2], z[3]),
+        _mm512_unpackhi_epi32(z[2], z[3]),
+    );
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}

@@ -758,14 +758,15 @@ type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
 type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; WIDE]; LANES]);
 
 /// The kernel for `ty` on `isa` that runs [`WIDE`] outputs of `rows` activation rows in the
-/// lanes, where one beats the others: the 32-element types on VNNI from [`WIDE_MIN_ROWS`] rows.
+/// lanes, where one beats the others: the 32-element types on VNNI (Q8_0 from
+/// [`Q8_0_WIDE_MIN_ROWS`] rows).
 #[cfg(target_arch = "x86_64")]
 fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
-    if isa != Isa::Avx512 || !has_vnni() || rows < WIDE_MIN_ROWS {
+    if isa != Isa::Avx512 || !has_vnni() {
         return None;
     }
     match ty {
-        GgmlType::Q8_0 => Some(vnni::q8_0_wide),
+        GgmlType::Q8_0 if rows >= Q8_0_WIDE_MIN_ROWS => Some(vnni::q8_0_wide),
         GgmlType::Q4_0 => Some(vnni::legacy_wide::<false, false>),
         GgmlType::Q4_1 => Some(vnni::legacy_wide::<false, true>),
         GgmlType::Q5_0 => Some(vnni::legacy_wide::<true, false>),
@@ -774,11 +775,12 @@ fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
     }
 }
 
-/// Activation rows from which the 32-element types on VNNI run [`fast_wide_kernel`]'s kernels
-/// (one row runs eight outputs side by side, measured faster there: BENCHMARKS "Q8_0, sixteen
-/// outputs in the lanes").
+/// Activation rows from which Q8_0 on VNNI runs [`vnni::q8_0_wide`] (one row runs eight
+/// outputs side by side, measured faster there: BENCHMARKS "Q8_0, sixteen outputs in the
+/// lanes"; the other 32-element types, whose transposes are a third as many, run in the lanes
+/// from one row).
 #[cfg(target_arch = "x86_64")]
-const WIDE_MIN_ROWS: usize = 2;
+const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
 /// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS

@@ -324,9 +324,8 @@ impl<'a> QuantView<'a> {
     }
 
     /// Outputs `cols` of every activation row into `out` (`rows × n`) by `kernel`, [`WIDE`]
-    /// columns at a time against each group of up to [`LANES`] rows, each group's weight rows
-    /// read ahead while the previous group is multiplied; returns the columns left (fewer than
-    /// [`WIDE`]).
+    /// columns at a time, each group's weight rows read ahead while the previous group is
+    /// multiplied; returns the columns left (fewer than [`WIDE`]).
     ///
     /// # Safety
     /// `out` points to `acts.rows × n` floats; `kernel` runs on this CPU, for this matrix's type.
@@ -344,23 +343,19 @@ impl<'a> QuantView<'a> {
         if cols.len() >= WIDE {
             prefetch(group(j));
         }
-        let mut got = [[0.0f32; WIDE]; LANES];
+        let mut got = vec![[0.0f32; WIDE]; acts.rows];
         while cols.end - j >= WIDE {
-            for r0 in (0..acts.rows).step_by(LANES) {
-                // The next group is read ahead during the last row group's product.
-                let ahead = if r0 + LANES >= acts.rows && cols.end - j >= 2 * WIDE {
-                    group(j + WIDE)
-                } else {
-                    &[]
-                };
-                // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
-                // `r0` a row of `acts`.
-                unsafe { kernel(group(j), ahead, acts, r0, &mut got) };
-                for (i, row) in got.iter().enumerate().take(acts.rows - r0) {
-                    for (c, &v) in row.iter().enumerate() {
-                        // SAFETY: `(r0 + i, j + c)` is inside `out` (the caller's contract).
-                        unsafe { *out.add((r0 + i) * self.n + j + c) = v };
-                    }
+            let ahead = if cols.end - j >= 2 * WIDE {
+                group(j + WIDE)
+            } else {
+                &[]
+            };
+            // SAFETY: the caller's contract; the group is `WIDE` whole rows of the type.
+            unsafe { kernel(group(j), ahead, acts, &mut got) };
+            for (r, row) in got.iter().enumerate() {
+                for (c, &v) in row.iter().enumerate() {
+                    // SAFETY: `(r, j + c)` is inside `out` (the caller's contract).
+                    unsafe { *out.add(r * self.n + j + c) = v };
                 }
             }
             j += WIDE;
@@ -752,10 +747,10 @@ type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 /// written to `out[j]`.
 type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
 
-/// [`WIDE`] consecutive weight rows against the activation rows from the given one, up to
-/// [`LANES`] of them: output `j` of row `r0 + i` written to `out[i][j]`.
+/// [`WIDE`] consecutive weight rows (and the next group's bytes to read ahead) against every
+/// activation row: output `j` of row `r` written to `out[r][j]`.
 #[cfg(target_arch = "x86_64")]
-type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; WIDE]; LANES]);
+type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [[f32; WIDE]]);
 
 /// The kernel for `ty` on `isa` that runs [`WIDE`] outputs of `rows` activation rows in the
 /// lanes, where one beats the others: the 32-element types on VNNI (Q8_0 from

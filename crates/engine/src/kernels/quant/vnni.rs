@@ -6,13 +6,16 @@
 //! and runs the float steps in the order of [`super`]'s docs: per row and lane the same exact
 //! integers and the same two roundings as the reference, so the same bits. And Q8_0: eight
 //! weight rows side by side against one activation row ([`q8_0_cols`]), sixteen in the lanes
-//! against several ([`q8_0_wide`]).
+//! against several ([`q8_0_wide`]), and the other 32-element types in the lanes
+//! ([`legacy_wide`]).
+//!
+//! [`LANES`]: super::LANES
 
 use super::x86::{
     by_row_groups, drive, drive_cols, fma_rows, halves, halves_of, k4_scales_reg, prefetch_part,
     BlockSums,
 };
-use super::{QuantActs, COLS, LANES, WIDE};
+use super::{QuantActs, COLS, WIDE};
 use std::arch::x86_64::*;
 
 /// Where each 16-element chunk of a 256-element block sits in [`QuantActs`]' VNNI copy of the
@@ -368,87 +371,133 @@ fn half_sums(p: [__m512i; 4]) -> __m256i {
     )
 }
 
-/// `Q8_0` for [`WIDE`] consecutive weight rows (`rows`, whole blocks each) against the
-/// activation rows from `r0`, up to [`LANES`] of them: output `j` of row `r0 + i` in
-/// `out[i][j]`.
+/// `Q8_0` for [`WIDE`] consecutive weight rows (`rows`, whole blocks each) against every
+/// activation row: output `j` of row `r` in `out[r][j]`. Per block the sixteen rows' bytes are
+/// transposed ([`transposed`]) and made unsigned (`w ⊕ 0x80 = w + 128`), and each row's
+/// accumulators start at `−128 · Σ a` of the block ([`drive_wide`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL/DQ, VNNI, FMA and F16C; `rows` is [`WIDE`] rows of whole `Q8_0`
-/// blocks, `acts` quantized for them with as many blocks per row (and its `bias32` laid out);
-/// `r0 < acts.rows`.
+/// blocks, `acts` quantized for them with as many blocks per row (its `bias32` laid out), `out`
+/// holds `acts.rows` rows.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_wide(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
-    r0: usize,
-    out: &mut [[f32; WIDE]; LANES],
+    out: &mut [[f32; WIDE]],
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        match acts.rows - r0 {
-            1 => q8_0_wide_n::<1>(rows, ahead, acts, r0, out),
-            2 => q8_0_wide_n::<2>(rows, ahead, acts, r0, out),
-            3 => q8_0_wide_n::<3>(rows, ahead, acts, r0, out),
-            4 => q8_0_wide_n::<4>(rows, ahead, acts, r0, out),
-            5 => q8_0_wide_n::<5>(rows, ahead, acts, r0, out),
-            6 => q8_0_wide_n::<6>(rows, ahead, acts, r0, out),
-            7 => q8_0_wide_n::<7>(rows, ahead, acts, r0, out),
-            _ => q8_0_wide_n::<8>(rows, ahead, acts, r0, out),
-        }
-    }
+    unsafe { by_row_groups!(q8_0_wide_rows<>, acts; rows, ahead, acts, out) }
 }
 
-/// [`q8_0_wide`] for the `N` rows from `r0`. Per block, the sixteen weight rows' bytes are
-/// transposed ([`transposed`]) so that lane `j` of register `t` holds bytes `4t .. 4t + 4` of
-/// row `j`, and made unsigned (`w ⊕ 0x80 = w + 128`); then per activation row each register
-/// meets its 4 activation bytes broadcast to every lane in a `vpdpbusd`, the accumulator
-/// starting at `−128 · Σ a` of the block, so lane `j` ends holding `Σ a·w` of row `j` exactly
-/// (below 2^21 in magnitude on the way), with no sum across lanes. Each lane's float step is
-/// [`fma_rows`]'s, the one-lane order of [`super`]'s docs, so the same bits.
+/// [`q8_0_wide`] for the `N` rows from `r0`.
 ///
 /// # Safety
 /// As [`q8_0_wide`]; `r0 + N ≤ acts.rows`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn q8_0_wide_n<const N: usize>(
+unsafe fn q8_0_wide_rows<const N: usize>(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
     r0: usize,
-    out: &mut [[f32; WIDE]; LANES],
 ) {
     let row_bytes = rows.len() / WIDE;
-    let blocks = row_bytes / 34;
     let bias = _mm512_set1_epi8(-128);
-    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // SAFETY: every access stays inside `rows` (the caller's contract).
+    unsafe {
+        drive_wide::<N, false, 0>(row_bytes / 34, ahead, acts, r0, out, |b| {
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
+            let w = transposed(std::array::from_fn(|j| blk(j).add(2)));
+            WideBlock {
+                w: std::array::from_fn(|t| _mm512_xor_si512(w[t], bias)),
+                d: wide_halves(blk),
+                m: _mm512_setzero_ps(),
+            }
+        });
+    }
+}
+
+/// One block of [`WIDE`] weight rows in the lanes: register `t` holds elements `4t .. 4t + 4`
+/// of each row as unsigned bytes, `d` (and `m`, for the types with a min) each row's scales.
+struct WideBlock {
+    w: [__m512i; 8],
+    d: __m512,
+    m: __m512,
+}
+
+/// Runs a wide kernel's block step (`block`, blocks `0 .. blocks` in order) against the `N`
+/// activation rows from `r0`, reading `ahead` a part per block. Per row and block, each register
+/// meets its 4 activation bytes broadcast to every lane in a `vpdpbusd`, the accumulator starting
+/// at `bias32 >> SHIFT` (the unsigned values' offset times `Σ a`, exact: `bias32` is
+/// `−128 · Σ a`) or, with `MIN`, at 0, so lane `j` ends holding row `j`'s exact integer sum
+/// (below 2^21 in magnitude on the way) with no sum across lanes; then the float steps of
+/// [`super`]'s docs per lane: `fma(d·da, S1)`, and with `MIN` `fma(m·da, Σ a)` (`Σ a` exact in
+/// f32). Output `j` of row `r0 + i` in `out[r0 + i][j]`.
+///
+/// # Safety
+/// The CPU has AVX-512 F and VNNI and FMA; `acts` has `blocks` 32-element blocks per row and its
+/// `bias32` laid out, `r0 + N ≤ acts.rows ≤ out.len()`.
+#[inline(always)]
+unsafe fn drive_wide<const N: usize, const MIN: bool, const SHIFT: u32>(
+    blocks: usize,
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; WIDE]],
+    block: impl Fn(usize) -> WideBlock,
+) {
+    // SAFETY (whole body): every access stays inside rows `r0 .. r0 + N` of `acts` and `out`
     // (the caller's contract).
     unsafe {
+        let zero = _mm512_setzero_si512();
         let mut v = [_mm512_setzero_ps(); N];
         for b in 0..blocks {
             prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
-            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 34 * b);
-            let w = transposed(std::array::from_fn(|j| blk(j).add(2)));
-            let w: [__m512i; 8] = std::array::from_fn(|t| _mm512_xor_si512(w[t], bias));
-            let d = _mm512_insertf32x8::<1>(
-                _mm512_castps256_ps512(halves_of(std::array::from_fn(blk))),
-                halves_of(std::array::from_fn(|j| blk(8 + j))),
-            );
+            let WideBlock { w, d, m } = block(b);
             for (i, v) in v.iter_mut().enumerate() {
                 let at = (r0 + i) * blocks + b;
                 let a = acts.q.as_ptr().add(32 * at) as *const i32;
-                let mut s = _mm512_set1_epi32(*acts.bias32.get_unchecked(at));
+                let bias = _mm512_set1_epi32(*acts.bias32.get_unchecked(at));
+                let mut s = if MIN {
+                    zero
+                } else {
+                    _mm512_srai_epi32::<SHIFT>(bias)
+                };
                 for (t, w) in w.iter().enumerate() {
                     let quad = _mm512_set1_epi32(std::ptr::read_unaligned(a.add(t)));
                     s = _mm512_dpbusd_epi32(s, *w, quad);
                 }
                 let da = _mm512_set1_ps(*acts.d.get_unchecked(at));
                 *v = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s), *v);
+                if MIN {
+                    // Σ a = −bias32 / 128, exactly.
+                    let sum = _mm512_sub_epi32(zero, _mm512_srai_epi32::<7>(bias));
+                    *v = _mm512_fmadd_ps(_mm512_mul_ps(m, da), _mm512_cvtepi32_ps(sum), *v);
+                }
             }
         }
-        for (o, v) in out.iter_mut().zip(v) {
-            _mm512_storeu_ps(o.as_mut_ptr(), v);
+        for (i, v) in v.into_iter().enumerate() {
+            _mm512_storeu_ps(out[r0 + i].as_mut_ptr(), v);
         }
+    }
+}
+
+/// The f16 at `at(j)` for each of the [`WIDE`] rows `j`, widened exactly, in lane `j`.
+///
+/// # Safety
+/// Two readable bytes at each address; the CPU has AVX-512 F/DQ and F16C.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq,avx2,f16c")]
+unsafe fn wide_halves(at: impl Fn(usize) -> *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(halves_of(std::array::from_fn(&at))),
+            halves_of(std::array::from_fn(|j| at(8 + j))),
+        )
     }
 }
 
@@ -495,11 +544,10 @@ unsafe fn transposed(at: [*const u8; 16]) -> [__m512i; 8] {
     })
 }
 
-/// The legacy 32-element types for [`WIDE`] consecutive weight rows against the activation
-/// rows from `r0`, up to [`LANES`] of them, as [`q8_0_wide`]: `Q4_0` (18-byte blocks: d, 16
-/// bytes of nibbles, values `q − 8`), with `MIN` `Q4_1` (20: d, m, nibbles; `d·q + m`), with
-/// `FIVE` `Q5_0` (22: d, 32 fifth bits, nibbles; `q − 16`) and both `Q5_1` (24: d, m, fifth bits,
-/// nibbles).
+/// The legacy 32-element types for [`WIDE`] consecutive weight rows against every activation
+/// row, as [`q8_0_wide`]: `Q4_0` (18-byte blocks: d, 16 bytes of nibbles, values `q − 8`), with
+/// `MIN` `Q4_1` (20: d, m, nibbles; `d·q + m`), with `FIVE` `Q5_0` (22: d, 32 fifth bits,
+/// nibbles; `q − 16`) and both `Q5_1` (24: d, m, fifth bits, nibbles).
 ///
 /// # Safety
 /// As [`q8_0_wide`], for the type.
@@ -508,22 +556,10 @@ pub(super) unsafe fn legacy_wide<const FIVE: bool, const MIN: bool>(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
-    r0: usize,
-    out: &mut [[f32; WIDE]; LANES],
+    out: &mut [[f32; WIDE]],
 ) {
     // SAFETY: the caller's contract.
-    unsafe {
-        match acts.rows - r0 {
-            1 => legacy_wide_n::<FIVE, MIN, 1>(rows, ahead, acts, r0, out),
-            2 => legacy_wide_n::<FIVE, MIN, 2>(rows, ahead, acts, r0, out),
-            3 => legacy_wide_n::<FIVE, MIN, 3>(rows, ahead, acts, r0, out),
-            4 => legacy_wide_n::<FIVE, MIN, 4>(rows, ahead, acts, r0, out),
-            5 => legacy_wide_n::<FIVE, MIN, 5>(rows, ahead, acts, r0, out),
-            6 => legacy_wide_n::<FIVE, MIN, 6>(rows, ahead, acts, r0, out),
-            7 => legacy_wide_n::<FIVE, MIN, 7>(rows, ahead, acts, r0, out),
-            _ => legacy_wide_n::<FIVE, MIN, 8>(rows, ahead, acts, r0, out),
-        }
-    }
+    unsafe { by_row_groups!(legacy_wide_rows<FIVE, MIN>, acts; rows, ahead, acts, out) }
 }
 
 /// [`legacy_wide`] for the `N` rows from `r0`. Per block the sixteen rows' nibble bytes are
@@ -531,37 +567,31 @@ pub(super) unsafe fn legacy_wide<const FIVE: bool, const MIN: bool>(
 /// register `t`) and high ones (elements `16 + 4t ..` in register `4 + t`, so again elements
 /// `4t ..`), and with `FIVE` each element's fifth bit (bit `e` of the row's 32 bits) is spread
 /// into bit 4 of its byte (`(bits · 0x00204081) & 0x01010101`, no carries). The values stay
-/// unsigned: the accumulator starts at `−8 · Σ a` (`Q4_0`), `−16 · Σ a` (`Q5_0`), both exact
-/// shifts of `bias32`, or at 0 for the types with a min, whose second float step multiplies
-/// `Σ a` (exact in f32). Float steps per lane in the order of [`super`]'s docs.
+/// unsigned: the accumulators start at `−8 · Σ a` (`Q4_0`) or `−16 · Σ a` (`Q5_0`), or at 0 for
+/// the types with a min ([`drive_wide`]).
 ///
 /// # Safety
 /// As [`legacy_wide`]; `r0 + N ≤ acts.rows`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
-unsafe fn legacy_wide_n<const FIVE: bool, const MIN: bool, const N: usize>(
+unsafe fn legacy_wide_rows<const FIVE: bool, const MIN: bool, const N: usize>(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
     r0: usize,
-    out: &mut [[f32; WIDE]; LANES],
 ) {
     let head = if MIN { 4 } else { 2 };
     let block = head + if FIVE { 4 } else { 0 } + 16;
     let row_bytes = rows.len() / WIDE;
-    let blocks = row_bytes / block;
     let nibble = _mm512_set1_epi8(0x0F);
-    let zero = _mm512_setzero_si512();
-    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
-    // (the caller's contract).
-    unsafe {
-        let row_at = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(row_bytes as i32),
-        );
-        let mut v = [_mm512_setzero_ps(); N];
-        for b in 0..blocks {
-            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+    let row_at = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(row_bytes as i32),
+    );
+    let step = |b: usize| {
+        // SAFETY: every access stays inside `rows` (the caller's contract).
+        unsafe {
             let blk = |j: usize| rows.as_ptr().add(j * row_bytes + block * b);
             let packed = transposed_quarter(std::array::from_fn(|j| blk(j).add(block - 16)));
             let mut w: [__m512i; 8] = std::array::from_fn(|t| {
@@ -583,39 +613,27 @@ unsafe fn legacy_wide_n<const FIVE: bool, const MIN: bool, const N: usize>(
                     *w = _mm512_or_si512(*w, _mm512_slli_epi32::<4>(spread));
                 }
             }
-            let scales = |at: usize| {
-                _mm512_insertf32x8::<1>(
-                    _mm512_castps256_ps512(halves_of(std::array::from_fn(|j| blk(j).add(at)))),
-                    halves_of(std::array::from_fn(|j| blk(8 + j).add(at))),
-                )
-            };
-            let d = scales(0);
-            let m = if MIN { scales(2) } else { _mm512_setzero_ps() };
-            for (i, v) in v.iter_mut().enumerate() {
-                let at = (r0 + i) * blocks + b;
-                let a = acts.q.as_ptr().add(32 * at) as *const i32;
-                let bias = _mm512_set1_epi32(*acts.bias32.get_unchecked(at));
-                let mut s = match (MIN, FIVE) {
-                    (true, _) => zero,
-                    (false, false) => _mm512_srai_epi32::<4>(bias),
-                    (false, true) => _mm512_srai_epi32::<3>(bias),
-                };
-                for (t, w) in w.iter().enumerate() {
-                    let quad = _mm512_set1_epi32(std::ptr::read_unaligned(a.add(t)));
-                    s = _mm512_dpbusd_epi32(s, *w, quad);
-                }
-                let da = _mm512_set1_ps(*acts.d.get_unchecked(at));
-                *v = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s), *v);
-                if MIN {
-                    // Σ a = −bias32 / 128, exactly.
-                    let sum =
-                        _mm512_cvtepi32_ps(_mm512_sub_epi32(zero, _mm512_srai_epi32::<7>(bias)));
-                    *v = _mm512_fmadd_ps(_mm512_mul_ps(m, da), sum, *v);
-                }
+            WideBlock {
+                w,
+                d: wide_halves(blk),
+                m: if MIN {
+                    wide_halves(|j| blk(j).add(2))
+                } else {
+                    _mm512_setzero_ps()
+                },
             }
         }
-        for (o, v) in out.iter_mut().zip(v) {
-            _mm512_storeu_ps(o.as_mut_ptr(), v);
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (MIN, FIVE) {
+            (true, _) => drive_wide::<N, true, 0>(row_bytes / block, ahead, acts, r0, out, step),
+            (false, false) => {
+                drive_wide::<N, false, 4>(row_bytes / block, ahead, acts, r0, out, step)
+            }
+            (false, true) => {
+                drive_wide::<N, false, 3>(row_bytes / block, ahead, acts, r0, out, step)
+            }
         }
     }
 }

@@ -24,7 +24,8 @@
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
 //! one fixed sequence per output, so the AMX kernel (Q4_K from 8 rows, Q5_K from 12), the
-//! AVX-512 VNNI kernels (Q4_K, Q5_K, Q6_K), the AVX2 ones and the portable reference
+//! AVX-512 VNNI kernels (Q4_K, Q5_K, Q6_K, and the 32-element types with sixteen outputs in the
+//! lanes), the AVX2 ones and the portable reference
 //! ([`block_reference`]) give identical bits; tests hold them to it. Each row's activations are
 //! quantized from that row alone, so no row depends on another.
 //!
@@ -416,8 +417,8 @@ pub struct QuantActs {
     d_by_block: Vec<f32>,
     /// Each block's sum of `q`, laid out as `d_by_block`.
     sum_by_block: Vec<i32>,
-    /// `−128 ×` each block's sum of `q`, `rows × k / block` (empty unless the VNNI `Q8_0`
-    /// kernel can run: 32-element blocks on a CPU with VNNI).
+    /// `−128 ×` each block's sum of `q`, `rows × k / block` (empty unless the VNNI kernels of
+    /// the 32-element types can run: 32-element blocks on a CPU with VNNI).
     bias32: Vec<i32>,
 }
 
@@ -621,8 +622,6 @@ impl QuantActs {
     }
 }
 
-/// llama.cpp's `quantize_row_q8_K_ref` on one block of 256: the element of largest magnitude
-/// maps to −127, `q = round_half_even(x · (−127 / max))` (at most 127); returns `1 / iscale`.
 /// One activation block (256 elements: `q8_K`, 32: `q8_0`) into `q`; returns its scale. With
 /// AVX-512 on whole vectors (`quantize512`: the same bits), else by the functions below.
 fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
@@ -647,6 +646,8 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     }
 }
 
+/// llama.cpp's `quantize_row_q8_K_ref` on one block of 256: the element of largest magnitude
+/// maps to −127, `q = round_half_even(x · (−127 / max))` (at most 127); returns `1 / iscale`.
 fn quantize_q8_k(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 {

@@ -377,10 +377,10 @@ fn half_sums(p: [__m512i; 4]) -> __m256i {
 /// accumulators start at `−128 · Σ a` of the block ([`drive_wide`]).
 ///
 /// # Safety
-/// The CPU has AVX-512 F/BW/VL/DQ, VNNI, FMA and F16C; `rows` is [`WIDE`] rows of whole `Q8_0`
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`WIDE`] rows of whole `Q8_0`
 /// blocks, `acts` quantized for them with as many blocks per row (its `bias32` laid out), `out`
 /// holds `acts.rows` rows.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_wide(
     rows: &[u8],
     ahead: &[u8],
@@ -396,7 +396,7 @@ pub(super) unsafe fn q8_0_wide(
 /// # Safety
 /// As [`q8_0_wide`]; `r0 + N ≤ acts.rows`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn q8_0_wide_rows<const N: usize>(
     rows: &[u8],
     ahead: &[u8],
@@ -488,16 +488,16 @@ unsafe fn drive_wide<const N: usize, const MIN: bool, const SHIFT: u32>(
 /// The f16 at `at(j)` for each of the [`WIDE`] rows `j`, widened exactly, in lane `j`.
 ///
 /// # Safety
-/// Two readable bytes at each address; the CPU has AVX-512 F/DQ and F16C.
+/// Two readable bytes at each address; the CPU has AVX-512 F and F16C.
 #[inline]
-#[target_feature(enable = "avx512f,avx512dq,avx2,f16c")]
+#[target_feature(enable = "avx512f,avx2,f16c")]
 unsafe fn wide_halves(at: impl Fn(usize) -> *const u8) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe {
-        _mm512_insertf32x8::<1>(
-            _mm512_castps256_ps512(halves_of(std::array::from_fn(&at))),
-            halves_of(std::array::from_fn(|j| at(8 + j))),
-        )
+        let lo = _mm512_castps_pd(_mm512_castps256_ps512(halves_of(std::array::from_fn(&at))));
+        let hi = _mm256_castps_pd(halves_of(std::array::from_fn(|j| at(8 + j))));
+        // `vinsertf64x4` (AVX-512 F) moves the eight floats' bits as four doubles, unchanged.
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, hi))
     }
 }
 
@@ -551,7 +551,7 @@ unsafe fn transposed(at: [*const u8; 16]) -> [__m512i; 8] {
 ///
 /// # Safety
 /// As [`q8_0_wide`], for the type.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn legacy_wide<const FIVE: bool, const MIN: bool>(
     rows: &[u8],
     ahead: &[u8],
@@ -573,7 +573,7 @@ pub(super) unsafe fn legacy_wide<const FIVE: bool, const MIN: bool>(
 /// # Safety
 /// As [`legacy_wide`]; `r0 + N ≤ acts.rows`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn legacy_wide_rows<const FIVE: bool, const MIN: bool, const N: usize>(
     rows: &[u8],
     ahead: &[u8],

@@ -286,9 +286,35 @@ impl<'a> QuantView<'a> {
         }
     }
 
-    /// Outputs `cols` of one activation row into `out` by `kernel`, [`COLS`] at a time, each
-    /// group's rows read ahead a part per block while the previous group is multiplied;
-    /// returns the columns left (fewer than [`COLS`]).
+    /// Runs `each(j, group, ahead)` for each group of `W` consecutive weight rows from
+    /// `cols.start` (`group`: rows `j .. j + W`; `ahead`: the next group's, empty for the last,
+    /// for the kernel to read ahead while it multiplies), the first group read ahead here;
+    /// returns the columns left (fewer than `W`).
+    fn by_groups<const W: usize>(
+        &self,
+        cols: std::ops::Range<usize>,
+        mut each: impl FnMut(usize, &[u8], &[u8]),
+    ) -> std::ops::Range<usize> {
+        let row_bytes = self.data.len() / self.n;
+        let group = |j: usize| &self.data[j * row_bytes..(j + W) * row_bytes];
+        let mut j = cols.start;
+        if cols.len() >= W {
+            prefetch(group(j));
+        }
+        while cols.end - j >= W {
+            let ahead = if cols.end - j >= 2 * W {
+                group(j + W)
+            } else {
+                &[]
+            };
+            each(j, group(j), ahead);
+            j += W;
+        }
+        j..cols.end
+    }
+
+    /// Outputs `cols` of one activation row into `out` by `kernel`, [`COLS`] at a time
+    /// ([`QuantView::by_groups`]); returns the columns left (fewer than [`COLS`]).
     ///
     /// # Safety
     /// `out` points to `n` floats; `kernel` runs on this CPU, for this matrix's type.
@@ -299,34 +325,21 @@ impl<'a> QuantView<'a> {
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) -> std::ops::Range<usize> {
-        let row_bytes = self.data.len() / self.n;
-        let group = |j: usize| &self.data[j * row_bytes..(j + COLS) * row_bytes];
-        let mut j = cols.start;
-        if cols.len() >= COLS {
-            prefetch(group(j));
-        }
-        while cols.end - j >= COLS {
-            let ahead = if cols.end - j >= 2 * COLS {
-                group(j + COLS)
-            } else {
-                &[]
-            };
+        self.by_groups::<COLS>(cols, |j, group, ahead| {
             let mut got = [0.0f32; COLS];
             // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
             // `acts` one row quantized for them.
-            unsafe { kernel(group(j), ahead, acts, &mut got) };
+            unsafe { kernel(group, ahead, acts, &mut got) };
             for (i, v) in got.into_iter().enumerate() {
                 // SAFETY: `j + i` is a column inside `out` (the caller's contract).
                 unsafe { *out.add(j + i) = v };
             }
-            j += COLS;
-        }
-        j..cols.end
+        })
     }
 
     /// Outputs `cols` of every activation row into `out` (`rows × n`) by `kernel`, [`WIDE`]
-    /// columns at a time, each group's weight rows read ahead while the previous group is
-    /// multiplied; returns the columns left (fewer than [`WIDE`]).
+    /// columns at a time ([`QuantView::by_groups`]); returns the columns left (fewer than
+    /// [`WIDE`]).
     ///
     /// # Safety
     /// `out` points to `acts.rows × n` floats; `kernel` runs on this CPU, for this matrix's type.
@@ -338,30 +351,17 @@ impl<'a> QuantView<'a> {
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) -> std::ops::Range<usize> {
-        let row_bytes = self.data.len() / self.n;
-        let group = |j: usize| &self.data[j * row_bytes..(j + WIDE) * row_bytes];
-        let mut j = cols.start;
-        if cols.len() >= WIDE {
-            prefetch(group(j));
-        }
         let mut got = vec![[0.0f32; WIDE]; acts.rows];
-        while cols.end - j >= WIDE {
-            let ahead = if cols.end - j >= 2 * WIDE {
-                group(j + WIDE)
-            } else {
-                &[]
-            };
+        self.by_groups::<WIDE>(cols, |j, group, ahead| {
             // SAFETY: the caller's contract; the group is `WIDE` whole rows of the type.
-            unsafe { kernel(group(j), ahead, acts, &mut got) };
+            unsafe { kernel(group, ahead, acts, &mut got) };
             for (r, row) in got.iter().enumerate() {
                 for (c, &v) in row.iter().enumerate() {
                     // SAFETY: `(r, j + c)` is inside `out` (the caller's contract).
                     unsafe { *out.add(r * self.n + j + c) = v };
                 }
             }
-            j += WIDE;
-        }
-        j..cols.end
+        })
     }
 }
 

@@ -628,17 +628,15 @@ fn quantize_block(x: &[f32], q: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if quantize512::available() {
         // SAFETY: `available` said yes.
-        let fast = unsafe {
-            if x.len() == 256 {
-                quantize512::q8_k_block(x, q)
-            } else {
-                quantize512::q8_0_block(x, q)
-            }
-        };
-        if let Some(d) = fast {
+        if let Some(d) = unsafe { quantize512::block(x, q) } {
             return d;
         }
     }
+    quantize_scalar(x, q)
+}
+
+/// [`quantize_q8_k`] for a block of 256, [`quantize_q8_0`] otherwise (32).
+fn quantize_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     if x.len() == 256 {
         quantize_q8_k(x, q)
     } else {
@@ -1116,18 +1114,8 @@ mod tests {
             for b in &blocks {
                 let (mut fast, mut slow) = (vec![0i8; len], vec![0i8; len]);
                 // SAFETY: `available` said yes.
-                let got = unsafe {
-                    if len == 256 {
-                        quantize512::q8_k_block(b, &mut fast)
-                    } else {
-                        quantize512::q8_0_block(b, &mut fast)
-                    }
-                };
-                let want = if len == 256 {
-                    quantize_q8_k(b, &mut slow)
-                } else {
-                    quantize_q8_0(b, &mut slow)
-                };
+                let got = unsafe { quantize512::block(b, &mut fast) };
+                let want = quantize_scalar(b, &mut slow);
                 if got.is_none() && b.iter().all(|v| v.abs() < 1e-37) {
                     continue; // so small that the inverse scale overflows: the scalar path's
                 }
@@ -1139,13 +1127,7 @@ mod tests {
                 b[len - 1] = bad;
                 let mut q = vec![0i8; len];
                 // SAFETY: as above.
-                let got = unsafe {
-                    if len == 256 {
-                        quantize512::q8_k_block(&b, &mut q)
-                    } else {
-                        quantize512::q8_0_block(&b, &mut q)
-                    }
-                };
+                let got = unsafe { quantize512::block(&b, &mut q) };
                 assert_eq!(got, None, "{bad} is left to the scalar function");
             }
         }

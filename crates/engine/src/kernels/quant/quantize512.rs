@@ -1,7 +1,8 @@
 //! Activation blocks quantized with AVX-512 (x86-64): [`super`]'s `quantize_q8_0` and
 //! `quantize_q8_k` on whole vectors, the same operations in the same IEEE arithmetic, so the same
-//! integers and scales. Blocks holding a non-finite value are left to the scalar functions
-//! (`None`), whose handling of them these do not copy. Not the products (the other modules).
+//! integers and scales. Blocks holding a non-finite value, or so small that the inverse scale
+//! overflows, are left to the scalar functions (`None`), whose saturating conversions of
+//! infinities these do not copy. Not the products (the other modules).
 
 use std::arch::x86_64::*;
 
@@ -9,6 +10,21 @@ use std::arch::x86_64::*;
 pub(super) fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("f16c"))
+}
+
+/// [`q8_k_block`] for a block of 256, [`q8_0_block`] otherwise (32).
+///
+/// # Safety
+/// [`available`] said yes.
+pub(super) unsafe fn block(x: &[f32], q: &mut [i8]) -> Option<f32> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if x.len() == 256 {
+            q8_k_block(x, q)
+        } else {
+            q8_0_block(x, q)
+        }
+    }
 }
 
 /// Whether every lane of `v` is finite.
@@ -57,7 +73,7 @@ unsafe fn store_bytes(r: __m512, q: *mut i8) {
 /// # Safety
 /// [`available`] said yes.
 #[target_feature(enable = "avx512f,f16c")]
-pub(super) unsafe fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<f32> {
+unsafe fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<f32> {
     assert!(x.len() == 32 && q.len() == 32);
     // SAFETY: 32 floats and 32 bytes (asserted).
     unsafe {
@@ -95,7 +111,7 @@ pub(super) unsafe fn q8_0_block(x: &[f32], q: &mut [i8]) -> Option<f32> {
 /// # Safety
 /// [`available`] said yes.
 #[target_feature(enable = "avx512f,f16c")]
-pub(super) unsafe fn q8_k_block(x: &[f32], q: &mut [i8]) -> Option<f32> {
+unsafe fn q8_k_block(x: &[f32], q: &mut [i8]) -> Option<f32> {
     assert!(x.len() == 256 && q.len() == 256);
     // SAFETY: 256 floats and 256 bytes (asserted).
     unsafe {

@@ -121,8 +121,7 @@ fn drafters_that_do_not_fit_the_target_are_refused() {
         let why = refuse(&cfg);
         assert!(why.contains(says), "{why}");
     }
-    let tmp = std::env::temp_dir().join(format!("specfit-eagle-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = temp_dir("eagle-bad");
     std::fs::copy(dir.join("model.safetensors"), tmp.join("model.safetensors")).unwrap();
     let cfg = std::fs::read_to_string(dir.join("config.json"))
         .unwrap()

@@ -362,8 +362,7 @@ fn bad_checkpoints_and_inputs_give_clear_errors() {
         "token id 9999 at position 1 is outside the vocabulary (vocab_size = 256)"
     );
     // A truncated copy of the weights.
-    let tmp = std::env::temp_dir().join(format!("specfit-bad-ckpt-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).unwrap();
+    let tmp = temp_dir("bad-ckpt");
     std::fs::copy(dir.join("config.json"), tmp.join("config.json")).unwrap();
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     std::fs::write(tmp.join("model.safetensors"), &bytes[..bytes.len() / 2]).unwrap();

@@ -60,8 +60,7 @@ fn the_shipped_target_matches_transformers_logits_routes_and_greedy_tokens() {
             let (_, mut c) = match tier_slots {
                 None => load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap(),
                 Some(s) => {
-                    let file = std::env::temp_dir()
-                        .join(format!("specfit-shipped-{}.experts", std::process::id()));
+                    let file = temp_dir("shipped").join("target.experts");
                     specfit_engine::experts::convert(&dir, &file, None).unwrap();
                     let loaded =
                         load_target(&dir, &Tier::Disk(file.clone()), s, CacheMode::Lru, None)

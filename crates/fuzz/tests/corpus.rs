@@ -48,8 +48,7 @@ fn every_target_has_seeds() {
 
 #[test]
 fn the_model_seeds_load_and_run_a_forward() {
-    let dir = std::env::temp_dir().join(format!("specfit-fuzz-seeds-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("seeds");
     let st = dir.join("tiny");
     std::fs::create_dir_all(&st).unwrap();
     std::fs::write(st.join("config.json"), seeds::tiny_config_json()).unwrap();
@@ -105,8 +104,7 @@ fn a_gguf_claiming_four_billion_layers_is_refused_naming_the_key() {
         + key.len();
     // After the key: the value's type (u32, 4 bytes) and the value (u32).
     bytes[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
-    let dir = std::env::temp_dir().join(format!("specfit-fuzz-layers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("layers");
     let path = dir.join("huge.gguf");
     std::fs::write(&path, &bytes).unwrap();
     let err = specfit_engine::Qwen3MoeConfig::load(&path)
@@ -126,4 +124,13 @@ fn a_tensor_whose_data_would_end_past_two_to_the_64_is_refused() {
     let bytes = std::fs::read(path).unwrap();
     let err = specfit_gguf::Gguf::parse(&bytes).unwrap_err().to_string();
     assert!(err.contains("the data of tensor"), "{err}");
+}
+
+/// This test's folder under cargo's `target/tmp`, emptied first (so runs neither see nor pile up
+/// each other's files).
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("specfit-fuzz-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }

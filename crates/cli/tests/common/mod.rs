@@ -106,8 +106,15 @@ pub fn ok(args: &[&str]) -> Output {
     out
 }
 
+/// `name` in this test binary's scratch folder under cargo's `target/tmp`, which is emptied the
+/// first time this process asks for it (so runs neither see nor pile up each other's files).
 pub fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specfit-cli-{}", std::process::id()));
+    static EMPTIED: std::sync::Once = std::sync::Once::new();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("specfit-cli-{}", env!("CARGO_CRATE_NAME")));
+    EMPTIED.call_once(|| {
+        let _ = std::fs::remove_dir_all(&dir);
+    });
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }

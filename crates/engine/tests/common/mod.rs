@@ -3,7 +3,9 @@
 //! test file uses the part it needs.
 #![allow(dead_code)]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use serde_json::Value;
 use specfit_engine::spec::{Routes, Speculation, Start};
@@ -51,9 +53,17 @@ pub fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// A fresh folder under the system temp dir, unique to this process and `tag`.
+/// This test binary's folder for `tag` under cargo's `target/tmp`, emptied the first time this
+/// process asks for it: a run never sees an earlier run's files, and each run's files replace
+/// the previous run's instead of piling up in the system temp dir (one inflation is 0.7 GB).
 pub fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("specfit-{tag}-{}", std::process::id()));
+    static EMPTIED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("specfit-{}-{tag}", env!("CARGO_CRATE_NAME")));
+    let mut emptied = EMPTIED.lock().unwrap_or_else(|e| e.into_inner());
+    if emptied.insert(tag.to_string()) {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{Objective, Selector, VerifyPolicy};
+use specfit_sim::oracle::simulate_oracle;
 use specfit_sim::synth::{self, SynthParams};
 use specfit_sim::{calibrate_on, fit_confidence, preset, simulate, topk_acceptance, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
@@ -133,10 +134,14 @@ pub fn run(args: &Args) -> Result<()> {
                 specfit(machine.true_cost.clone())?.residency(true),
             ),
         ];
-        let results: Vec<(&str, specfit_sim::SimReport)> = policies
+        let mut results: Vec<(&str, specfit_sim::SimReport)> = policies
             .iter()
             .map(|(name, p)| Ok((*name, simulate(&header, &steps, p, &config)?)))
             .collect::<Result<_>>()?;
+        // What a selector that knew which drafts the target takes would reach (a reference,
+        // not a policy: it reads the future from the trace).
+        let oracle = simulate_oracle(&header, std::slice::from_ref(&steps), k, &config)?;
+        results.push(("oracle", oracle));
         let ar = results[0].1.tokens_per_second();
         let eagle = results[1].1.tokens_per_second();
         for (name, r) in &results {
@@ -150,8 +155,8 @@ pub fn run(args: &Args) -> Result<()> {
                 },
                 tps / ar,
                 100.0 * (tps / eagle - 1.0),
-                r.committed as f64 / r.cycles.max(1) as f64,
-                r.verified_nodes as f64 / r.cycles.max(1) as f64,
+                r.committed as f64 / (r.cycles + r.plain_steps).max(1) as f64,
+                r.verified_nodes as f64 / (r.cycles + r.plain_steps).max(1) as f64,
                 r.misses as f64 / r.committed.max(1) as f64
             );
         }

@@ -78,6 +78,30 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
         // Replayed with costs probed between the runs, and with the start calibration beside.
         let costs = v["costs"].as_str().unwrap();
         assert!(costs.starts_with("probed between the runs"), "{costs}");
+        // The oracle's headroom at each slot point of the checks, beside plain decoding
+        // replayed with the same costs and the fastest replayed configuration.
+        let headroom = v["headroom"].as_array().unwrap();
+        let mut points: Vec<u64> = checks
+            .iter()
+            .map(|c| c["slots"].as_u64().unwrap())
+            .collect();
+        points.sort_unstable();
+        points.dedup();
+        let got: Vec<u64> = headroom
+            .iter()
+            .map(|h| h["slots"].as_u64().unwrap())
+            .collect();
+        assert_eq!(got, points, "{v}");
+        for h in headroom {
+            let oracle = h["oracle_tok_s"].as_f64().unwrap();
+            assert!(
+                oracle >= h["ar_tok_s"].as_f64().unwrap() && oracle > 0.0,
+                "{h}"
+            );
+            assert!(h["oracle_tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{h}");
+            let best = h["best_tok_s"].as_f64().unwrap();
+            assert!(checks.iter().any(|c| c["simulated_tok_s"] == best), "{h}");
+        }
         for c in checks {
             assert!(c["simulated_tok_s"].as_f64().unwrap() > 0.0, "{c}");
             assert!(c["simulated_at_start_tok_s"].as_f64().unwrap() > 0.0, "{c}");
@@ -89,6 +113,7 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("| policy | slots | tok/s |"));
+    assert!(md.contains("| slots | oracle tok/s (simulated) |"));
     let svg = std::fs::read_to_string(dir.join("chart.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("decode tok/s"));
 

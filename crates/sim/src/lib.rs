@@ -12,6 +12,7 @@
 pub mod fit;
 pub mod lru;
 pub mod machine;
+pub mod oracle;
 pub mod synth;
 
 use specfit_selector::{CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
@@ -95,6 +96,20 @@ impl Drafting {
     fn feed(&self, tokens: usize, context: f64) -> f64 {
         self.feed_ms + (self.feed_ms_per_token + self.feed_context_ms * context) * tokens as f64
     }
+
+    /// A speculative cycle's drafting at `context` tokens cached: the drafter first catches up
+    /// on the `unlearned` plain-burst tokens since the last cycle (their latest
+    /// [`CATCH_UP_TOKENS`], in one feed), then drafts `levels` levels (the first comes with
+    /// the feed of the previous cycle's tokens).
+    fn drafting_ms(&self, unlearned: usize, levels: usize, context: f64) -> f64 {
+        let catch_up = match unlearned {
+            0 => 0.0,
+            n => self.feed(n.min(CATCH_UP_TOKENS), context),
+        };
+        catch_up
+            + (self.ms_per_level + self.level_context_ms * context)
+                * levels.saturating_sub(1) as f64
+    }
 }
 
 /// What a replay measured.
@@ -146,6 +161,7 @@ impl From<specfit_selector::Error> for SimError {
 }
 
 /// Per-layer expert slots ([`lru::SlotLru`], the engine's cache counted) and the read width.
+#[derive(Debug, Clone)]
 struct Lru {
     slots: lru::SlotLru,
 }
@@ -238,16 +254,7 @@ fn replay(
     lru: &mut Lru,
     report: &mut SimReport,
 ) -> Result<(), SimError> {
-    for (index, s) in steps.iter().enumerate() {
-        let want = steps[0].position + index;
-        if s.position != want {
-            return Err(SimError::Gap {
-                index,
-                got: s.position,
-                want,
-            });
-        }
-    }
+    check_consecutive(steps)?;
     let mut i = 0;
     // Plain-burst tokens the drafter has not learned yet.
     let mut unlearned = 0;
@@ -289,12 +296,7 @@ fn replay(
         let (hits, misses) = (charged.hits, charged.misses);
         let context = step.position as f64;
         let mut ms = if policy.drafts() {
-            config
-                .true_cost
-                .time_ms(chosen.len(), hits as u32, misses as u32)
-                + config.read_round_ms * charged.read_rounds as f64
-                + config.slot_wait_ms * charged.slot_waits as f64
-                + config.context_ms * (chosen.len() + 1) as f64 * context
+            verify_ms(config, chosen.len(), &charged, context)
         } else {
             plain_step_ms(config, &charged, context)
         };
@@ -315,14 +317,7 @@ fn replay(
         record_taken(step, levels, &reached, policy);
         if policy.drafts() {
             let d = &config.drafting;
-            // The drafter first catches up on the plain bursts since the last cycle (their
-            // latest CATCH_UP_TOKENS, in one feed), then learns this cycle's tokens.
-            let catch_up = match std::mem::take(&mut unlearned) {
-                0 => 0.0,
-                n => d.feed(n.min(CATCH_UP_TOKENS), context),
-            };
-            let drafting = catch_up
-                + (d.ms_per_level + d.level_context_ms * context) * levels.saturating_sub(1) as f64;
+            let drafting = d.drafting_ms(std::mem::take(&mut unlearned), levels, context);
             report.draft_ms += drafting;
             ms += drafting + d.feed(accepted + 1, context);
             policy.observe_cycle(accepted + 1, ms);
@@ -337,6 +332,33 @@ fn replay(
     Ok(())
 }
 
+/// Errs unless `steps` are consecutive positions.
+fn check_consecutive(steps: &[TraceStep]) -> Result<(), SimError> {
+    for (index, s) in steps.iter().enumerate() {
+        let want = steps[0].position + index;
+        if s.position != want {
+            return Err(SimError::Gap {
+                index,
+                got: s.position,
+                want,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A verify forward's time: the true cost of `nodes` beside the root at its hits and misses,
+/// its read rounds and reads that waited for a slot, and attention over `context` tokens for
+/// each of its rows.
+fn verify_ms(config: &SimConfig, nodes: usize, c: &Charged, context: f64) -> f64 {
+    config
+        .true_cost
+        .time_ms(nodes, c.hits as u32, c.misses as u32)
+        + config.read_round_ms * c.read_rounds as f64
+        + config.slot_wait_ms * c.slot_waits as f64
+        + config.context_ms * (nodes + 1) as f64 * context
+}
+
 /// A plain decoding step's time: the plain-step cost when the machine has one, else a
 /// root-only verify's (with its read rounds and attention term).
 fn plain_step_ms(config: &SimConfig, c: &Charged, context: f64) -> f64 {
@@ -349,12 +371,7 @@ fn plain_step_ms(config: &SimConfig, c: &Charged, context: f64) -> f64 {
                 + p.slot_wait_ms * c.slot_waits as f64
                 + p.context_ms * context
         }
-        None => {
-            config.true_cost.time_ms(0, c.hits as u32, c.misses as u32)
-                + config.read_round_ms * c.read_rounds as f64
-                + config.slot_wait_ms * c.slot_waits as f64
-                + config.context_ms * context
-        }
+        None => verify_ms(config, 0, c, context),
     }
 }
 

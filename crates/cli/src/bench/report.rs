@@ -316,6 +316,12 @@ impl Report {
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
             let _ = writeln!(out, "  within 10%: {within} of {of}");
+            for [slots, oracle, x_ar, tokens, best] in headroom(v) {
+                let _ = writeln!(
+                    out,
+                    "  oracle {slots:>3} slots  simulated {oracle:>8}  {x_ar} ar  tok/cycle {tokens}  fastest replayed: {best}"
+                );
+            }
         }
         let _ = writeln!(
             out,
@@ -387,6 +393,19 @@ impl Report {
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
             let _ = writeln!(out, "\nWithin 10%: {within} of {of} configurations.\n");
+            let _ = writeln!(
+                out,
+                "Headroom: the same traces replayed with the same costs by an oracle that knows which drafts the target takes (it verifies the prefix of the accepted chain, or none, that commits fastest at the slots' state; `specfit_sim::oracle`), beside plain decoding and the fastest replayed configuration.\n"
+            );
+            let _ = writeln!(
+                out,
+                "| slots | oracle tok/s (simulated) | oracle ×AR (simulated) | oracle tok/cycle | fastest replayed configuration (×AR) |"
+            );
+            let _ = writeln!(out, "| --- | --- | --- | --- | --- |");
+            for cells in headroom(v) {
+                let _ = writeln!(out, "| {} |", cells.join(" | "));
+            }
+            let _ = writeln!(out);
         }
         let _ = writeln!(
             out,
@@ -405,6 +424,24 @@ impl Report {
             "NO — some outputs differ from plain decoding (see `mismatched_question_ids` in report.json)"
         }
     }
+}
+
+/// The headroom cells per slot point: slots, the oracle's simulated tok/s, its ratio to plain
+/// decoding's, its tokens per cycle, and the fastest replayed configuration with its ratio.
+fn headroom(v: &super::validate::SetValidation) -> Vec<[String; 5]> {
+    v.headroom
+        .iter()
+        .map(|h| {
+            let x = |tok_s: f64| format!("{:.2}×", ratio(tok_s, h.ar_tok_s));
+            [
+                h.slots.to_string(),
+                format!("{:.1}", h.oracle_tok_s),
+                x(h.oracle_tok_s),
+                format!("{:.2}", h.oracle_tokens_per_cycle),
+                format!("{} ({})", h.best_label, x(h.best_tok_s)),
+            ]
+        })
+        .collect()
 }
 
 /// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,

@@ -15,6 +15,7 @@ use specfit_engine::spec::{Atlas, TreeShape};
 use specfit_engine::{Eagle3, ExpertCache, Qwen3Moe};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::VerifyPolicy;
+use specfit_sim::oracle::simulate_oracle;
 use specfit_sim::{simulate_many, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
 
@@ -48,12 +49,28 @@ pub struct Check {
     pub simulated_rest_ms_per_cycle: f64,
 }
 
+/// At one slot point, what a selector that knew which drafts the target takes would reach on
+/// the validated prompts with the same costs (`specfit_sim::oracle`), beside plain decoding and
+/// the fastest replayed configuration: how much of what the drafter offers the policies get.
+#[derive(Debug, Clone, Serialize)]
+pub struct Headroom {
+    pub slots: usize,
+    pub oracle_tok_s: f64,
+    /// Plain decoding replayed with the same costs.
+    pub ar_tok_s: f64,
+    pub oracle_tokens_per_cycle: f64,
+    /// The fastest replayed configuration at these slots and its simulated tok/s.
+    pub best_label: String,
+    pub best_tok_s: f64,
+}
+
 /// The validation of one prompt set.
 #[derive(Debug, Clone, Serialize)]
 pub struct SetValidation {
     pub name: String,
     pub prompts: usize,
     pub checks: Vec<Check>,
+    pub headroom: Vec<Headroom>,
     /// Checks whose |error| ≤ 10% (the bar).
     pub within_10_percent: usize,
     /// Where the replay's costs came from: probes between the runs (how many verify forwards
@@ -277,11 +294,53 @@ pub fn check(
             },
         });
     }
+    let headroom = headroom(traces, &checks, m, &machine)?;
     Ok(SetValidation {
         name: name.to_string(),
         prompts: traces.len(),
         within_10_percent: checks.iter().filter(|c| c.error.abs() <= 0.10).count(),
         checks,
+        headroom,
         costs,
     })
+}
+
+/// The oracle and plain decoding replayed at each slot point of `checks`, beside the fastest
+/// of them there.
+fn headroom(
+    traces: &[Vec<TraceStep>],
+    checks: &[Check],
+    m: &Machine<'_>,
+    machine: &SimConfig,
+) -> Result<Vec<Headroom>> {
+    let mut points: Vec<usize> = checks.iter().map(|c| c.slots).collect();
+    points.sort_unstable();
+    points.dedup();
+    points
+        .into_iter()
+        .map(|slots| {
+            let config = SimConfig {
+                slots,
+                ..machine.clone()
+            };
+            let oracle = simulate_oracle(&m.header, traces, m.max_nodes, &config)?;
+            let ar = simulate_many(&m.header, traces, &VerifyPolicy::plain(), &config)?;
+            let best = checks
+                .iter()
+                .filter(|c| c.slots == slots)
+                .max_by(|a, b| a.simulated_tok_s.total_cmp(&b.simulated_tok_s))
+                .expect("a slot point of the checks");
+            Ok(Headroom {
+                slots,
+                oracle_tok_s: oracle.tokens_per_second(),
+                ar_tok_s: ar.tokens_per_second(),
+                oracle_tokens_per_cycle: ratio(
+                    oracle.committed as f64,
+                    (oracle.cycles + oracle.plain_steps) as f64,
+                ),
+                best_label: best.label.clone(),
+                best_tok_s: best.simulated_tok_s,
+            })
+        })
+        .collect()
 }

@@ -7,23 +7,24 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{Objective, Selector, VerifyPolicy};
+use specfit_selector::{CostModel, Objective, Selector, VerifyPolicy};
 use specfit_sim::oracle::simulate_oracle;
 use specfit_sim::synth::{self, SynthParams};
-use specfit_sim::{calibrate_on, fit_confidence, preset, simulate, topk_acceptance, SimConfig};
+use specfit_sim::{calibrate_on, fit_confidence, preset, simulate_many, SimConfig};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Trace from `specfit record`.
+    /// Trace from `specfit record`; repeat for several prompts (replayed one after the other, the
+    /// expert slots carrying over, as a session serving one prompt after another).
     #[arg(
         long,
         required_unless_present = "synthetic",
         conflicts_with = "synthetic"
     )]
-    trace: Option<PathBuf>,
+    trace: Vec<PathBuf>,
     /// A synthetic paper-scale trace (48 layers × 128 experts, top-8, 18-node pools) whose
     /// drafter confidence is fitted so that EAGLE-3's top-K accepts the paper's tokens per cycle:
     /// `summarization` (1.54), `gsm8k` (3.35), or `accept:X`.
@@ -56,7 +57,9 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let (header, steps) = load_trace(args)?;
+    let (header, traces) = load_traces(args)?;
+    // Probing the simulated machine walks the positions in order, prompt after prompt.
+    let steps: Vec<TraceStep> = traces.concat();
     let calibrated_here = args.calibration.is_none();
     let (machine, believed, k) = match (&args.calibration, &args.preset) {
         (Some(path), _) => {
@@ -90,9 +93,10 @@ pub fn run(args: &Args) -> Result<()> {
         (None, None) => bail!("give --calibration FILE or --preset NAME"),
     };
     eprintln!(
-        "{} positions; eagle3 top-{k} accepts {:.2} draft tokens per cycle",
+        "{} positions in {} trace(s); eagle3 top-{k} accepts {:.2} draft tokens per cycle",
         steps.len(),
-        topk_acceptance(&header, &steps, k)
+        traces.len(),
+        topk_acceptance(&header, &traces, k)?
     );
     let e = header.experts;
     let mut slots = args
@@ -136,11 +140,11 @@ pub fn run(args: &Args) -> Result<()> {
         ];
         let mut results: Vec<(&str, specfit_sim::SimReport)> = policies
             .iter()
-            .map(|(name, p)| Ok((*name, simulate(&header, &steps, p, &config)?)))
+            .map(|(name, p)| Ok((*name, simulate_many(&header, &traces, p, &config)?)))
             .collect::<Result<_>>()?;
         // What a selector that knew which drafts the target takes would reach (a reference,
         // not a policy: it reads the future from the trace).
-        let oracle = simulate_oracle(&header, std::slice::from_ref(&steps), k, &config)?;
+        let oracle = simulate_oracle(&header, &traces, k, &config)?;
         results.push(("oracle", oracle));
         let ar = results[0].1.tokens_per_second();
         let eagle = results[1].1.tokens_per_second();
@@ -164,11 +168,36 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The recorded trace, or a synthetic one fitted to the requested acceptance.
-fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
-    if let Some(path) = &args.trace {
-        return specfit_trace::read(&read_text(path)?)
-            .with_context(|| format!("{}", path.display()));
+/// Mean accepted draft tokens per cycle of the `k` most probable nodes over `traces`.
+fn topk_acceptance(header: &TraceHeader, traces: &[Vec<TraceStep>], k: usize) -> Result<f64> {
+    let config = SimConfig::verify_only(0, CostModel::paper(vec![1.0; k + 1], 0.0)?);
+    let r = simulate_many(header, traces, &VerifyPolicy::top_k(k), &config)?;
+    Ok((r.committed - r.cycles) as f64 / r.cycles.max(1) as f64)
+}
+
+/// The recorded traces (of one model shape), or a synthetic one fitted to
+/// the requested acceptance.
+fn load_traces(args: &Args) -> Result<(TraceHeader, Vec<Vec<TraceStep>>)> {
+    if let Some((first, rest)) = args.trace.split_first() {
+        let read = |path: &PathBuf| {
+            specfit_trace::read(&read_text(path)?).with_context(|| format!("{}", path.display()))
+        };
+        let (header, steps) = read(first)?;
+        let mut traces = vec![steps];
+        for path in rest {
+            let (h, steps) = read(path)?;
+            let shape = |h: &TraceHeader| (h.moe_layers, h.experts, h.num_experts_per_tok, h.vocab);
+            anyhow::ensure!(
+                shape(&h) == shape(&header),
+                "{}: recorded on another model shape than {} (MoE layers, experts, experts per token, vocabulary: {:?} vs {:?})",
+                path.display(),
+                first.display(),
+                shape(&h),
+                shape(&header)
+            );
+            traces.push(steps);
+        }
+        return Ok((header, traces));
     }
     let profile = args.synthetic.as_deref().unwrap_or_default();
     let target = match profile {
@@ -198,5 +227,6 @@ fn load_trace(args: &Args) -> Result<(TraceHeader, Vec<TraceStep>)> {
     };
     let confidence = fit_confidence(&base, args.nodes.max_nodes, target);
     eprintln!("synthetic {profile}: drafter confidence {confidence:.3} for {target} accepted tokens per cycle");
-    Ok(synth::trace(&SynthParams { confidence, ..base }))
+    let (header, steps) = synth::trace(&SynthParams { confidence, ..base });
+    Ok((header, vec![steps]))
 }

@@ -111,6 +111,24 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             );
         }
     }
+    // The check's traces are kept, one per validated prompt, for replay with other costs.
+    for (set, first) in [("summarization", 241), ("math_reasoning", 401)] {
+        for id in [first, first + 1] {
+            let path = dir.join(format!("traces/{set}-{id}.jsonl"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let header: serde_json::Value =
+                serde_json::from_str(text.lines().next().unwrap()).unwrap();
+            assert_eq!(header["format"], "specfit-trace", "{}", path.display());
+            assert_eq!(header["meta"]["question_id"], id);
+            // At most 10 new tokens: up to 9 positions decoded after the prefill's token.
+            let steps = text.lines().count() - 1;
+            assert!(
+                (1..=9).contains(&steps),
+                "{steps} steps in {}",
+                path.display()
+            );
+        }
+    }
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("| policy | slots | tok/s |"));
     assert!(md.contains("| slots | oracle tok/s (simulated) |"));

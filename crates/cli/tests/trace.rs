@@ -64,11 +64,56 @@ fn simulate_replays_a_recorded_trace_under_every_policy() {
         &[trace.to_str().unwrap(), cal.to_str().unwrap()],
     ));
     let table = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(table.lines().count(), 2 + 3 * 4, "{table}");
+    // Four policies and the oracle at each of 3 slot points.
+    assert_eq!(table.lines().count(), 2 + 3 * 5, "{table}");
     assert!(table
         .lines()
         .filter(|l| l.contains("| ar |"))
         .all(|l| l.contains("| 1.00 |")));
+    // Two prompts' traces replay one after the other; the oracle is never behind plain
+    // decoding (column 4: × ar).
+    let second = temp("sim-trace-2.jsonl");
+    ok(&cli(
+        "record --model {} --drafter {} --prompt-ids 7,19,200,3 --max-tokens 20 --out {}",
+        &[m, d, second.to_str().unwrap()],
+    ));
+    let two = "simulate --trace {} --trace {} --calibration {} --slots 4,0";
+    let out = ok(&cli(
+        two,
+        &[
+            trace.to_str().unwrap(),
+            second.to_str().unwrap(),
+            cal.to_str().unwrap(),
+        ],
+    ));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("in 2 trace(s)"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let oracle: Vec<f64> = table
+        .lines()
+        .filter(|l| l.contains("| oracle |"))
+        .map(|l| l.split('|').nth(4).unwrap().trim().parse().unwrap())
+        .collect();
+    assert_eq!(oracle.len(), 2, "{table}");
+    assert!(oracle.iter().all(|&x| x >= 1.0), "{table}");
+    // Traces of another model shape are refused, naming both.
+    let text = std::fs::read_to_string(&second).unwrap();
+    let other = temp("sim-trace-other.jsonl");
+    std::fs::write(&other, text.replacen("\"vocab\":256", "\"vocab\":300", 1)).unwrap();
+    let refused = specfit(
+        &[
+            "simulate",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--trace",
+            other.to_str().unwrap(),
+            "--calibration",
+            cal.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("another model shape"), "{stderr}");
     // A calibration without hit/miss counts cannot drive the simulated machine.
     let plain = temp("sim-plain.jsonl");
     std::fs::write(&plain, "{\"nodes\": 0, \"demand\": 10, \"ms\": 5}\n{\"nodes\": 1, \"demand\": 12, \"ms\": 6}\n{\"nodes\": 0, \"demand\": 11, \"ms\": 5.5}\n").unwrap();
@@ -102,7 +147,7 @@ fn simulate_runs_paper_scale_synthetic_traces_on_a_preset() {
     assert!(stderr.contains("eagle3 top-7 accepts"), "{stderr}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).lines().count(),
-        2 + 2 * 4
+        2 + 2 * 5
     );
     let bad = specfit(
         &["simulate", "--synthetic", "poetry", "--preset", "a100"],

@@ -9,7 +9,7 @@ mod plan;
 mod report;
 pub(crate) mod validate;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -93,7 +93,8 @@ pub struct Args {
     /// slots always runs: it is the reference every output is checked against).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
-    /// Directory for report.json, report.md and chart.svg (written atomically).
+    /// Directory for report.json, report.md and chart.svg, and the simulator check's traces
+    /// under traces/ (all written atomically).
     #[arg(long, default_value = "bench-results")]
     out: PathBuf,
 }
@@ -304,13 +305,15 @@ pub fn run(args: &Args) -> Result<()> {
             let atlas = atlas(&mut s.atlas, &s.model_path, &s.base, &RouteChoice::Atlas)?;
             let traces = validate::traces(&s.model, &s.drafter, cache, atlas, &prompts)?;
             let cfg = s.model.config();
+            let header = specfit_trace::TraceHeader::new(
+                cfg.moe_layers().len(),
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+                cfg.vocab_size,
+            );
+            save_traces(&args.out, set, &header, &traces, &args.pair)?;
             let machine = validate::Machine {
-                header: specfit_trace::TraceHeader::new(
-                    cfg.moe_layers().len(),
-                    cfg.num_experts,
-                    cfg.num_experts_per_tok,
-                    cfg.vocab_size,
-                ),
+                header,
                 calibration: &s.calibration,
                 model: &s.model,
                 max_nodes: s.max_nodes,
@@ -578,6 +581,41 @@ fn calibration(
         &path,
     )?;
     Ok((cal, path))
+}
+
+/// Writes the simulator check's traces of `set` as `OUT/traces/SET-QUESTION_ID.jsonl` (each
+/// atomically; `specfit simulate --trace` replays them with other costs, e.g. another tier's
+/// calibration).
+fn save_traces(
+    out: &Path,
+    set: &PromptSet,
+    header: &specfit_trace::TraceHeader,
+    traces: &[Vec<specfit_trace::TraceStep>],
+    pair: &crate::paths::PairArgs,
+) -> Result<()> {
+    let dir = out.join("traces");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    for (prompt, steps) in set.prompts.iter().zip(traces) {
+        let mut header = header.clone();
+        header
+            .meta
+            .insert("model".into(), pair.model.display().to_string().into());
+        header
+            .meta
+            .insert("drafter".into(), pair.drafter.display().to_string().into());
+        header.meta.insert("set".into(), set.name.clone().into());
+        header
+            .meta
+            .insert("question_id".into(), prompt.question_id.into());
+        header
+            .meta
+            .insert("prompt".into(), serde_json::json!(prompt.tokens));
+        let mut bytes = Vec::new();
+        specfit_trace::write(&mut bytes, &header, steps)?;
+        let name = format!("{}-{}.jsonl", set.name, prompt.question_id);
+        crate::files::write_atomic(&dir.join(name), &bytes)?;
+    }
+    Ok(())
 }
 
 /// The prefill cache, made again (with `slots`) when it was freed.

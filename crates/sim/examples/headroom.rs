@@ -1,0 +1,126 @@
+//! How far SpecFit is from the oracle on recorded traces, and how much of the distance better
+//! acceptance counts would close: plain decoding, EAGLE-3, SpecFit as the bench builds it (the
+//! calibration's paper-form cost and acceptance counts, the never-lose bursts, still learning
+//! while it replays), SpecFit starting from acceptance counts taken on other traces (every drafted
+//! child of a node the target reached: what a long-running session would have counted), with and
+//! without bursts, and the oracle ([`specfit_sim::oracle`]), all replayed with the calibration's
+//! residency-aware costs at `SLOTS` slots.
+//!
+//! ```sh
+//! cargo run --release -p specfit-sim --example headroom -- CALIBRATION SLOTS TRACE… [--acceptance-from TRACE…]
+//! ```
+//!
+//! Without `--acceptance-from` the counts come from the replayed traces themselves (in sample).
+
+use specfit_selector::json::CalibrationJson;
+use specfit_selector::{Acceptance, Bursts, Objective, Selector, VerifyPolicy};
+use specfit_sim::oracle::{agreeing_chain, simulate_oracle};
+use specfit_sim::{simulate_many, SimConfig, SimReport};
+use specfit_trace::{TraceHeader, TraceStep};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() < 3 {
+        eprintln!("usage: headroom CALIBRATION SLOTS TRACE… [--acceptance-from TRACE…]");
+        std::process::exit(2);
+    }
+    let cal = CalibrationJson::parse(&read(&args[0])).expect("a calibration file");
+    let slots: usize = args[1].parse().expect("SLOTS: a number");
+    let split = args.iter().position(|a| a == "--acceptance-from");
+    let (replayed, counted) = match split {
+        Some(at) => (&args[2..at], &args[at + 1..]),
+        None => (&args[2..], &args[2..]),
+    };
+    let (header, traces) = load(replayed);
+    let (_, counted) = load(counted);
+    let machine = SimConfig {
+        slots,
+        ..specfit_sim::machine::from_calibration(&cal).expect("a residency-aware fit")
+    };
+    let k = cal.max_nodes;
+    let from_calibration = cal
+        .acceptance
+        .as_ref()
+        .map(|a| a.to_counts().expect("valid counts"))
+        .unwrap_or_default();
+    let other = acceptance_of(&counted);
+    let specfit = |acceptance: &Acceptance, bursts| {
+        let cost = cal.cost_model(false).expect("a paper-form fit");
+        VerifyPolicy::specfit(Selector::new(cost, k, Objective::Ratio).expect("a selector"))
+            .bursts(bursts)
+            .acceptance(acceptance.clone())
+    };
+    let replay = |p: &VerifyPolicy| simulate_many(&header, &traces, p, &machine).expect("replay");
+    let ar = replay(&VerifyPolicy::plain()).tokens_per_second();
+    println!(
+        "{} positions in {} traces, {slots} slots; acceptance counted on {} children",
+        traces.iter().map(Vec::len).sum::<usize>(),
+        traces.len(),
+        other.samples()
+    );
+    let rows = [
+        ("ar", VerifyPolicy::plain()),
+        ("eagle3", VerifyPolicy::top_k(k)),
+        (
+            "specfit (calibration's counts)",
+            specfit(&from_calibration, Bursts::NeverLose),
+        ),
+        (
+            "specfit (counted counts)",
+            specfit(&other, Bursts::NeverLose),
+        ),
+        (
+            "specfit (counted counts, no bursts)",
+            specfit(&other, Bursts::Off),
+        ),
+    ];
+    for (name, policy) in &rows {
+        print_row(name, &replay(policy), ar);
+    }
+    let oracle = simulate_oracle(&header, &traces, k, &machine).expect("replay");
+    print_row("oracle", &oracle, ar);
+}
+
+fn print_row(name: &str, r: &SimReport, ar: f64) {
+    let forwards = (r.cycles + r.plain_steps).max(1) as f64;
+    println!(
+        "{name:<36} {:7.2} tok/s  {:5.2}× ar  tok/forward {:.2}  nodes/forward {:.2}",
+        r.tokens_per_second(),
+        r.tokens_per_second() / ar,
+        r.committed as f64 / forwards,
+        r.verified_nodes as f64 / forwards
+    );
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn load(paths: &[String]) -> (TraceHeader, Vec<Vec<TraceStep>>) {
+    let mut header = None;
+    let traces = paths
+        .iter()
+        .map(|p| {
+            let (h, steps) = specfit_trace::read(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+            header = Some(h);
+            steps
+        })
+        .collect();
+    (header.expect("at least one trace"), traces)
+}
+
+/// Every drafted child of a node on the accepted chain (the root included), counted against
+/// its probability given its parent, as the decoder counts the children of the nodes it reached.
+fn acceptance_of(traces: &[Vec<TraceStep>]) -> Acceptance {
+    let mut counts = Acceptance::new();
+    for step in traces.iter().flatten() {
+        let mut reached: Vec<i64> = vec![-1];
+        reached.extend(agreeing_chain(step, usize::MAX).iter().map(|&i| i as i64));
+        for n in step.nodes.iter().filter(|n| reached.contains(&n.parent)) {
+            let above = usize::try_from(n.parent).map_or(1.0, |p| step.nodes[p].prob);
+            let q = if above > 0.0 { n.prob / above } else { 0.0 };
+            counts.record(q, n.agrees);
+        }
+    }
+    counts
+}

@@ -6,7 +6,7 @@ use common::*;
 
 use specfit_engine::measure::{probe, ProbePlan};
 use specfit_engine::spec::{Routes, Start, TreeShape};
-use specfit_engine::{CacheMode, DecodeOptions, Sampler, Sampling, VerifyPolicy};
+use specfit_engine::{CacheMode, DecodeOptions, Sampler, Sampling, Tier, VerifyPolicy};
 
 /// Prompts of the fixture vocabulary.
 const FIVE_TOKENS: [u32; 5] = [1, 243, 56, 119, 188];
@@ -472,6 +472,63 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
     specfit_trace::write(&mut bytes, &header, &steps).unwrap();
     let (_, back) = specfit_trace::read(std::str::from_utf8(&bytes).unwrap()).unwrap();
     assert_eq!(back, steps);
+}
+
+#[test]
+fn the_plain_steps_of_a_probe_count_what_a_recorded_trace_of_the_same_positions_says() {
+    use specfit_engine::measure::PoolWalk;
+    use specfit_engine::spec::Atlas;
+    // The shipped pair (trained: its drafter's children are often taken) on a real sentence.
+    let dir = root().join("models/target");
+    let load =
+        || specfit_engine::load_target(&dir, &Tier::Ram, usize::MAX, CacheMode::Lru, None).unwrap();
+    let (target, mut cache) = load();
+    let drafter =
+        specfit_engine::Eagle3::load(&root().join("models/drafter"), target.config()).unwrap();
+    let tokenizer = specfit_engine::Tokenizer::load(&dir).unwrap();
+    let prompt = tokenizer
+        .encode("The history of the city begins with a small fishing village on the river")
+        .unwrap();
+    let positions = 12;
+    // The probe: no cycles, only plain steps, each after a pool drafted outside its timer.
+    let plan = ProbePlan {
+        shape: TreeShape::default(),
+        max_nodes: 3,
+        cycles: 0,
+        plain: positions,
+        seed: 1,
+    };
+    let probed = probe(&target, &drafter, &mut cache, None, &prompt, &plan).unwrap();
+    let (drafted, taken) = probed.acceptance.counts();
+    let (drafted, taken): (u64, u64) = (drafted.iter().sum(), taken.iter().sum());
+    // The naive count: the trace's agreement flags at the same positions, each pool's children
+    // of reached nodes as deep as the probe's continuation reaches (`positions - i` tokens).
+    let mut atlas = Atlas::new(load().1);
+    let mut walk = PoolWalk {
+        target: &target,
+        drafter: &drafter,
+        cache: &mut cache,
+        atlas: &mut atlas,
+        shape: TreeShape::default(),
+    };
+    let steps = walk.record(&prompt, positions).unwrap();
+    let (mut want_drafted, mut want_taken) = (0u64, 0u64);
+    for (i, s) in steps.iter().enumerate() {
+        let mut reached = vec![false; s.nodes.len()];
+        for (j, n) in s.nodes.iter().enumerate() {
+            let parent_reached = n.parent < 0 || reached[n.parent as usize];
+            if parent_reached && n.depth <= positions - i {
+                reached[j] = n.agrees;
+                want_drafted += 1;
+                want_taken += u64::from(n.agrees);
+            }
+        }
+    }
+    assert_eq!((drafted, taken), (want_drafted, want_taken));
+    assert!(
+        drafted >= 2 * positions as u64 && taken > 0,
+        "{drafted} / {taken}"
+    );
 }
 
 #[test]

@@ -1,19 +1,21 @@
 //! Measured verify forwards for calibrating the cost model (`specfit calibrate`): random
-//! ancestor-closed subtrees of each size from chosen cache states. It does not fit.
+//! ancestor-closed subtrees of each size from chosen cache states, then plain steps, and the
+//! drafter's acceptance along both. It does not fit.
 
 use std::time::Instant;
 
 use specfit_selector::Acceptance;
 
 use super::greedy_start;
-use crate::batch::Batch;
+use crate::batch::{Batch, Logits};
 use crate::error::EngineError;
 use crate::experts::ExpertCache;
 use crate::kv::KvCache;
 use crate::model::{Eagle3, Qwen3Moe};
 use crate::sampling::{Sampler, Sampling};
 use crate::spec::{
-    advance_drafter, draft_tree, pool_depth, taken_children, verify, DraftNode, Tree, TreeShape,
+    advance_drafter, concat_taps, draft_tree, learn, pool_depth, taken_along, taken_children,
+    verify, DraftNode, Tree, TreeShape,
 };
 
 /// What [`probe`] measures.
@@ -130,12 +132,42 @@ pub fn probe(
         rows.last_mut().expect("pushed").feed_ms = t1.elapsed().as_secs_f64() * 1e3;
         root = *v.committed.last().expect("the bonus token");
     }
+    // Before each plain step (outside its timer) the drafter drafts a pool as decoding would,
+    // and learns the step's token after it; once the greedy continuation is known, each pool
+    // counts the children of the nodes it reaches (many more samples than the cycles' verifies
+    // give: the target's tokens are known however deep the pool goes).
     let mut plain = Vec::new();
+    let mut pools = Vec::with_capacity(plan.plain);
+    let mut continuation = Vec::with_capacity(plan.plain);
+    let h = target.config().hidden_size;
     for step in 0..plan.plain {
+        let n = kv.len();
+        pools.push(draft_tree(
+            target,
+            drafter,
+            &mut draft,
+            n,
+            plan.shape,
+            &mut |_| Ok(true),
+        )?);
         let run_on = every_other(cache, emptied.as_deref_mut(), step);
-        let (row, next) = plain_step(target, run_on, &mut kv, root)?;
+        let (row, next, taps) = plain_step(target, drafter, run_on, &mut kv, root)?;
         plain.push(row);
+        learn(
+            target,
+            drafter,
+            &mut draft,
+            &[next],
+            &concat_taps(&taps, 1, h),
+            n,
+        )?;
+        continuation.push(next);
         root = next;
+    }
+    for (i, pool) in pools.iter().enumerate() {
+        for (q, taken) in taken_along(pool, &continuation[i..]) {
+            acceptance.record(q, taken);
+        }
     }
     Ok(Probed {
         verify: rows,
@@ -193,16 +225,22 @@ pub struct PlainStep {
     pub ms: f64,
 }
 
-/// One timed greedy one-token forward of `token` through `cache`: its row and the next token.
+/// One timed greedy one-token forward of `token` through `cache`, keeping the drafter's taps as
+/// decoding's plain steps do while speculating: its row, the next token and the taps.
 fn plain_step(
     target: &Qwen3Moe,
+    drafter: &Eagle3,
     cache: &mut ExpertCache,
     kv: &mut KvCache,
     token: u32,
-) -> Result<(PlainStep, u32), EngineError> {
+) -> Result<(PlainStep, u32, Vec<Vec<f32>>), EngineError> {
     let context = kv.len();
     let t = Instant::now();
-    let out = target.forward(&Batch::causal(&[token]), kv, cache)?;
+    let input = [token];
+    let batch = Batch::causal(&input)
+        .with_taps(drafter.taps())
+        .with_logits(Logits::Last);
+    let out = target.forward(&batch, kv, cache)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let row = PlainStep {
         hits: out.copies.total.hits,
@@ -212,7 +250,7 @@ fn plain_step(
         context,
         ms,
     };
-    Ok((row, out.argmax(0)))
+    Ok((row, out.argmax(0), out.taps))
 }
 
 #[cfg(test)]

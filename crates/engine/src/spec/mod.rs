@@ -11,8 +11,8 @@ mod verify;
 
 pub(crate) use decoder::prefill;
 pub use decoder::{check_context, generate, DecodeOptions, Decoder, Speculation, Start, TokenSink};
-pub(crate) use draft::{advance_drafter, draft_tree, feed_drafter, DraftState};
+pub(crate) use draft::{advance_drafter, draft_tree, feed_drafter, learn, DraftState};
 pub use draft::{concat_taps, pool_depth, top_children, DraftNode, TreeShape};
 pub use routes::{Atlas, PoolRoutes, Routes};
 pub use stats::{decode_rate, per_cycle, DecodeStats};
-pub use verify::{taken_children, verify, Tree, Verified};
+pub use verify::{taken_along, taken_children, verify, Tree, Verified};

@@ -46,11 +46,30 @@ pub struct Verified {
 /// each accepted node (the nodes the target reached), every drafted child's edge probability and
 /// whether it carries the token the target drew there (verified or not: the draw is known).
 pub fn taken_children(pool: &[DraftNode], v: &Verified) -> Vec<(f64, bool)> {
-    let reached = std::iter::once(None).chain(v.accepted.iter().map(|&i| Some(i)));
+    taken_along(pool, &v.committed)
+}
+
+/// What the target's tokens from the pool's root on (`continuation[0]` its token after the root,
+/// `[1]` after that, …) tell about the drafter's children: for the root and each node whose
+/// path is the continuation's start (the nodes the target reaches), every drafted child's edge
+/// probability and whether it carries the continuation's next token, as far as the continuation
+/// goes. A cycle's committed tokens are such a continuation ([`taken_children`]); so are the
+/// tokens plain decoding draws after a pool drafted and never verified.
+pub fn taken_along(pool: &[DraftNode], continuation: &[u32]) -> Vec<(f64, bool)> {
+    // Parents precede children: a node's depth and whether the target reaches it follow its
+    // parent's.
+    let mut depth = vec![0usize; pool.len()];
+    let mut reached = vec![false; pool.len()];
     let mut out = Vec::new();
-    for (parent, &drawn) in reached.zip(&v.committed) {
-        for node in pool.iter().filter(|n| n.parent == parent) {
-            out.push((node.edge, node.token == drawn));
+    for (i, node) in pool.iter().enumerate() {
+        let (d, parent_reached) = match node.parent {
+            None => (0, true),
+            Some(p) => (depth[p] + 1, reached[p]),
+        };
+        depth[i] = d;
+        if let (true, Some(&drawn)) = (parent_reached, continuation.get(d)) {
+            reached[i] = node.token == drawn;
+            out.push((node.edge, reached[i]));
         }
     }
     out
@@ -202,5 +221,33 @@ mod tests {
             taken_children(&pool, &v),
             vec![(0.6, false), (0.3, true), (0.5, false), (0.2, true)]
         );
+    }
+
+    #[test]
+    fn a_continuation_counts_the_children_of_the_nodes_it_reaches_as_far_as_it_goes() {
+        // Root children 0 (token 5) and 1 (6); under 0: 2 (7) and 3 (8); under 3: 4 (9); under
+        // 1: 5 (7).
+        let pool = vec![
+            node(None, 5, 0.6),
+            node(None, 6, 0.3),
+            node(Some(0), 7, 0.5),
+            node(Some(0), 8, 0.4),
+            node(Some(3), 9, 0.7),
+            node(Some(1), 7, 0.2),
+        ];
+        // The target goes 5, 8, 1: it reaches 0 and 3, not 4 (and never 1, so not 5).
+        assert_eq!(
+            taken_along(&pool, &[5, 8, 1]),
+            vec![
+                (0.6, true),
+                (0.3, false),
+                (0.5, false),
+                (0.4, true),
+                (0.7, false)
+            ]
+        );
+        // Known only one token deep: the root's children alone.
+        assert_eq!(taken_along(&pool, &[5]), vec![(0.6, true), (0.3, false)]);
+        assert_eq!(taken_along(&pool, &[]), vec![]);
     }
 }

@@ -7,10 +7,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{CostModel, Objective, Selector, VerifyPolicy};
+use specfit_selector::{Objective, Selector, VerifyPolicy};
 use specfit_sim::oracle::simulate_oracle;
 use specfit_sim::synth::{self, SynthParams};
-use specfit_sim::{calibrate_on, fit_confidence, preset, simulate_many, SimConfig};
+use specfit_sim::{
+    calibrate_on, fit_confidence, preset, simulate_many, topk_acceptance_many, SimConfig,
+};
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::files::read_text;
@@ -96,7 +98,7 @@ pub fn run(args: &Args) -> Result<()> {
         "{} positions in {} trace(s); eagle3 top-{k} accepts {:.2} draft tokens per cycle",
         steps.len(),
         traces.len(),
-        topk_acceptance(&header, &traces, k)?
+        topk_acceptance_many(&header, &traces, k)
     );
     let e = header.experts;
     let mut slots = args
@@ -166,13 +168,6 @@ pub fn run(args: &Args) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Mean accepted draft tokens per cycle of the `k` most probable nodes over `traces`.
-fn topk_acceptance(header: &TraceHeader, traces: &[Vec<TraceStep>], k: usize) -> Result<f64> {
-    let config = SimConfig::verify_only(0, CostModel::paper(vec![1.0; k + 1], 0.0)?);
-    let r = simulate_many(header, traces, &VerifyPolicy::top_k(k), &config)?;
-    Ok((r.committed - r.cycles) as f64 / r.cycles.max(1) as f64)
 }
 
 /// The recorded traces (of one model shape), or a synthetic one fitted to

@@ -187,7 +187,8 @@ fn the_committed_h200_calibration_is_the_fit_of_the_committed_h200_probes_and_re
             120",
         &[],
     ));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 4);
+    // Four policies and the oracle at one slot point.
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 2 + 5);
 }
 
 #[test]

@@ -532,8 +532,18 @@ pub fn preset(name: &str, max_nodes: usize) -> Option<Preset> {
 
 /// Mean accepted draft tokens per cycle of the `k` most probable nodes on `steps`.
 pub fn topk_acceptance(header: &TraceHeader, steps: &[TraceStep], k: usize) -> f64 {
+    topk_acceptance_many(header, std::slice::from_ref(&steps), k)
+}
+
+/// [`topk_acceptance`] over several traces (their cycles together).
+pub fn topk_acceptance_many<S: AsRef<[TraceStep]>>(
+    header: &TraceHeader,
+    traces: &[S],
+    k: usize,
+) -> f64 {
     let config = SimConfig::verify_only(0, CostModel::paper(vec![1.0; k + 1], 0.0).expect("valid"));
-    match simulate(header, steps, &VerifyPolicy::top_k(k), &config) {
+    let traces = traces.iter().map(AsRef::as_ref);
+    match replay_all(header, traces, &VerifyPolicy::top_k(k), &config) {
         Ok(r) => (r.committed - r.cycles) as f64 / r.cycles.max(1) as f64,
         Err(_) => 0.0,
     }

@@ -93,11 +93,10 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
             .collect();
         assert_eq!(got, points, "{v}");
         for h in headroom {
-            let oracle = h["oracle_tok_s"].as_f64().unwrap();
-            assert!(
-                oracle >= h["ar_tok_s"].as_f64().unwrap() && oracle > 0.0,
-                "{h}"
-            );
+            // (Not at least plain decoding's: the oracle prices each position alone, and on so
+            // few tokens what a verify leaves in the slots can cost it more than it gained.)
+            assert!(h["oracle_tok_s"].as_f64().unwrap() > 0.0, "{h}");
+            assert!(h["ar_tok_s"].as_f64().unwrap() > 0.0, "{h}");
             assert!(h["oracle_tokens_per_cycle"].as_f64().unwrap() >= 1.0, "{h}");
             let best = h["best_tok_s"].as_f64().unwrap();
             assert!(checks.iter().any(|c| c["simulated_tok_s"] == best), "{h}");

@@ -430,22 +430,34 @@ fn speculative_sampling_reproduces_the_targets_distribution() {
     );
 }
 
-#[test]
-fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
-    use specfit_engine::measure::PoolWalk;
-    use specfit_engine::spec::Atlas;
-    let (target, drafter, mut cache) = fixture_pair(2);
-    let prompt = [1u32, 243, 56, 119];
-    let want = greedy_tokens(&target, &mut cache, &prompt, 13);
-    let mut atlas = Atlas::new(fixture_target(usize::MAX).1);
-    let mut walk = PoolWalk {
-        target: &target,
-        drafter: &drafter,
-        cache: &mut cache,
+/// A trace of `positions` greedy positions after `prompt` (the default tree shape), each pool
+/// routed by an atlas over `atlas_cache`.
+fn recorded(
+    target: &specfit_engine::Qwen3Moe,
+    drafter: &specfit_engine::Eagle3,
+    cache: &mut specfit_engine::ExpertCache,
+    atlas_cache: specfit_engine::ExpertCache,
+    prompt: &[u32],
+    positions: usize,
+) -> Vec<specfit_trace::TraceStep> {
+    let mut atlas = specfit_engine::spec::Atlas::new(atlas_cache);
+    let mut walk = specfit_engine::measure::PoolWalk {
+        target,
+        drafter,
+        cache,
         atlas: &mut atlas,
         shape: TreeShape::default(),
     };
-    let steps = walk.record(&prompt, 12).unwrap();
+    walk.record(prompt, positions).unwrap()
+}
+
+#[test]
+fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
+    let (target, drafter, mut cache) = fixture_pair(2);
+    let prompt = [1u32, 243, 56, 119];
+    let want = greedy_tokens(&target, &mut cache, &prompt, 13);
+    let atlas = fixture_target(usize::MAX).1;
+    let steps = recorded(&target, &drafter, &mut cache, atlas, &prompt, 12);
     assert_eq!(steps.len(), 12);
     for (i, s) in steps.iter().enumerate() {
         assert_eq!(
@@ -476,8 +488,6 @@ fn a_recorded_trace_follows_the_greedy_output_and_marks_agreement() {
 
 #[test]
 fn the_plain_steps_of_a_probe_count_what_a_recorded_trace_of_the_same_positions_says() {
-    use specfit_engine::measure::PoolWalk;
-    use specfit_engine::spec::Atlas;
     // The shipped pair (trained: its drafter's children are often taken) on a real sentence.
     let dir = root().join("models/target");
     let load =
@@ -503,15 +513,7 @@ fn the_plain_steps_of_a_probe_count_what_a_recorded_trace_of_the_same_positions_
     let (drafted, taken): (u64, u64) = (drafted.iter().sum(), taken.iter().sum());
     // The naive count: the trace's agreement flags at the same positions, each pool's children
     // of reached nodes as deep as the probe's continuation reaches (`positions - i` tokens).
-    let mut atlas = Atlas::new(load().1);
-    let mut walk = PoolWalk {
-        target: &target,
-        drafter: &drafter,
-        cache: &mut cache,
-        atlas: &mut atlas,
-        shape: TreeShape::default(),
-    };
-    let steps = walk.record(&prompt, positions).unwrap();
+    let steps = recorded(&target, &drafter, &mut cache, load().1, &prompt, positions);
     let (mut want_drafted, mut want_taken) = (0u64, 0u64);
     for (i, s) in steps.iter().enumerate() {
         let mut reached = vec![false; s.nodes.len()];

@@ -3,8 +3,11 @@
 //! would accept, at most `max_nodes`), drafting only that prefix's levels, or decode the token
 //! plainly; it takes whichever commits tokens fastest at the slots' current state. No engine can
 //! run it (it reads the future from the trace); it is the reference for how much of what this
-//! drafter's pools offer on this machine a real selector gets. The replay's costs and caches are
-//! the policy replay's ([`crate::simulate_many`]); this module owns only the choice.
+//! drafter's pools offer on this machine a real selector gets. It is not a strict bound: it
+//! prices each position alone, so what a verify leaves in the slots can cost later positions
+//! more than it gained (on a few tokens of a small cache it can even fall below plain
+//! decoding). The replay's costs and caches are the policy replay's ([`crate::simulate_many`]);
+//! this module owns only the choice.
 
 use specfit_trace::{TraceHeader, TraceStep};
 

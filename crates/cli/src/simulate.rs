@@ -60,8 +60,6 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let (header, traces) = load_traces(args)?;
-    // Probing the simulated machine walks the positions in order, prompt after prompt.
-    let steps: Vec<TraceStep> = traces.concat();
     let calibrated_here = args.calibration.is_none();
     let (machine, believed, k) = match (&args.calibration, &args.preset) {
         (Some(path), _) => {
@@ -96,7 +94,7 @@ pub fn run(args: &Args) -> Result<()> {
     };
     eprintln!(
         "{} positions in {} trace(s); eagle3 top-{k} accepts {:.2} draft tokens per cycle",
-        steps.len(),
+        traces.iter().map(Vec::len).sum::<usize>(),
         traces.len(),
         topk_acceptance_many(&header, &traces, k)
     );
@@ -117,7 +115,7 @@ pub fn run(args: &Args) -> Result<()> {
         // With a preset, SpecFit believes what probing this simulated machine at this cache size
         // gives (as `specfit probe` + `calibrate` would); with a calibration file, its paper form.
         let believed = if calibrated_here {
-            let cal = calibrate_on(&header, &steps, &config, k, args.seed)?;
+            let cal = calibrate_on(&header, &traces, &config, k, args.seed)?;
             eprintln!(
                 "slots {s}: SpecFit's calibration on the simulated machine: β = {:.3} ms, R² = {:.3}",
                 match cal.paper.cost.expert() {

@@ -14,7 +14,7 @@
 
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{Acceptance, Bursts, Objective, Selector, VerifyPolicy};
-use specfit_sim::oracle::{agreeing_chain, simulate_oracle};
+use specfit_sim::oracle::{children_taken_along_chain, simulate_oracle};
 use specfit_sim::{simulate_many, SimConfig, SimReport};
 use specfit_trace::{TraceHeader, TraceStep};
 
@@ -109,17 +109,13 @@ fn load(paths: &[String]) -> (TraceHeader, Vec<Vec<TraceStep>>) {
     (header.expect("at least one trace"), traces)
 }
 
-/// Every drafted child of a node on the accepted chain (the root included), counted against
-/// its probability given its parent, as the decoder counts the children of the nodes it reached.
+/// Every drafted child of a node on the accepted chain (the root included), counted as the
+/// decoder counts the children of the nodes it reached.
 fn acceptance_of(traces: &[Vec<TraceStep>]) -> Acceptance {
     let mut counts = Acceptance::new();
     for step in traces.iter().flatten() {
-        let mut reached: Vec<i64> = vec![-1];
-        reached.extend(agreeing_chain(step, usize::MAX).iter().map(|&i| i as i64));
-        for n in step.nodes.iter().filter(|n| reached.contains(&n.parent)) {
-            let above = usize::try_from(n.parent).map_or(1.0, |p| step.nodes[p].prob);
-            let q = if above > 0.0 { n.prob / above } else { 0.0 };
-            counts.record(q, n.agrees);
+        for (q, taken) in children_taken_along_chain(step) {
+            counts.record(q, taken);
         }
     }
     counts

@@ -431,15 +431,24 @@ fn choose(
 /// each child drafted (within `levels`) under a `reached` node (`-1`: the root) and whether the
 /// target takes it (its agreement flag).
 fn record_taken(step: &TraceStep, levels: usize, reached: &[i64], policy: &mut VerifyPolicy) {
-    for &parent in reached {
-        for n in step
-            .nodes
-            .iter()
-            .filter(|n| n.parent == parent && n.depth <= levels)
-        {
-            policy.record_taken(edge_prob(step, n), n.agrees);
-        }
+    for (q, taken) in children_taken(step, levels, reached) {
+        policy.record_taken(q, taken);
     }
+}
+
+/// Each node of `step` drafted within `levels` under a `reached` node (`-1`: the root): its
+/// probability given its parent and whether the target takes it.
+fn children_taken<'a>(
+    step: &'a TraceStep,
+    levels: usize,
+    reached: &'a [i64],
+) -> impl Iterator<Item = (f64, bool)> + 'a {
+    reached.iter().flat_map(move |&parent| {
+        step.nodes
+            .iter()
+            .filter(move |n| n.parent == parent && n.depth <= levels)
+            .map(move |n| (edge_prob(step, n), n.agrees))
+    })
 }
 
 /// The drafter's probability of `n` given its parent (its path probability over the parent's).
@@ -568,22 +577,24 @@ pub fn fit_confidence(base: &synth::SynthParams, k: usize, target: f64) -> f64 {
     0.5 * (lo + hi)
 }
 
-/// Probes the simulated machine as `specfit probe` probes a real one: along the trace (advancing
-/// one position per probe, like autoregressive decoding), verifies a random ancestor-closed
-/// subtree of size `n` (cycling through `0..=max_nodes`) of the recorded pool, charging the LRU
-/// caches, and records `(nodes, demand, hits, misses, ms)` under the true cost; then fits the
-/// cost model by NNLS. This is what a SpecFit deployment on that machine would believe.
-pub fn calibrate_on(
+/// Probes the simulated machine as `specfit probe` probes a real one: along the traces, one
+/// after the other (advancing one position per probe, like autoregressive decoding), verifies a
+/// random ancestor-closed subtree of size `n` (cycling through `0..=max_nodes`) of the recorded
+/// pool, charging the LRU caches, and records `(nodes, demand, hits, misses, ms)` under the true
+/// cost; then fits the cost model by NNLS. This is what a SpecFit deployment on that machine
+/// would believe.
+pub fn calibrate_on<S: AsRef<[TraceStep]>>(
     header: &TraceHeader,
-    steps: &[TraceStep],
+    traces: &[S],
     config: &SimConfig,
     max_nodes: usize,
     seed: u64,
 ) -> Result<specfit_selector::Calibration, SimError> {
     let mut rng = specfit_selector::synth::Rng::new(seed);
     let mut lru = Lru::new(header.moe_layers, config.slots);
-    let mut probes = Vec::with_capacity(steps.len());
-    for (i, step) in steps.iter().enumerate() {
+    let steps = traces.iter().flat_map(|t| t.as_ref());
+    let mut probes = Vec::with_capacity(traces.iter().map(|t| t.as_ref().len()).sum());
+    for (i, step) in steps.enumerate() {
         let want = i % (max_nodes + 1);
         // A random ancestor-closed subtree of `want` nodes.
         let parents: Vec<Option<usize>> = step

@@ -12,7 +12,8 @@
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::{
-    check_consecutive, plain_step_ms, verify_ms, verify_union, Lru, SimConfig, SimError, SimReport,
+    check_consecutive, children_taken, plain_step_ms, verify_ms, verify_union, Lru, SimConfig,
+    SimError, SimReport,
 };
 
 /// Replays `traces` one after the other (the caches carrying over, as in
@@ -45,6 +46,19 @@ pub fn agreeing_chain(step: &TraceStep, most: usize) -> Vec<usize> {
         here = next as i64;
     }
     chain
+}
+
+/// What `step` tells about the drafter's children when the target walks its whole agreeing
+/// chain: each child of the root and of every chain node, with its probability given its parent
+/// and whether the target takes it (what a decoder that verified the chain would count).
+pub fn children_taken_along_chain(step: &TraceStep) -> Vec<(f64, bool)> {
+    let mut reached = vec![-1i64];
+    reached.extend(
+        agreeing_chain(step, usize::MAX)
+            .into_iter()
+            .map(|i| i as i64),
+    );
+    children_taken(step, usize::MAX, &reached).collect()
 }
 
 /// One way to commit tokens at a position, priced at the slots' state before it.
@@ -195,5 +209,18 @@ mod tests {
         assert_eq!(agreeing_chain(&s, 0), Vec::<usize>::new());
         let none = step(&[(-1, false), (0, true)]);
         assert_eq!(agreeing_chain(&none, 7), Vec::<usize>::new());
+        // The children of the root and of chain nodes 1, 3, 4 (not 5, under node 0), each with
+        // its probability given its parent (every path probability here is 0.5).
+        assert_eq!(
+            children_taken_along_chain(&s),
+            vec![
+                (0.5, false),
+                (0.5, true),
+                (1.0, false),
+                (1.0, true),
+                (1.0, true)
+            ]
+        );
+        assert_eq!(children_taken_along_chain(&none), vec![(0.5, false)]);
     }
 }

@@ -54,7 +54,15 @@ pub const SURE_CYCLES: usize = 8;
 /// Under [`Bursts::NeverLose`], how many decoded tokens a plain step's time stays current: older
 /// ones were measured under other conditions (emptier slots, colder caches, a shorter context),
 /// and comparing today's cycles with them is how a stale measure makes speculation look good.
+/// While speculation keeps winning the horizon grows ([`PLAIN_FRESH_MAX_TOKENS`]).
 pub const PLAIN_FRESH_TOKENS: u64 = 32;
+
+/// Under [`Bursts::NeverLose`], the longest a plain step's time stays current: each refresh of
+/// the plain measure after which speculation still wins doubles the horizon from
+/// [`PLAIN_FRESH_TOKENS`] up to this, and a verdict that speculation loses brings it back. A
+/// refresh decodes [`REFRESH_STEPS`] tokens plainly while speculation is faster: every
+/// [`PLAIN_FRESH_TOKENS`] tokens that is about one token in nine, every 256 one in 65.
+pub const PLAIN_FRESH_MAX_TOKENS: u64 = 256;
 
 /// Under [`Bursts::NeverLose`], the current plain steps a verdict needs; with fewer, the next
 /// burst measures [`REFRESH_STEPS`].
@@ -89,7 +97,8 @@ pub enum Bursts {
     /// median of the latest plain steps measured within [`PLAIN_FRESH_TOKENS`] decoded tokens,
     /// so one slow step (a page fault) does not make speculation look good, nor does a step
     /// measured on the cold slots at the start; with fewer than [`PLAIN_FRESH_STEPS`] of those,
-    /// the next burst is [`REFRESH_STEPS`] long.
+    /// the next burst is [`REFRESH_STEPS`] long. A refresh after which speculation still wins
+    /// doubles how long plain steps stay current, up to [`PLAIN_FRESH_MAX_TOKENS`].
     NeverLose,
 }
 
@@ -182,6 +191,10 @@ pub struct VerifyPolicy {
     speculative: Latest<CYCLE_WINDOW>,
     plain: Latest<PLAIN_KEPT>,
     burst: usize,
+    /// How many decoded tokens a plain step's time stays current now ([`Bursts::NeverLose`]).
+    plain_fresh: u64,
+    /// Whether the burst handed out last refreshes the measure of plain decoding.
+    refreshing: bool,
     /// How often the target takes drafted children ([`VerifyPolicy::acceptance`]).
     acceptance: Option<Acceptance>,
 }
@@ -207,6 +220,8 @@ impl VerifyPolicy {
             speculative: Latest::default(),
             plain: Latest::default(),
             burst: 0,
+            plain_fresh: PLAIN_FRESH_TOKENS,
+            refreshing: false,
             acceptance: None,
         }
     }
@@ -340,15 +355,18 @@ impl VerifyPolicy {
         }
         self.decoded += tokens as u64;
         self.speculative.add(tokens, ms, self.decoded);
-        let since = self.decoded.saturating_sub(PLAIN_FRESH_TOKENS);
+        let since = self.decoded.saturating_sub(self.plain_fresh);
         let (Some(spec), Some(plain)) = (
             self.speculative.ms_per_token(),
             self.plain.median_ms_per_token(since, PLAIN_FRESH_STEPS),
         ) else {
             self.burst = REFRESH_STEPS;
+            self.refreshing = true;
             return;
         };
+        let refreshed = std::mem::take(&mut self.refreshing);
         if spec > (1.0 - WIN_MARGIN) * plain {
+            self.plain_fresh = PLAIN_FRESH_TOKENS;
             // One plain step while the first cycles run on cold caches; from SURE_CYCLES
             // cycles on, doubling, and at least enough that a probing cycle's extra time over
             // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
@@ -363,6 +381,9 @@ impl VerifyPolicy {
             let enough = enough.min(MAX_LOSING_BURST as f64) as usize;
             self.burst = doubling.max(enough);
         } else {
+            if refreshed {
+                self.plain_fresh = (2 * self.plain_fresh).min(PLAIN_FRESH_MAX_TOKENS);
+            }
             self.streak = 0;
             self.burst = 0;
         }
@@ -622,10 +643,12 @@ mod tests {
         // margin) from k = 18.
         assert_eq!(good, 18);
         // Winning, it speculates on, with REFRESH_STEPS plain steps whenever the latest plain
-        // steps are more than PLAIN_FRESH_TOKENS (32) tokens old: 33 tokens after the burst
-        // (the win's 3 and 10 cycles'), then every 11 cycles of 3 tokens.
+        // steps are older than the horizon: PLAIN_FRESH_TOKENS (32) at first, 33 tokens after
+        // the burst (the win's 3 and 10 cycles'); each refresh after which it still wins doubles
+        // the horizon up to PLAIN_FRESH_MAX_TOKENS, so the next come after 22, 43 and 86 cycles
+        // of 3 tokens (more than 64, 128 and 256 tokens).
         let mut refreshes = Vec::new();
-        for cycle in 1..=100 {
+        for cycle in 1..=250 {
             p.observe_cycle(3, 15.0);
             match run_burst(&mut p, 10.0) {
                 0 => {}
@@ -633,7 +656,53 @@ mod tests {
                 other => panic!("a burst of {other} while winning"),
             }
         }
-        assert_eq!(refreshes, [10, 21, 32, 43, 54, 65, 76, 87, 98]);
+        assert_eq!(refreshes, [10, 32, 75, 161, 247]);
+    }
+
+    #[test]
+    fn a_losing_verdict_brings_plain_refreshes_back_to_the_shortest_horizon() {
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 10.0);
+        // Winning long enough for the horizon to reach its longest.
+        let mut refreshes = 0;
+        while refreshes < 4 {
+            p.observe_cycle(3, 15.0);
+            refreshes += usize::from(run_burst(&mut p, 10.0) == REFRESH_STEPS);
+        }
+        assert_eq!(p.plain_fresh, PLAIN_FRESH_MAX_TOKENS);
+        // Cycles turn slower than plain steps: once the window says so, bursts begin.
+        let mut cycles = 0;
+        loop {
+            p.observe_cycle(1, 30.0);
+            cycles += 1;
+            let burst = run_burst(&mut p, 10.0);
+            if burst > 0 && burst != REFRESH_STEPS {
+                break;
+            }
+            assert!(
+                cycles < CYCLE_WINDOW,
+                "still no verdict after {cycles} cycles"
+            );
+        }
+        assert_eq!(p.plain_fresh, PLAIN_FRESH_TOKENS);
+        // Fast again: once the window wins, the plain steps of the last burst stay current for
+        // PLAIN_FRESH_TOKENS only (at most 11 cycles of 3 tokens), and the horizon grows again
+        // from there (22, then 43 cycles).
+        let (mut first_win, mut refreshes) = (None, Vec::new());
+        for cycle in 1..=200 {
+            p.observe_cycle(3, 15.0);
+            match run_burst(&mut p, 10.0) {
+                0 => {
+                    first_win.get_or_insert(cycle);
+                }
+                REFRESH_STEPS if first_win.is_some() => refreshes.push(cycle),
+                _ => {}
+            }
+        }
+        let first_win = first_win.expect("the window wins again");
+        assert!(refreshes[0] <= first_win + 11, "{first_win}: {refreshes:?}");
+        let gaps: Vec<usize> = refreshes.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps[..2], [22, 43], "refreshes at cycles {refreshes:?}");
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! while it replays), SpecFit starting from acceptance counts taken on other traces (every drafted
 //! child of a node the target reached: what a long-running session would have counted), with and
 //! without bursts, and the oracle ([`specfit_sim::oracle`]), all replayed with the calibration's
-//! residency-aware costs at `SLOTS` slots.
+//! residency-aware costs at `SLOTS` slots. Two references beside them: SpecFit on the
+//! calibration's counts without bursts (what the never-lose rule costs where speculation pays,
+//! and what it saves where it does not) and EAGLE-3's top-`k` for every `k` up to the
+//! calibration's node budget (no fixed tree size stands in for choosing per position).
 //!
 //! ```sh
 //! cargo run --release -p specfit-sim --example headroom -- CALIBRATION SLOTS TRACE… [--acceptance-from TRACE…]
@@ -66,6 +69,10 @@ fn main() {
             specfit(&from_calibration, Bursts::NeverLose),
         ),
         (
+            "specfit (calibration's counts, no bursts)",
+            specfit(&from_calibration, Bursts::Off),
+        ),
+        (
             "specfit (counted counts)",
             specfit(&other, Bursts::NeverLose),
         ),
@@ -77,6 +84,10 @@ fn main() {
     for (name, policy) in &rows {
         print_row(name, &replay(policy), ar);
     }
+    for top in 1..=k {
+        let name = format!("eagle3 top-{top}");
+        print_row(&name, &replay(&VerifyPolicy::top_k(top)), ar);
+    }
     let oracle = simulate_oracle(&header, &traces, k, &machine).expect("replay");
     print_row("oracle", &oracle, ar);
 }
@@ -84,11 +95,13 @@ fn main() {
 fn print_row(name: &str, r: &SimReport, ar: f64) {
     let forwards = (r.cycles + r.plain_steps).max(1) as f64;
     println!(
-        "{name:<36} {:7.2} tok/s  {:5.2}× ar  tok/forward {:.2}  nodes/forward {:.2}",
+        "{name:<42} {:7.2} tok/s  {:5.2}× ar  tok/forward {:.2}  nodes/forward {:.2}  cycles {:5}  plain steps {:5}",
         r.tokens_per_second(),
         r.tokens_per_second() / ar,
         r.committed as f64 / forwards,
-        r.verified_nodes as f64 / forwards
+        r.verified_nodes as f64 / forwards,
+        r.cycles,
+        r.plain_steps
     );
 }
 

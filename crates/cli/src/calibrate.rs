@@ -281,6 +281,7 @@ pub fn stamped_fit(
         specfit_engine::policy::tier_key(cache).into(),
     );
     stamp.insert("slots".into(), cache.slots_per_layer().into());
+    stamp.insert("in_place".into(), cache.in_place().into());
     file.target = Some(stamp);
     Ok(file)
 }

@@ -22,6 +22,8 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
     let saved: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cal).unwrap()).unwrap();
     assert_eq!(saved["target"]["tier"], "ram");
+    // The shipped safetensors experts are copied into RAM slots, not used in place.
+    assert_eq!(saved["target"]["in_place"], false);
     assert_eq!(saved["max_nodes"], 7);
 
     let dir = temp("bench-out");

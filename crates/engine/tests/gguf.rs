@@ -218,10 +218,12 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
             let tokens = greedy_tokens(&model, &mut cache, &prompt, 12);
             let stats = cache.stats().total;
             cache.verify_slots().unwrap();
-            (tokens, stats.misses, cache.tier())
+            (tokens, stats.misses, cache.tier(), cache.in_place())
         };
-        let (want, _, tier) = run(&Tier::Ram, usize::MAX);
+        let (want, misses, tier, in_place) = run(&Tier::Ram, usize::MAX);
         assert!(tier.contains("mapped"), "{tier}");
+        // Mapped experts are used where they rest: nothing is ever copied.
+        assert!(in_place && misses == 0, "{name}: {misses} misses");
         // The same experts copied into a host-RAM store (`Qwen3Moe::load`) instead of mapped.
         let (model, store) = Qwen3Moe::load(&path, None).unwrap();
         let cfg = model.config();
@@ -239,9 +241,10 @@ fn experts_streamed_from_the_gguf_give_the_tokens_of_experts_in_ram() {
             want,
             "{name}: RAM store"
         );
-        let (got, misses, tier) = run(&Tier::Disk(PathBuf::from("unused")), 2);
+        assert!(!cache.in_place(), "{name}: a RAM store copies into slots");
+        let (got, misses, tier, in_place) = run(&Tier::Disk(PathBuf::from("unused")), 2);
         assert_eq!(got, want, "{name}");
-        assert!(misses > 0, "{name}");
+        assert!(misses > 0 && !in_place, "{name}");
         assert!(tier.contains("GGUF"), "{tier}");
     }
 }

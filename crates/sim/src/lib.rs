@@ -46,6 +46,10 @@ pub struct SimConfig {
     pub slot_wait_ms: f64,
     /// A plain decoding step's own cost, when it differs from a root-only verify's.
     pub plain: Option<PlainCost>,
+    /// Every expert is used where it rests (a memory-mapped GGUF file on the RAM tier): with
+    /// as many slots as experts, the slots start holding all of them, so no forward misses, as
+    /// none copies; with fewer, this is ignored.
+    pub in_place: bool,
 }
 
 impl SimConfig {
@@ -61,6 +65,7 @@ impl SimConfig {
             read_width: 1,
             slot_wait_ms: 0.0,
             plain: None,
+            in_place: false,
         }
     }
 }
@@ -176,9 +181,16 @@ struct Charged {
 }
 
 impl Lru {
-    fn new(layers: usize, slots: usize) -> Lru {
+    /// The slots of `config` for the model of `header`: empty, or holding every expert when
+    /// the experts are used in place and there is a slot for each.
+    fn new(header: &TraceHeader, config: &SimConfig) -> Lru {
+        let (layers, slots) = (header.moe_layers, config.slots);
         Lru {
-            slots: lru::SlotLru::new(layers, slots),
+            slots: if config.in_place && slots >= header.experts {
+                lru::SlotLru::holding_all(layers, header.experts)
+            } else {
+                lru::SlotLru::new(layers, slots)
+            },
         }
     }
 
@@ -236,7 +248,7 @@ fn replay_all<'a>(
     policy: &VerifyPolicy,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    let mut lru = Lru::new(header.moe_layers, config.slots);
+    let mut lru = Lru::new(header, config);
     let mut policy = policy.clone();
     let mut report = SimReport::default();
     for steps in traces {
@@ -591,7 +603,7 @@ pub fn calibrate_on<S: AsRef<[TraceStep]>>(
     seed: u64,
 ) -> Result<specfit_selector::Calibration, SimError> {
     let mut rng = specfit_selector::synth::Rng::new(seed);
-    let mut lru = Lru::new(header.moe_layers, config.slots);
+    let mut lru = Lru::new(header, config);
     let steps = traces.iter().flat_map(|t| t.as_ref());
     let mut probes = Vec::with_capacity(traces.iter().map(|t| t.as_ref().len()).sum());
     for (i, step) in steps.enumerate() {
@@ -646,6 +658,41 @@ mod tests {
     }
 
     #[test]
+    fn experts_used_in_place_are_hits_from_the_first_forward() {
+        // Plain decoding of three positions routing {0, 1}, {1, 2}, {2, 3} in one layer of 8;
+        // a forward costs 10 ms + 2 per hit + 5 per miss.
+        let header = TraceHeader::new(1, 8, 2, 16);
+        let steps: Vec<TraceStep> = [[0u32, 1], [1, 2], [2, 3]]
+            .iter()
+            .enumerate()
+            .map(|(i, routes)| TraceStep {
+                position: i,
+                root_routes: vec![routes.to_vec()],
+                ..step(&[])
+            })
+            .collect();
+        let cost = CostModel::residency(vec![10.0; 8], 2.0, 5.0).unwrap();
+        let replay = |in_place| {
+            let config = SimConfig {
+                in_place,
+                ..SimConfig::verify_only(8, cost.clone())
+            };
+            simulate_many(
+                &header,
+                std::slice::from_ref(&steps),
+                &VerifyPolicy::plain(),
+                &config,
+            )
+            .unwrap()
+        };
+        let mapped = replay(true);
+        assert_eq!((mapped.hits, mapped.misses, mapped.time_ms), (6, 0, 42.0));
+        // Slots filled by reads: each expert's first use is a miss.
+        let read = replay(false);
+        assert_eq!((read.hits, read.misses, read.time_ms), (2, 4, 54.0));
+    }
+
+    #[test]
     fn the_children_of_reached_nodes_are_counted_as_the_engine_counts_them() {
         // The target took node 0 (edge 0.6) at the root; under it node 3 (edge 0.5 / 0.6) was
         // drafted, node 4 (depth 3) was not (2 levels drafted).
@@ -693,7 +740,9 @@ mod tests {
     /// The levels top-`k` drafts on `step` before its choice is settled.
     fn top_k_levels(step: &TraceStep, k: usize) -> usize {
         let header = TraceHeader::new(1, 4, 1, 16);
-        let lru = Lru::new(1, 0);
+        let no_slots =
+            SimConfig::verify_only(0, CostModel::residency(vec![1.0; 8], 0.0, 1.0).unwrap());
+        let lru = Lru::new(&header, &no_slots);
         choose(&header, step, &mut VerifyPolicy::top_k(k), &lru, usize::MAX)
             .unwrap()
             .1

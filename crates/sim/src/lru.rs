@@ -42,6 +42,18 @@ impl SlotLru {
         }
     }
 
+    /// One slot per expert of each layer, each holding its expert (all equally old): what a
+    /// cache of experts used in place holds from the start.
+    pub fn holding_all(layers: usize, experts: usize) -> SlotLru {
+        let mut lru = SlotLru::new(layers, experts);
+        for layer in &mut lru.layers {
+            for (e, held) in layer.holds.iter_mut().enumerate() {
+                *held = Some(e as u32);
+            }
+        }
+        lru
+    }
+
     /// Slots per layer.
     pub fn slots(&self) -> usize {
         self.slots
@@ -177,6 +189,22 @@ mod tests {
         // No cache: nothing is counted but misses.
         let mut lru = SlotLru::new(1, 0);
         assert_eq!(lru.access(0, &[1, 2]).slot_waits, 0);
+    }
+
+    #[test]
+    fn a_cache_holding_every_expert_never_misses() {
+        let mut lru = SlotLru::holding_all(2, 4);
+        assert_eq!(lru.resident(1), vec![0, 1, 2, 3]);
+        for needed in [&[0u32, 3][..], &[1, 2, 3], &[0, 1, 2, 3]] {
+            let a = lru.access(1, needed);
+            assert_eq!(
+                (a.hits, a.misses, a.slot_waits),
+                (needed.len() as u64, 0, 0)
+            );
+        }
+        // Used as any cache: the latest used are the most recent.
+        assert_eq!(lru.access_layer(0, &[2]), (1, 0));
+        assert_eq!(lru.resident(0), vec![0, 1, 3, 2]);
     }
 
     #[test]

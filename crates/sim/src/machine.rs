@@ -1,6 +1,6 @@
 //! The simulated machine of a calibration file: its replay fit (read latency, attention term,
-//! plain steps' own cost) and drafting costs as a [`SimConfig`]. It does not fit (see
-//! [`crate::fit`]) or replay.
+//! plain steps' own cost), drafting costs and whether its experts are used in place, as a
+//! [`SimConfig`]. It does not fit (see [`crate::fit`]) or replay.
 
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::CostModel;
@@ -23,6 +23,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
     let Some(r) = &cal.replay else {
         return Ok(SimConfig {
             drafting,
+            in_place: in_place(cal),
             ..SimConfig::verify_only(0, residency_fit)
         });
     };
@@ -47,6 +48,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
     };
     let true_cost = CostModel::residency(r.intercepts.clone(), r.beta_hit, r.beta_miss)?;
     Ok(SimConfig {
+        in_place: in_place(cal),
         drafting,
         context_ms: r.context_ms,
         read_round_ms: r.read_round_ms,
@@ -55,4 +57,38 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
         plain: Some(plain),
         ..SimConfig::verify_only(0, true_cost)
     })
+}
+
+/// Whether the calibration was measured on experts used in place (its target stamp's
+/// `in_place`; files written before the stamp had it say nothing, read as not).
+fn in_place(cal: &CalibrationJson) -> bool {
+    cal.target
+        .as_ref()
+        .and_then(|t| t.get("in_place"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn experts_used_in_place_are_read_from_the_calibrations_stamp() {
+        let json = |stamp: &str| {
+            format!(
+                r#"{{"format":"specfit-calibration","version":1,"max_nodes":1,
+                "cost":{{"intercepts":[1.0,2.0],"beta":0.5}},"fit":{{"rows":4,"r2":0.9,"median_abs_err_ms":0.1}},
+                "cost_residency":{{"intercepts":[1.0,2.0],"beta_hit":0.1,"beta_miss":0.5}},
+                "fit_residency":{{"rows":4,"r2":0.9,"median_abs_err_ms":0.1}}{stamp}}}"#
+            )
+        };
+        let machine =
+            |stamp: &str| from_calibration(&CalibrationJson::parse(&json(stamp)).unwrap()).unwrap();
+        assert!(machine(r#","target":{"tier":"ram","in_place":true}"#).in_place);
+        assert!(!machine(r#","target":{"tier":"ram","in_place":false}"#).in_place);
+        // Written before the stamp said so: not in place.
+        assert!(!machine(r#","target":{"tier":"ram"}"#).in_place);
+        assert!(!machine("").in_place);
+    }
 }

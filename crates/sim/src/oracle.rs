@@ -25,7 +25,7 @@ pub fn simulate_oracle(
     max_nodes: usize,
     config: &SimConfig,
 ) -> Result<SimReport, SimError> {
-    let mut lru = Lru::new(header.moe_layers, config.slots);
+    let mut lru = Lru::new(header, config);
     let mut report = SimReport::default();
     for steps in traces {
         replay(header, steps, max_nodes, config, &mut lru, &mut report)?;

@@ -247,7 +247,15 @@ pub fn check(
 ) -> Result<SetValidation> {
     let at_start = specfit_sim::machine::from_calibration(m.calibration)?;
     let (machine, costs) = match &probed {
-        Ok((file, said)) => (specfit_sim::machine::from_calibration(file)?, said.clone()),
+        // The probes' fit carries no target stamp: the experts are used in place (or not) as
+        // the start calibration's were.
+        Ok((file, said)) => (
+            SimConfig {
+                in_place: at_start.in_place,
+                ..specfit_sim::machine::from_calibration(file)?
+            },
+            said.clone(),
+        ),
         Err(why) => (at_start.clone(), why.clone()),
     };
     let mut checks = Vec::new();

@@ -160,6 +160,12 @@ impl ExpertCache {
         (self.slots.len() * slots_per_layer.min(experts) * padded(self.layout.bytes())) as u64
     }
 
+    /// Whether the store hands out every expert where it rests: no slots, no copies, every
+    /// expert resident from the start.
+    pub fn in_place(&self) -> bool {
+        self.in_place
+    }
+
     /// Slots per layer (every expert when the store maps them in place).
     pub fn slots_per_layer(&self) -> usize {
         match self.slots.first() {

@@ -7,7 +7,7 @@
 //! residency-aware costs at `SLOTS` slots. Two references beside them: SpecFit on the
 //! calibration's counts without bursts (what the never-lose rule costs where speculation pays,
 //! and what it saves where it does not) and EAGLE-3's top-`k` for every `k` up to the
-//! calibration's node budget (no fixed tree size stands in for choosing per position).
+//! calibration's node budget (whether one fixed tree size does as well as choosing per position).
 //!
 //! ```sh
 //! cargo run --release -p specfit-sim --example headroom -- CALIBRATION SLOTS TRACE… [--acceptance-from TRACE…]

@@ -4,8 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use specfit_engine::measure::PoolWalk;
-use specfit_trace::TraceHeader;
+use specfit_engine::measure::{trace_header, PoolWalk};
 
 use crate::files::write_atomic;
 use crate::walk::{Walk, WalkArgs};
@@ -39,13 +38,7 @@ pub fn run(args: &Args) -> Result<()> {
         shape,
     };
     let steps = walk.record(&prompt, args.max_tokens)?;
-    let cfg = model.config();
-    let mut header = TraceHeader::new(
-        cfg.moe_layers().len(),
-        cfg.num_experts,
-        cfg.num_experts_per_tok,
-        cfg.vocab_size,
-    );
+    let mut header = trace_header(&model);
     header.meta.insert(
         "model".into(),
         args.walk.target.model.display().to_string().into(),

@@ -304,13 +304,7 @@ pub fn run(args: &Args) -> Result<()> {
             let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
             let atlas = atlas(&mut s.atlas, &s.model_path, &s.base, &RouteChoice::Atlas)?;
             let traces = validate::traces(&s.model, &s.drafter, cache, atlas, &prompts)?;
-            let cfg = s.model.config();
-            let header = specfit_trace::TraceHeader::new(
-                cfg.moe_layers().len(),
-                cfg.num_experts,
-                cfg.num_experts_per_tok,
-                cfg.vocab_size,
-            );
+            let header = specfit_engine::measure::trace_header(&s.model);
             save_traces(&args.out, set, &header, &traces, &args.pair)?;
             let machine = validate::Machine {
                 header,
@@ -595,15 +589,12 @@ fn save_traces(
 ) -> Result<()> {
     let dir = out.join("traces");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut header = header.clone();
+    let meta = &mut header.meta;
+    meta.insert("model".into(), pair.model.display().to_string().into());
+    meta.insert("drafter".into(), pair.drafter.display().to_string().into());
+    meta.insert("set".into(), set.name.clone().into());
     for (prompt, steps) in set.prompts.iter().zip(traces) {
-        let mut header = header.clone();
-        header
-            .meta
-            .insert("model".into(), pair.model.display().to_string().into());
-        header
-            .meta
-            .insert("drafter".into(), pair.drafter.display().to_string().into());
-        header.meta.insert("set".into(), set.name.clone().into());
         header
             .meta
             .insert("question_id".into(), prompt.question_id.into());

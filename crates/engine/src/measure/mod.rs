@@ -10,7 +10,7 @@ mod walk;
 
 pub use calibration::{fit, measure_rows, CalibrationPlan, Measured, Prober};
 pub use probe::{probe, PlainStep, ProbePlan, ProbeRow, Probed};
-pub use walk::PoolWalk;
+pub use walk::{trace_header, PoolWalk};
 
 use crate::error::EngineError;
 use crate::experts::ExpertCache;

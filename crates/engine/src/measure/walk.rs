@@ -13,6 +13,18 @@ use crate::spec::{
     advance_drafter, draft_tree, verify, Atlas, DraftNode, PoolRoutes, Tree, TreeShape,
 };
 
+/// The header of the traces [`PoolWalk::record`] makes on `target`: its MoE layers, experts,
+/// experts per token and vocabulary (no meta).
+pub fn trace_header(target: &Qwen3Moe) -> specfit_trace::TraceHeader {
+    let cfg = target.config();
+    specfit_trace::TraceHeader::new(
+        cfg.moe_layers().len(),
+        cfg.num_experts,
+        cfg.num_experts_per_tok,
+        cfg.vocab_size,
+    )
+}
+
 /// A greedy walk that drafts the full pool (no stop rule) at every position and routes it with
 /// the atlas, advancing one token at a time exactly as plain greedy decoding.
 pub struct PoolWalk<'a> {

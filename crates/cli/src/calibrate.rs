@@ -388,13 +388,29 @@ fn measured_from(rows: &[(ProbeKind, ProbeJson, Probe)]) -> Option<Measured> {
 
 fn print_fit(cal: &Calibration) {
     eprintln!(
-        "{} probe rows, K = {}: paper form R² = {:.4}, median |error| = {:.3} ms",
-        cal.paper.rows, cal.max_nodes, cal.paper.r2, cal.paper.median_abs_err_ms
+        "{} probe rows, K = {}: paper form R² = {:.4}, median |error| = {:.3} ms, {}",
+        cal.paper.rows,
+        cal.max_nodes,
+        cal.paper.r2,
+        cal.paper.median_abs_err_ms,
+        context_charge(&cal.paper.cost)
     );
     if let Some(f) = &cal.residency {
         eprintln!(
-            "residency form R² = {:.4}, median |error| = {:.3} ms",
-            f.r2, f.median_abs_err_ms
+            "residency form R² = {:.4}, median |error| = {:.3} ms, {}",
+            f.r2,
+            f.median_abs_err_ms,
+            context_charge(&f.cost)
         );
+    }
+}
+
+/// How a fitted form charges attention over the context, in words.
+fn context_charge(cost: &specfit_selector::CostModel) -> String {
+    let g = cost.context_ms();
+    if g > 0.0 {
+        format!("attention {g:.2e} ms per verified row per cached token")
+    } else {
+        "no context charge".into()
     }
 }

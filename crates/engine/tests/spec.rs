@@ -298,6 +298,11 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         CostModel::paper(vec![1.0; 8], 0.0).unwrap(), // experts free: verify as much as useful
         CostModel::paper(vec![1.0; 8], 10.0).unwrap(), // experts dear: verify little
         CostModel::residency(vec![1.0; 8], 0.0, 5.0).unwrap(), // residency-aware on live slots
+        // Experts free, but each verified row dear at the cycle's context (cached tokens).
+        CostModel::paper(vec![1.0; 8], 0.0)
+            .unwrap()
+            .with_context_ms(1e3)
+            .unwrap(),
     ];
     let mut verified = Vec::new();
     for (i, cost) in costs.into_iter().enumerate() {
@@ -314,9 +319,10 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
             .unwrap();
         let wall = wall.elapsed().as_secs_f64();
         assert_eq!(got.tokens, want, "cost {i}");
-        // Every cycle searched at least once (the stop rule may search after each level).
+        // Every speculative cycle searched at least once (the stop rule may search after each
+        // level); plain steps, counted among the cycles, do not search.
         assert!(
-            got.cycles > 0 && got.select_us.len() >= got.cycles,
+            got.cycles > 0 && got.select_us.len() >= got.cycles - got.plain_steps,
             "{got:?}"
         );
         // The atlas routes outside the decode clock: its time is counted once, apart.
@@ -331,8 +337,10 @@ fn specfit_selection_with_atlas_routes_and_the_stop_rule_stays_lossless() {
         );
         verified.push(got.verified_nodes);
     }
-    // Dear experts make SpecFit verify fewer nodes than free ones.
+    // Dear experts make SpecFit verify fewer nodes than free ones, and so do dear rows at the
+    // decoder's context.
     assert!(verified[1] < verified[0], "{verified:?}");
+    assert!(verified[3] < verified[0], "{verified:?}");
     // A policy that needs routes refuses to run without a route source.
     let cost = CostModel::paper(vec![1.0; 8], 0.1).unwrap();
     let mut policy = specfit_policy(cost);

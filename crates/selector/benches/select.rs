@@ -165,6 +165,7 @@ fn bench_calibrate(c: &mut Criterion) {
                 demand,
                 ms,
                 hits_misses: None,
+                context: 0,
             }
         })
         .collect();

@@ -9,7 +9,11 @@
 //! takes less fixed time, and free per-`n` intercepts, which share their variance with the
 //! demand column, came out non-monotone on every machine measured (a 6-node verify "cheaper" than
 //! a 1-node one), which the search then took at face value. When rows carry hits and misses, the
-//! residency-aware form `a[nodes] + β_hit · hits + β_miss · misses` is fitted too.
+//! residency-aware form `a[nodes] + β_hit · hits + β_miss · misses` is fitted too. When the
+//! rows were measured at different contexts (`context`, tokens cached before the root), both
+//! forms get the term `γ · (nodes + 1) · context` too: every verified row attends to every
+//! cached token, so at long contexts a node costs more than its experts. With one context per
+//! node count the term cannot be told apart from the intercepts and is left out (`γ = 0`).
 //! This module owns the fit and its quality report; measuring probes is the engine's job.
 
 use crate::cost::{CostModel, ExpertCost};
@@ -27,6 +31,26 @@ pub struct Probe {
     pub ms: f64,
     /// Resident and copied experts, when measured.
     pub hits_misses: Option<(u64, u64)>,
+    /// Tokens cached before the root (each verified row attends to them).
+    pub context: u64,
+}
+
+/// Least spread of contexts (tokens) among the rows of one node count for the fit to separate
+/// the context term from the intercepts ([`context_varies`]).
+pub const CONTEXT_SPREAD: u64 = 64;
+
+/// Whether the rows of some node count were measured at contexts at least [`CONTEXT_SPREAD`]
+/// tokens apart: only then is the context column not a function of the node count, which the
+/// intercept columns already span.
+pub fn context_varies(probes: &[Probe]) -> bool {
+    let max_nodes = probes.iter().map(|p| p.nodes).max().unwrap_or(0);
+    let mut span = vec![(u64::MAX, 0u64); max_nodes + 1];
+    for p in probes {
+        let (lo, hi) = &mut span[p.nodes];
+        (*lo, *hi) = ((*lo).min(p.context), (*hi).max(p.context));
+    }
+    span.iter()
+        .any(|&(lo, hi)| lo <= hi && hi - lo >= CONTEXT_SPREAD)
 }
 
 /// One fitted cost form and how well it explains the probes.
@@ -126,7 +150,8 @@ pub fn intercepts_from_steps(steps: &[f64]) -> Vec<f64> {
 /// Fits one form: intercept columns ([`node_columns`]), then `demand` or `hits, misses`.
 fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error> {
     let counts = if residency { 2 } else { 1 };
-    let cols = max_nodes + 1 + counts;
+    let context = context_varies(probes);
+    let cols = max_nodes + 1 + counts + usize::from(context);
     let mut data = vec![0.0; probes.len() * cols];
     for (r, p) in probes.iter().enumerate() {
         let row = &mut data[r * cols..(r + 1) * cols];
@@ -137,6 +162,9 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
                 row[max_nodes + 2] = m as f64;
             }
             _ => row[max_nodes + 1] = p.demand as f64,
+        }
+        if context {
+            row[cols - 1] = ((p.nodes + 1) as u64).saturating_mul(p.context) as f64;
         }
     }
     let b: Vec<f64> = probes.iter().map(|p| p.ms).collect();
@@ -159,12 +187,16 @@ fn fit(probes: &[Probe], max_nodes: usize, residency: bool) -> Result<Fit, Error
             beta: x[max_nodes + 1],
         }
     };
-    let cost = CostModel::new(intercepts, expert)?;
+    let gamma = if context { x[cols - 1] } else { 0.0 };
+    let cost = CostModel::new(intercepts, expert)?.with_context_ms(gamma)?;
     let predicted: Vec<f64> = probes
         .iter()
-        .map(|p| match p.hits_misses {
-            Some((h, m)) if residency => cost.time_ms(p.nodes, h as u32, m as u32),
-            _ => cost.time_ms(p.nodes, 0, p.demand as u32),
+        .map(|p| {
+            let at = cost.at_context(usize::try_from(p.context).unwrap_or(usize::MAX));
+            match p.hits_misses {
+                Some((h, m)) if residency => at.time_ms(p.nodes, h as u32, m as u32),
+                _ => at.time_ms(p.nodes, 0, p.demand as u32),
+            }
         })
         .collect();
     let (r2, median_abs_err_ms) = quality(&b, &predicted);
@@ -279,6 +311,7 @@ mod tests {
                     demand,
                     ms,
                     hits_misses: None,
+                    context: 0,
                 });
             }
         }
@@ -302,6 +335,47 @@ mod tests {
     }
 
     #[test]
+    fn rows_at_different_contexts_give_the_per_row_context_charge() {
+        // ms = a[n] + β · demand + γ · (n + 1) · context, contexts from 40 to 1 940 tokens.
+        let (a, beta, gamma) = ([20.0, 21.0, 21.5, 23.0], 0.211, 0.004);
+        let mut rows = probes(&a, beta, 0.0);
+        for (i, r) in rows.iter_mut().enumerate() {
+            r.context = 40 + 100 * (i as u64 % 20);
+            r.ms += gamma * (r.nodes + 1) as f64 * r.context as f64;
+        }
+        assert!(context_varies(&rows));
+        let cal = calibrate(&rows).unwrap();
+        let got = cal.paper.cost.context_ms();
+        assert!((got - gamma).abs() < 1e-9, "{got}");
+        for (got, want) in cal.paper.cost.intercepts().iter().zip(a) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        assert!(cal.paper.median_abs_err_ms < 1e-6, "{:?}", cal.paper);
+        // Without the column the same rows fit worse: the fit did use it.
+        let flat: Vec<Probe> = rows.iter().map(|r| Probe { context: 0, ..*r }).collect();
+        let without = calibrate(&flat).unwrap();
+        assert_eq!(without.paper.cost.context_ms(), 0.0);
+        assert!(without.paper.median_abs_err_ms > 1.0, "{:?}", without.paper);
+    }
+
+    #[test]
+    fn one_context_per_node_count_leaves_the_context_charge_out() {
+        // Each node count measured at its own context: the charge is a function of the count,
+        // which the intercepts already are; contexts closer than CONTEXT_SPREAD count as one.
+        let mut rows = probes(&[20.0, 21.0, 21.5], 0.2, 0.0);
+        for r in rows.iter_mut() {
+            r.context = 100 * r.nodes as u64 + r.demand % 2 * (CONTEXT_SPREAD - 1);
+        }
+        assert!(!context_varies(&rows));
+        let cal = calibrate(&rows).unwrap();
+        assert_eq!(cal.paper.cost.context_ms(), 0.0);
+        // One row CONTEXT_SPREAD tokens past its count's others (at 0 and 63) is enough.
+        assert_eq!((rows[0].nodes, rows[0].context), (0, 0));
+        rows[0].context = CONTEXT_SPREAD;
+        assert!(context_varies(&rows));
+    }
+
+    #[test]
     fn fitted_intercepts_never_fall_as_nodes_are_added() {
         // Measured times whose per-node means dip at n = 2 (noise shared with demand): the fit
         // keeps a[2] ≥ a[1] and matches a free fit where that fit is already monotone.
@@ -315,6 +389,7 @@ mod tests {
                     demand,
                     ms: 10.0 + n as f64 + dip + 0.1 * demand as f64,
                     hits_misses: None,
+                    context: 0,
                 }
             })
             .collect();
@@ -341,6 +416,7 @@ mod tests {
                 demand: 100 + i as u64,
                 ms: 50.0 - i as f64,
                 hits_misses: None,
+                context: 0,
             })
             .collect();
         let cal = calibrate(&rows).unwrap();
@@ -360,6 +436,7 @@ mod tests {
                     demand: h + m,
                     ms,
                     hits_misses: Some((h, m)),
+                    context: 0,
                 }
             })
             .collect();
@@ -383,12 +460,14 @@ mod tests {
                 demand: 1,
                 ms: 1.0,
                 hits_misses: None,
+                context: 0,
             },
             Probe {
                 nodes: 2,
                 demand: 1,
                 ms: 1.0,
                 hits_misses: None,
+                context: 0,
             },
         ];
         assert_eq!(
@@ -403,6 +482,7 @@ mod tests {
             demand: 1,
             ms: f64::NAN,
             hits_misses: None,
+            context: 0,
         }];
         assert!(matches!(
             calibrate(&nan).unwrap_err(),
@@ -418,12 +498,14 @@ mod tests {
                 demand: 1,
                 ms: 1.0,
                 hits_misses: Some((1, 0)),
+                context: 0,
             },
             Probe {
                 nodes: 0,
                 demand: 1,
                 ms: 1.0,
                 hits_misses: None,
+                context: 0,
             },
         ];
         assert_eq!(

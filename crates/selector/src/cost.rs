@@ -1,9 +1,12 @@
 //! Predicted verify time of a subtree: `a[n] + β · Σ_l |U_l|` (the paper's form) or, given the
-//! experts already resident, `a[n] + β_hit · hits + β_miss · misses` (residency-aware form).
+//! experts already resident, `a[n] + β_hit · hits + β_miss · misses` (residency-aware form),
+//! plus, in either form, `γ · (n + 1) · c` for attention over the `c` cached tokens.
 //!
 //! `n` is the number of verified draft nodes, `U_l` the union of the experts the root and the
-//! selected nodes route to in layer `l`. This module owns the formula and the resident sets; it
-//! does not search and does not fit the coefficients (that is `calibrate`).
+//! selected nodes route to in layer `l`; each of the `n + 1` verified rows attends to every cached
+//! token, so at long contexts a node costs more than its experts. This module owns the formula
+//! and the resident sets; it does not search and does not fit the coefficients (that is
+//! `calibrate`).
 
 use crate::bitset;
 use crate::error::{Error, Owner};
@@ -17,11 +20,14 @@ pub enum ExpertCost {
     Residency { beta_hit: f64, beta_miss: f64 },
 }
 
-/// Intercepts per verified-node count plus the per-expert charge. Times are in milliseconds.
+/// Intercepts per verified-node count plus the per-expert charge and the per-row context
+/// charge. Times are in milliseconds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CostModel {
     intercepts: Vec<f64>,
     expert: ExpertCost,
+    /// `γ`: ms per verified row (the root's included) per cached token.
+    context_ms: f64,
 }
 
 fn check_beta(name: &'static str, value: f64) -> Result<f64, Error> {
@@ -74,7 +80,47 @@ impl CostModel {
                 check_beta("beta_miss", beta_miss)?;
             }
         }
-        Ok(CostModel { intercepts, expert })
+        Ok(CostModel {
+            intercepts,
+            expert,
+            context_ms: 0.0,
+        })
+    }
+
+    /// The same model charging `context_ms` per verified row (the root's included) per cached
+    /// token (finite, ≥ 0).
+    pub fn with_context_ms(mut self, context_ms: f64) -> Result<CostModel, Error> {
+        self.context_ms = check_beta("context_ms", context_ms)?;
+        Ok(self)
+    }
+
+    /// `γ`: ms per verified row per cached token (0: the time does not depend on the context).
+    pub fn context_ms(&self) -> f64 {
+        self.context_ms
+    }
+
+    /// The model at `context` cached tokens: the context charge folded into the intercepts,
+    /// `a[n] + γ · (n + 1) · context`, and no context charge left.
+    pub fn at_context(&self, context: usize) -> CostModel {
+        let mut at = CostModel {
+            intercepts: Vec::with_capacity(self.intercepts.len()),
+            expert: self.expert,
+            context_ms: 0.0,
+        };
+        self.fold_context(context, &mut at);
+        at
+    }
+
+    /// [`CostModel::at_context`] written into `out`, reusing its memory (the selector does
+    /// this once per pool).
+    pub(crate) fn fold_context(&self, context: usize, out: &mut CostModel) {
+        let per_row = self.context_ms * context as f64;
+        out.intercepts.clear();
+        out.intercepts.extend(
+            (self.intercepts.iter().enumerate()).map(|(n, a)| a + per_row * (n + 1) as f64),
+        );
+        out.expert = self.expert;
+        out.context_ms = 0.0;
     }
 
     /// The intercepts `a[0..]`.
@@ -105,7 +151,8 @@ impl CostModel {
     }
 
     /// Predicted time (ms) of verifying `nodes` draft nodes whose union holds `hits` resident
-    /// and `misses` non-resident experts. Under the uniform form only `hits + misses` matters.
+    /// and `misses` non-resident experts, with no token cached (see [`CostModel::at_context`]).
+    /// Under the uniform form only `hits + misses` matters.
     ///
     /// This is the one place the formula is evaluated, so the search, its oracle and the
     /// reports agree to the last bit. It is monotone in `hits` and `misses`, which the search's
@@ -222,6 +269,25 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("intercepts[0] = inf"), "{e}");
+    }
+
+    #[test]
+    fn each_verified_row_pays_the_context_charge_once_per_cached_token() {
+        let cost = CostModel::paper(vec![10.0, 12.0, 13.0], 0.5)
+            .unwrap()
+            .with_context_ms(0.002)
+            .unwrap();
+        // 1 000 cached tokens: 2 ms per row; two nodes and the root are three rows.
+        let at = cost.at_context(1000);
+        assert_eq!(at.intercepts(), [12.0, 16.0, 19.0]);
+        assert_eq!(at.context_ms(), 0.0);
+        assert_eq!(at.time_ms(2, 0, 10), 19.0 + 5.0);
+        // No context, or no charge: the intercepts as given.
+        assert_eq!(cost.at_context(0).intercepts(), [10.0, 12.0, 13.0]);
+        let plain = CostModel::paper(vec![10.0, 12.0, 13.0], 0.5).unwrap();
+        assert_eq!(plain.at_context(5000), plain);
+        let e = plain.with_context_ms(-1e-3).unwrap_err().to_string();
+        assert!(e.contains("context_ms = -0.001"), "{e}");
     }
 
     #[test]

@@ -48,6 +48,9 @@ pub struct PoolJson {
     pub resident: Option<Vec<Vec<u32>>>,
     #[serde(default)]
     pub objective: Option<serde_json::Value>,
+    /// Tokens cached before the root (each verified row attends to them); absent: 0.
+    #[serde(default)]
+    pub context: Option<usize>,
 }
 
 /// The root's routes.
@@ -77,6 +80,9 @@ pub struct CostJson {
     pub beta_hit: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beta_miss: Option<f64>,
+    /// ms per verified row (the root's included) per cached token; absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_ms: Option<f64>,
 }
 
 impl CostJson {
@@ -96,7 +102,8 @@ impl CostJson {
                 })
             }
         };
-        CostModel::new(self.intercepts.clone(), expert)
+        CostModel::new(self.intercepts.clone(), expert)?
+            .with_context_ms(self.context_ms.unwrap_or(0.0))
     }
 
     /// The interchange form of a cost model.
@@ -113,6 +120,7 @@ impl CostJson {
             beta,
             beta_hit,
             beta_miss,
+            context_ms: (cost.context_ms() > 0.0).then_some(cost.context_ms()),
         }
     }
 }
@@ -150,6 +158,7 @@ impl PoolJson {
             };
             b.push(parent, node.prob, &node.routes)?;
         }
+        b.context(self.context.unwrap_or(0));
         let pool = b.build();
         let resident = match &self.resident {
             Some(r) => Some(ResidentSet::new(self.layers, self.experts, r)?),
@@ -316,6 +325,7 @@ impl ProbeJson {
             demand: self.demand,
             ms: self.ms,
             hits_misses,
+            context: self.context.unwrap_or(0) as u64,
         };
         crate::calibrate::check_probe(row, &probe)?;
         Ok(probe)

@@ -30,6 +30,8 @@ pub struct Pool {
     root_mask: Vec<u64>,
     /// Node routes, flat over L·E bits. N × W words.
     masks: Vec<u64>,
+    /// Tokens cached before the root: what each verified row attends to.
+    context: usize,
 }
 
 /// A pool as plain data (the form the interchange format and generators produce).
@@ -43,6 +45,8 @@ pub struct PoolSpec {
     pub root_routes: Option<Vec<Vec<u32>>>,
     /// Draft nodes, parents before children.
     pub nodes: Vec<NodeSpec>,
+    /// Tokens cached before the root.
+    pub context: usize,
 }
 
 /// One draft node as plain data.
@@ -66,6 +70,7 @@ impl PoolSpec {
         for node in &self.nodes {
             b.push(node.parent, node.prob, &node.routes)?;
         }
+        b.context(self.context);
         Ok(b.build())
     }
 }
@@ -92,6 +97,7 @@ impl PoolBuilder {
                 root_routed: false,
                 root_mask: vec![0; words],
                 masks: Vec::new(),
+                context: 0,
             },
         })
     }
@@ -104,6 +110,13 @@ impl PoolBuilder {
         p.root_mask = bits;
         p.root_routed = true;
         Ok(self)
+    }
+
+    /// Sets the tokens cached before the root (0 unless set): each verified row attends to
+    /// them, which the cost model may charge ([`crate::CostModel::at_context`]).
+    pub fn context(&mut self, tokens: usize) -> &mut Self {
+        self.pool.context = tokens;
+        self
     }
 
     /// Adds a draft node under `parent` (`None` = the root) and returns its index.
@@ -231,6 +244,11 @@ impl Pool {
             .then(|| bitset::to_routes(&self.root_mask, self.layers, self.experts))
     }
 
+    /// Tokens cached before the root.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
     /// The pool as plain data.
     pub fn to_spec(&self) -> PoolSpec {
         PoolSpec {
@@ -244,6 +262,7 @@ impl Pool {
                     routes: self.routes(i),
                 })
                 .collect(),
+            context: self.context,
         }
     }
 
@@ -299,6 +318,7 @@ mod tests {
                     routes: vec![vec![], vec![2]],
                 },
             ],
+            context: 1234,
         };
         assert_eq!(spec.build().unwrap().to_spec(), spec);
     }

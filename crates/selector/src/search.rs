@@ -78,7 +78,11 @@ struct Best {
 /// selects without allocating.
 #[derive(Clone)]
 pub struct Selector {
+    /// The cost model as given.
     cost: CostModel,
+    /// The cost model at the context of the pool being selected on (`cost` with its context
+    /// charge folded into the intercepts, [`CostModel::at_context`]).
+    priced: CostModel,
     max_nodes: usize,
     objective: Objective,
     kernels: Kernels,
@@ -127,6 +131,7 @@ impl Selector {
             Objective::lambda(lambda)?;
         }
         Ok(Selector {
+            priced: cost.at_context(0),
             cost,
             max_nodes,
             objective,
@@ -155,7 +160,7 @@ impl Selector {
         self.kernels.name
     }
 
-    /// The cost model.
+    /// The cost model (as given: its context charge applies at each pool's context).
     pub fn cost(&self) -> &CostModel {
         &self.cost
     }
@@ -170,39 +175,41 @@ impl Selector {
         self.objective
     }
 
-    /// Chooses the subtree of `pool` to verify. `resident` only matters under the
-    /// residency-aware cost; without it nothing is resident.
+    /// Chooses the subtree of `pool` to verify, priced at the pool's context. `resident` only
+    /// matters under the residency-aware cost; without it nothing is resident.
     pub fn select(
         &mut self,
         pool: &Pool,
         resident: Option<&ResidentSet>,
     ) -> Result<Selection, Error> {
-        self.load_resident(pool, resident)?;
+        self.load(pool, resident)?;
         match self.objective {
             Objective::Ratio | Objective::Lambda { .. } => self.search(pool),
             Objective::TopK => Ok(self.evaluate_unchecked(pool, &top_k(pool, self.max_nodes))),
             Objective::All => {
-                self.cost.check_covers(pool.len())?;
+                self.priced.check_covers(pool.len())?;
                 Ok(self.evaluate_unchecked(pool, &(0..pool.len()).collect::<Vec<_>>()))
             }
             Objective::None => Ok(self.evaluate_unchecked(pool, &[])),
         }
     }
 
-    /// Scores a given ancestor-closed node set under this selector's cost and objective
-    /// (with the resident set of the last `select`, or none).
+    /// Scores a given ancestor-closed node set under this selector's cost (at the pool's
+    /// context) and objective, with `resident` (or nothing) resident.
     pub fn evaluate(
         &mut self,
         pool: &Pool,
         resident: Option<&ResidentSet>,
         nodes: &[usize],
     ) -> Result<Selection, Error> {
-        self.load_resident(pool, resident)?;
-        self.cost.check_covers(nodes.len())?;
+        self.load(pool, resident)?;
+        self.priced.check_covers(nodes.len())?;
         Ok(self.evaluate_unchecked(pool, nodes))
     }
 
-    fn load_resident(&mut self, pool: &Pool, resident: Option<&ResidentSet>) -> Result<(), Error> {
+    /// Prices at `pool`'s context and loads the resident set.
+    fn load(&mut self, pool: &Pool, resident: Option<&ResidentSet>) -> Result<(), Error> {
+        self.cost.fold_context(pool.context(), &mut self.priced);
         self.resident.clear();
         match resident {
             Some(r) => {
@@ -246,7 +253,7 @@ impl Selector {
         stats: SearchStats,
     ) -> Selection {
         let reward = plain_reward(nodes.iter().map(|&i| pool.prob(i)));
-        let time_ms = self.cost.time_ms(nodes.len(), hits, misses);
+        let time_ms = self.priced.time_ms(nodes.len(), hits, misses);
         Selection {
             nodes,
             reward,
@@ -262,7 +269,7 @@ impl Selector {
     /// Under the uniform cost every expert counts as a miss (the split is irrelevant there, and
     /// this keeps `hits = 0` as documented).
     fn split(&self, hits: u32, misses: u32) -> (u32, u32) {
-        if self.cost.is_residency() {
+        if self.priced.is_residency() {
             (hits, misses)
         } else {
             (0, hits + misses)
@@ -283,14 +290,14 @@ impl Selector {
         self.best = Best {
             objective: self
                 .objective
-                .score(reward(0), self.cost.time_ms(0, hits, misses)),
+                .score(reward(0), self.priced.time_ms(0, hits, misses)),
             nodes: Vec::with_capacity(self.max_nodes),
             hits,
             misses,
         };
         self.stats = SearchStats::default();
         if self.max_nodes > 0 && !self.frontiers[0].is_empty() {
-            if self.cost.is_residency() {
+            if self.priced.is_residency() {
                 self.dfs::<true>(pool, 0, 0, hits, misses);
             } else {
                 self.dfs::<false>(pool, 0, 0, hits, misses);
@@ -386,7 +393,7 @@ impl Selector {
             self.stats.visited += 1;
             let objective = self
                 .objective
-                .score(reward(rq2), self.cost.time_ms(n, h2, m2));
+                .score(reward(rq2), self.priced.time_ms(n, h2, m2));
             self.offer(objective, n, h2, m2);
             if n < k {
                 self.next_frontier(level, j, v);
@@ -406,7 +413,7 @@ impl Selector {
             let r = reward(rq + m as u64 * pmax);
             best = best.max(
                 self.objective
-                    .score(r, self.cost.time_ms(level + m, hits, misses)),
+                    .score(r, self.priced.time_ms(level + m, hits, misses)),
             );
         }
         best
@@ -549,6 +556,29 @@ mod tests {
         assert_eq!(top_k(&pool, 1), vec![2]);
         assert_eq!(top_k(&pool, 2), vec![0, 2]);
         assert_eq!(top_k(&pool, 3), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_long_context_makes_a_node_too_dear_to_verify() {
+        // a = 10 ms for any size, experts free, 0.01 ms per row per cached token; one node of
+        // probability 0.5. No context: 1.5 / 10 beats 1 / 10. At 2 000 tokens each row costs
+        // 20 ms: 1.5 / 50 = 0.030 loses to 1 / 30 = 0.033.
+        let cost = CostModel::paper(vec![10.0; 2], 0.0)
+            .unwrap()
+            .with_context_ms(0.01)
+            .unwrap();
+        let mut sel = Selector::new(cost.clone(), 1, Objective::Ratio).unwrap();
+        let mut b = PoolBuilder::new(1, 8).unwrap();
+        b.push(None, 0.5, &[[1u32]]).unwrap();
+        let short = b.clone().build();
+        let long = b.context(2000).clone().build();
+        let near = sel.select(&short, None).unwrap();
+        assert_eq!((near.nodes, near.time_ms), (vec![0], 10.0));
+        let far = sel.select(&long, None).unwrap();
+        assert_eq!((far.nodes, far.time_ms), (vec![], 30.0));
+        assert_eq!(sel.evaluate(&long, None, &[0]).unwrap().time_ms, 50.0);
+        // The selector keeps the model as given.
+        assert_eq!(sel.cost(), &cost);
     }
 
     #[test]

@@ -131,6 +131,7 @@ pub fn pool(shape: &Shape, seed: u64) -> PoolSpec {
         experts: shape.experts,
         root_routes: Some(root),
         nodes,
+        context: 0,
     }
 }
 

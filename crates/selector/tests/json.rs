@@ -183,6 +183,7 @@ fn a_calibration_file_round_trips_and_rejects_other_formats() {
             demand: 100 + i as u64 * 7,
             ms: 5.0 + (i % 3) as f64 + 0.1 * (100 + i * 7) as f64,
             hits_misses: None,
+            context: 0,
         })
         .collect();
     let file = CalibrationJson::new(&calibrate(&probes).unwrap());
@@ -199,6 +200,54 @@ fn a_calibration_file_round_trips_and_rejects_other_formats() {
         .unwrap_err()
         .to_string()
         .contains("format = \"something-else\""));
+}
+
+#[test]
+fn a_pools_context_and_a_costs_context_charge_are_read_and_written() {
+    // The GOOD pool at 1 000 cached tokens, its cost charging 0.002 ms per row per token.
+    let text = GOOD
+        .replace("\"beta\": 0.5}", "\"beta\": 0.5, \"context_ms\": 0.002}")
+        .replace("\"max_nodes\": 2,", "\"max_nodes\": 2, \"context\": 1000,");
+    let overrides = Overrides::default();
+    let problem = read_pools(&text, &overrides).next().unwrap().unwrap();
+    assert_eq!(problem.pool.context(), 1000);
+    assert_eq!(problem.cost.context_ms(), 0.002);
+    assert_eq!(
+        problem.cost.at_context(1000).intercepts(),
+        [12.0, 14.5, 17.0]
+    );
+    // Absent, both are 0; a negative charge is refused with its value.
+    let plain = read_pools(GOOD, &overrides).next().unwrap().unwrap();
+    assert_eq!((plain.pool.context(), plain.cost.context_ms()), (0, 0.0));
+    let bad = text.replace("0.002", "-0.002");
+    assert!(
+        first_error(&bad).contains("context_ms = -0.002"),
+        "{}",
+        first_error(&bad)
+    );
+    // A calibration fitted at varied contexts writes the charge and reads it back.
+    let probes: Vec<Probe> = (0..30)
+        .map(|i| {
+            let (n, c) = (i % 3, 50 + 90 * i as u64);
+            Probe {
+                nodes: n,
+                demand: 100 + i as u64 * 7,
+                ms: 5.0
+                    + n as f64
+                    + 0.1 * (100 + i * 7) as f64
+                    + 0.003 * ((n + 1) as u64 * c) as f64,
+                hits_misses: None,
+                context: c,
+            }
+        })
+        .collect();
+    let file = CalibrationJson::new(&calibrate(&probes).unwrap());
+    let text = serde_json::to_string_pretty(&file).unwrap();
+    assert!(text.contains("\"context_ms\""), "{text}");
+    let back = CalibrationJson::parse(&text).unwrap();
+    assert_eq!(back, file);
+    let gamma = back.cost_model(false).unwrap().context_ms();
+    assert!((gamma - 0.003).abs() < 1e-9, "{gamma}");
 }
 
 proptest! {

@@ -482,7 +482,7 @@ fn pool_upto(
     policy: &VerifyPolicy,
 ) -> Result<Pool, SimError> {
     let mut b = PoolBuilder::new(header.moe_layers, header.experts)?;
-    b.root_routes(&step.root_routes)?;
+    b.root_routes(&step.root_routes)?.context(step.position);
     let nodes: Vec<(&TraceNode, Option<usize>)> = nodes_upto(step, depth).collect();
     let scored: Vec<_> = nodes
         .iter()
@@ -592,8 +592,8 @@ pub fn fit_confidence(base: &synth::SynthParams, k: usize, target: f64) -> f64 {
 /// Probes the simulated machine as `specfit probe` probes a real one: along the traces, one
 /// after the other (advancing one position per probe, like autoregressive decoding), verifies a
 /// random ancestor-closed subtree of size `n` (cycling through `0..=max_nodes`) of the recorded
-/// pool, charging the LRU caches, and records `(nodes, demand, hits, misses, ms)` under the true
-/// cost; then fits the cost model by NNLS. This is what a SpecFit deployment on that machine
+/// pool, charging the LRU caches, and records `(nodes, demand, hits, misses, context, ms)` under
+/// the true cost and the machine's attention charge; then fits the cost model by NNLS. This is what a SpecFit deployment on that machine
 /// would believe.
 pub fn calibrate_on<S: AsRef<[TraceStep]>>(
     header: &TraceHeader,
@@ -618,14 +618,17 @@ pub fn calibrate_on<S: AsRef<[TraceStep]>>(
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
         let Charged { hits, misses, .. } = lru.access(&union, config.read_width);
+        let context = step.position as f64;
         let ms = config
             .true_cost
-            .time_ms(chosen.len(), hits as u32, misses as u32);
+            .time_ms(chosen.len(), hits as u32, misses as u32)
+            + config.context_ms * (chosen.len() + 1) as f64 * context;
         probes.push(specfit_selector::Probe {
             nodes: chosen.len(),
             demand,
             ms,
             hits_misses: Some((hits, misses)),
+            context: step.position as u64,
         });
     }
     Ok(specfit_selector::calibrate(&probes)?)
@@ -634,7 +637,7 @@ pub fn calibrate_on<S: AsRef<[TraceStep]>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use specfit_selector::Acceptance;
+    use specfit_selector::{Acceptance, Objective, Selector};
 
     /// A trace step from (parent, prob, depth) triples, listed level by level.
     fn step(nodes: &[(i64, f64, usize)]) -> TraceStep {
@@ -727,6 +730,31 @@ mod tests {
             (0, 0.5, 2),
             (3, 0.4, 3),
         ])
+    }
+
+    #[test]
+    fn specfit_prices_each_position_at_the_tokens_cached_before_it() {
+        // One node of 0.5; a = 10 ms, experts free, 0.01 ms per row per cached token: worth
+        // verifying at the start, not at 2 000 tokens (1.5 / 50 against 1 / 30).
+        let header = TraceHeader::new(1, 4, 1, 16);
+        let cost = CostModel::paper(vec![10.0; 2], 0.0)
+            .unwrap()
+            .with_context_ms(0.01)
+            .unwrap();
+        let machine = SimConfig::verify_only(0, cost.clone());
+        let lru = Lru::new(&header, &machine);
+        let mut policy = VerifyPolicy::specfit(Selector::new(cost, 1, Objective::Ratio).unwrap());
+        let at = |position| TraceStep {
+            position,
+            ..step(&[(-1, 0.5, 1)])
+        };
+        let chosen = |policy: &mut VerifyPolicy, position| {
+            choose(&header, &at(position), policy, &lru, usize::MAX)
+                .unwrap()
+                .0
+        };
+        assert_eq!(chosen(&mut policy, 0), vec![0]);
+        assert_eq!(chosen(&mut policy, 2000), Vec::<usize>::new());
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
         return Ok(SimConfig {
             drafting,
             in_place: in_place(cal),
+            context_ms: residency_fit.context_ms(),
             ..SimConfig::verify_only(0, residency_fit)
         });
     };

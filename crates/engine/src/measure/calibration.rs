@@ -194,6 +194,7 @@ pub fn fit(m: &Measured, max_nodes: usize) -> Result<(CalibrationJson, Calibrati
             demand: r.demand,
             ms: r.ms,
             hits_misses: Some((r.hits, r.misses)),
+            context: r.context as u64,
         })
         .collect();
     let cal = calibrate(&rows)?;

@@ -510,21 +510,23 @@ impl Chooser<'_, '_> {
         Ok(decision)
     }
 
-    /// The selector's pool of `pool`: with routes when the policy needs them, else parent links
-    /// and path probabilities over empty routes.
+    /// The selector's pool of `pool` at the cycle's context: with routes when the policy needs
+    /// them, else parent links and path probabilities over empty routes.
     fn selector_pool(&mut self, pool: &[DraftNode]) -> Result<Pool, EngineError> {
         let num_experts = self.at.target.config().num_experts;
+        let context = self.at.kv.len();
         if !self.policy.needs_routes() {
             let none: [&[u32]; 1] = [&[]];
             let mut b = PoolBuilder::new(1, num_experts)?;
             for node in pool {
                 b.push(node.parent, node.prob.clamp(0.0, 1.0), &none)?;
             }
+            b.context(context);
             return Ok(b.build());
         }
         let routes = self.routes.route(&mut self.at, pool, self.latest.take())?;
         let mut b = PoolBuilder::new(routes.root.len(), num_experts)?;
-        b.root_routes(&routes.root)?;
+        b.root_routes(&routes.root)?.context(context);
         let nodes: Vec<_> = pool.iter().map(|n| (n.parent, n.edge, n.prob)).collect();
         let probs = self.policy.path_probs(&nodes);
         for ((node, r), p) in pool.iter().zip(&routes.nodes).zip(probs) {

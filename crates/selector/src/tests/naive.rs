@@ -51,7 +51,9 @@ pub(crate) fn score(
     let mut sorted = nodes.to_vec();
     sorted.sort_unstable();
     let plain = sorted.iter().fold(1.0, |a, &i| a + spec.nodes[i].prob);
-    let time = cost.time_ms(nodes.len(), hits, demand - hits);
+    let time = cost
+        .at_context(spec.context)
+        .time_ms(nodes.len(), hits, demand - hits);
     NaivePick {
         nodes: sorted,
         key: objective.score(exact, time),

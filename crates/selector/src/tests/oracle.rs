@@ -24,6 +24,8 @@ struct Case {
     lambda: Option<f64>,
     root_routed: bool,
     tie_heavy: bool,
+    /// Tokens cached before the root, and the cost's charge per row per cached token.
+    context: (usize, f64),
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -45,6 +47,7 @@ fn case() -> impl Strategy<Value = Case> {
         prop_oneof![Just(None), (0.0f64..0.2).prop_map(Some)],
         any::<bool>(),
         any::<bool>(),
+        prop_oneof![Just((0usize, 0.0f64)), (0usize..4096, 0.0f64..0.01)],
     )
         .prop_map(
             |(
@@ -58,6 +61,7 @@ fn case() -> impl Strategy<Value = Case> {
                 lambda,
                 root_routed,
                 tie_heavy,
+                context,
             )| {
                 Case {
                     seed,
@@ -70,6 +74,7 @@ fn case() -> impl Strategy<Value = Case> {
                     lambda,
                     root_routed,
                     tie_heavy,
+                    context,
                 }
             },
         )
@@ -134,7 +139,9 @@ fn build(c: &Case) -> (PoolSpec, CostModel, Objective, Vec<Vec<u32>>) {
         CostModel::residency(intercepts, beta * rng.unit(), beta * 3.0).unwrap()
     } else {
         CostModel::paper(intercepts, beta).unwrap()
-    };
+    }
+    .with_context_ms(c.context.1)
+    .unwrap();
     let objective = match c.lambda {
         Some(l) => Objective::lambda(l).unwrap(),
         None => Objective::Ratio,
@@ -152,6 +159,7 @@ fn build(c: &Case) -> (PoolSpec, CostModel, Objective, Vec<Vec<u32>>) {
         experts: c.experts,
         root_routes: c.root_routed.then_some(root),
         nodes,
+        context: c.context.0,
     };
     (spec, cost, objective, resident)
 }

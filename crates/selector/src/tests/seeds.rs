@@ -98,6 +98,7 @@ impl Seed {
             experts: E,
             root_routes: Some(vec![self.root.to_vec()]),
             nodes,
+            context: 0,
         };
         let cost = match self.residency {
             None => CostModel::paper(self.intercepts.to_vec(), self.beta),

@@ -46,6 +46,11 @@ fn calibrate_measures_the_shipped_models_and_bench_reports_every_policy_lossless
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["format"], "specfit-bench");
     assert_eq!(report["lossless"], true);
+    // The calibration's context charge as saved (absent there: not fitted, 0).
+    let gamma = saved["cost"]
+        .get("context_ms")
+        .map_or(0.0, |v| v.as_f64().unwrap());
+    assert_eq!(report["calibration"]["context_ms"].as_f64(), Some(gamma));
     let sets = report["sets"].as_array().unwrap();
     assert_eq!(sets.len(), 2);
     for set in sets {

@@ -152,6 +152,8 @@ pub struct CalibrationSummary {
     pub beta_ms: Option<f64>,
     pub beta_hit_ms: Option<f64>,
     pub beta_miss_ms: Option<f64>,
+    /// The paper form's charge per verified row per cached token (0: not fitted).
+    pub context_ms: f64,
     pub r2: f64,
     pub median_abs_err_ms: f64,
 }
@@ -241,6 +243,7 @@ impl Report {
                 beta_ms: c.cost.beta,
                 beta_hit_ms: c.cost_residency.as_ref().and_then(|r| r.beta_hit),
                 beta_miss_ms: c.cost_residency.as_ref().and_then(|r| r.beta_miss),
+                context_ms: c.cost.context_ms.unwrap_or(0.0),
                 r2: c.fit.r2,
                 median_abs_err_ms: c.fit.median_abs_err_ms,
             },
@@ -338,7 +341,7 @@ impl Report {
         let _ = writeln!(out, "# specfit bench\n");
         let _ = writeln!(
             out,
-            "Model `{}`, experts on the {} tier, default {} of {} slots per layer, ≤ {} new tokens per prompt, K = {}; {} CPUs, {} compute threads ({} {}). Calibration `{}` (R² {:.3}, median error {:.3} ms). Run time {:.0} s.\n",
+            "Model `{}`, experts on the {} tier, default {} of {} slots per layer, ≤ {} new tokens per prompt, K = {}; {} CPUs, {} compute threads ({} {}). Calibration `{}` (R² {:.3}, median error {:.3} ms; attention {:.2e} ms per verified row per cached token). Run time {:.0} s.\n",
             self.model,
             self.tier,
             self.default_slots,
@@ -352,6 +355,7 @@ impl Report {
             self.calibration.path,
             self.calibration.r2,
             self.calibration.median_abs_err_ms,
+            self.calibration.context_ms,
             self.seconds
         );
         let _ = writeln!(out, "**Lossless:** {}.\n", self.lossless_words());

@@ -170,7 +170,7 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     let limit = args.limit.unwrap_or(usize::MAX);
     let mut prompts = match &args.prompts {
         Some(path) => read_prompts(path, &tokenizer, limit)?,
-        None => default_prompts(&tokenizer)?,
+        None => calibration_prompts(&tokenizer)?,
     };
     prompts.truncate(limit);
     let plan = CalibrationPlan {
@@ -188,14 +188,29 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
 }
 
 /// The shipped calibration prompts: 24 GSM8K train questions and 6 CNN/DM training articles (short
-/// and long contexts), all disjoint from the bench prompts.
+/// and long contexts), all disjoint from the bench prompts, in file order.
 pub fn default_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
-    let mut prompts = Vec::new();
-    for file in ["gsm8k_train.jsonl", "cnn_dm_train.jsonl"] {
+    let (short, long) = shipped_prompts(tokenizer)?;
+    Ok([short, long].concat())
+}
+
+/// The shipped calibration prompts in the order calibration probes them: the articles spread
+/// among the questions ([`specfit_engine::measure::spread`]; `--limit 5` takes 4 and 1).
+pub fn calibration_prompts(tokenizer: &Tokenizer) -> Result<Vec<Vec<u32>>> {
+    let (short, long) = shipped_prompts(tokenizer)?;
+    Ok(specfit_engine::measure::spread(short, long))
+}
+
+/// Tokenized prompts, one token list each.
+type Prompts = Vec<Vec<u32>>;
+
+/// The shipped GSM8K questions and CNN/DM articles.
+fn shipped_prompts(tokenizer: &Tokenizer) -> Result<(Prompts, Prompts)> {
+    let read = |file: &str| {
         let path = crate::paths::shipped(&format!("data/calibration/{file}"));
-        prompts.extend(read_prompts(&path, tokenizer, usize::MAX)?);
-    }
-    Ok(prompts)
+        read_prompts(&path, tokenizer, usize::MAX)
+    };
+    Ok((read("gsm8k_train.jsonl")?, read("cnn_dm_train.jsonl")?))
 }
 
 /// Fits measured rows ([`specfit_engine::measure::fit`]) and prints each fit's quality.
@@ -296,7 +311,7 @@ pub fn measure_and_save(
     max_nodes: usize,
     path: &Path,
 ) -> Result<CalibrationJson> {
-    let prompts = default_prompts(tokenizer)?;
+    let prompts = calibration_prompts(tokenizer)?;
     let mut cache = base.sibling(base.slots_per_layer(), specfit_engine::CacheMode::Lru)?;
     let plan = CalibrationPlan {
         cycles: 32,

@@ -154,9 +154,10 @@ impl CostModel {
     /// and `misses` non-resident experts, with no token cached (see [`CostModel::at_context`]).
     /// Under the uniform form only `hits + misses` matters.
     ///
-    /// This is the one place the formula is evaluated, so the search, its oracle and the
-    /// reports agree to the last bit. It is monotone in `hits` and `misses`, which the search's
-    /// bound relies on.
+    /// This is the one place the formula is evaluated (on the model at the pool's context, its
+    /// charge folded into the intercepts by [`CostModel::at_context`]), so the search, its
+    /// oracle and the reports agree to the last bit. It is monotone in `hits` and `misses`,
+    /// which the search's bound relies on.
     #[inline]
     pub fn time_ms(&self, nodes: usize, hits: u32, misses: u32) -> f64 {
         let a = self.intercepts[nodes];

@@ -179,6 +179,25 @@ impl Prober {
     }
 }
 
+/// Calibration prompts in the order to probe them: `long` (long contexts) spread evenly among
+/// `short`, each after its share of the short ones. A prompt's probes run back to back, so long
+/// prompts probed one after another would share one stretch of the machine's speed, and a slow
+/// spell there would be fitted as the cost of attention over their contexts.
+pub fn spread<T>(short: Vec<T>, long: Vec<T>) -> Vec<T> {
+    let (s, l) = (short.len(), long.len());
+    let mut out = Vec::with_capacity(s + l);
+    let mut long = long.into_iter().enumerate().peekable();
+    for (i, p) in short.into_iter().enumerate() {
+        out.push(p);
+        // Long prompt j goes right after the first ⌈(j + 1) · s / l⌉ short ones.
+        while let Some((_, q)) = long.next_if(|&(j, _)| (j + 1) * s <= (i + 1) * l) {
+            out.push(q);
+        }
+    }
+    out.extend(long.map(|(_, q)| q));
+    out
+}
+
 /// Plain steps timed after each prompt's probe cycles (half of them on the emptied cache).
 const PLAIN_STEPS: usize = 16;
 
@@ -249,5 +268,28 @@ pub fn plain_row(s: &PlainStep) -> VerifyRow {
 fn fit_error(e: specfit_sim::SimError) -> EngineError {
     EngineError::Fit {
         reason: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn long_prompts_are_spread_evenly_among_the_short_ones() {
+        // 24 short and 6 long: one long after every 4 short, as the shipped calibration probes.
+        let short: Vec<u32> = (0..24).collect();
+        let long: Vec<u32> = (100..106).collect();
+        let order = spread(short, long);
+        assert_eq!(order.len(), 30);
+        let at: Vec<usize> = (100..106)
+            .map(|q| order.iter().position(|&p| p == q).unwrap())
+            .collect();
+        assert_eq!(at, [4, 9, 14, 19, 24, 29]);
+        assert_eq!(order[..4], [0, 1, 2, 3]);
+        // Uneven counts, and either side empty.
+        assert_eq!(spread(vec![1, 2, 3], vec![9, 8]), [1, 2, 9, 3, 8]);
+        assert_eq!(spread(Vec::new(), vec![9, 8]), [9, 8]);
+        assert_eq!(spread(vec![1, 2], Vec::new()), [1, 2]);
     }
 }

@@ -8,7 +8,7 @@ mod calibration;
 mod probe;
 mod walk;
 
-pub use calibration::{fit, measure_rows, CalibrationPlan, Measured, Prober};
+pub use calibration::{fit, measure_rows, spread, CalibrationPlan, Measured, Prober};
 pub use probe::{probe, PlainStep, ProbePlan, ProbeRow, Probed};
 pub use walk::{trace_header, PoolWalk};
 

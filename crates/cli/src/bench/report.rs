@@ -397,6 +397,9 @@ impl Report {
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
             let _ = writeln!(out, "\nWithin 10%: {within} of {of} configurations.\n");
+            if v.headroom.is_empty() {
+                continue;
+            }
             let _ = writeln!(
                 out,
                 "Headroom: the same traces replayed with the same costs by an oracle that knows which drafts the target takes (it verifies the prefix of the accepted chain, or none, that commits fastest at the slots' state; `specfit_sim::oracle`), beside plain decoding and the fastest replayed configuration.\n"
@@ -591,4 +594,71 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::validate::{Headroom, SetValidation};
+
+    /// A report with no runs whose validation covers one set with `headroom`.
+    fn validated(headroom: Vec<Headroom>) -> Report {
+        Report {
+            format: "specfit-bench",
+            version: 1,
+            machine: Machine {
+                cpus: 2,
+                compute_threads: 2,
+                os: "linux",
+                arch: "x86_64",
+            },
+            model: "m".into(),
+            tier: "disk".into(),
+            experts_per_layer: 64,
+            default_slots: 16,
+            max_new_tokens: 28,
+            max_nodes: 7,
+            calibration: CalibrationSummary {
+                path: "c".into(),
+                intercepts_ms: vec![1.0],
+                beta_ms: Some(0.1),
+                beta_hit_ms: None,
+                beta_miss_ms: None,
+                context_ms: 1e-4,
+                r2: 0.9,
+                median_abs_err_ms: 0.1,
+            },
+            lossless: true,
+            seconds: 1.0,
+            sets: Vec::new(),
+            validation: vec![SetValidation {
+                name: "summarization".into(),
+                prompts: 2,
+                checks: Vec::new(),
+                headroom,
+                within_10_percent: 0,
+                costs: "probed".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_headroom_table_is_written_only_for_sets_that_have_one() {
+        assert!(!validated(Vec::new()).markdown().contains("Headroom"));
+        let row = Headroom {
+            slots: 16,
+            oracle_tok_s: 150.0,
+            ar_tok_s: 100.0,
+            oracle_tokens_per_cycle: 2.5,
+            best_label: "specfit".into(),
+            best_tok_s: 110.0,
+        };
+        let md = validated(vec![row]).markdown();
+        assert!(md.contains("Headroom:"), "{md}");
+        assert!(md.contains("| 16 |"), "{md}");
+        assert!(
+            md.contains("attention 1.00e-4 ms per verified row per cached token"),
+            "{md}"
+        );
+    }
 }

@@ -368,7 +368,13 @@ fn verify_ms(config: &SimConfig, nodes: usize, c: &Charged, context: f64) -> f64
         .time_ms(nodes, c.hits as u32, c.misses as u32)
         + config.read_round_ms * c.read_rounds as f64
         + config.slot_wait_ms * c.slot_waits as f64
-        + config.context_ms * (nodes + 1) as f64 * context
+        + attention_ms(config, nodes, context)
+}
+
+/// The machine's attention charge for a verify of `nodes` nodes and the root over `context`
+/// cached tokens.
+fn attention_ms(config: &SimConfig, nodes: usize, context: f64) -> f64 {
+    config.context_ms * (nodes + 1) as f64 * context
 }
 
 /// A plain decoding step's time: the plain-step cost when the machine has one, else a
@@ -593,8 +599,8 @@ pub fn fit_confidence(base: &synth::SynthParams, k: usize, target: f64) -> f64 {
 /// after the other (advancing one position per probe, like autoregressive decoding), verifies a
 /// random ancestor-closed subtree of size `n` (cycling through `0..=max_nodes`) of the recorded
 /// pool, charging the LRU caches, and records `(nodes, demand, hits, misses, context, ms)` under
-/// the true cost and the machine's attention charge; then fits the cost model by NNLS. This is what a SpecFit deployment on that machine
-/// would believe.
+/// the true cost and the machine's attention charge; then fits the cost model by NNLS. This is
+/// what a SpecFit deployment on that machine would believe.
 pub fn calibrate_on<S: AsRef<[TraceStep]>>(
     header: &TraceHeader,
     traces: &[S],
@@ -618,11 +624,10 @@ pub fn calibrate_on<S: AsRef<[TraceStep]>>(
         let union = verify_union(header, step, &chosen);
         let demand: u64 = union.iter().map(|u| u.len() as u64).sum();
         let Charged { hits, misses, .. } = lru.access(&union, config.read_width);
-        let context = step.position as f64;
         let ms = config
             .true_cost
             .time_ms(chosen.len(), hits as u32, misses as u32)
-            + config.context_ms * (chosen.len() + 1) as f64 * context;
+            + attention_ms(config, chosen.len(), step.position as f64);
         probes.push(specfit_selector::Probe {
             nodes: chosen.len(),
             demand,

@@ -21,11 +21,13 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
     // Required either way (a calibration without it is refused).
     let residency_fit = cal.cost_model(true)?;
     let Some(r) = &cal.replay else {
+        // The attention charge moves to the machine's own term (the replay prices the cost
+        // model at no context), so it is counted once.
         return Ok(SimConfig {
             drafting,
             in_place: in_place(cal),
             context_ms: residency_fit.context_ms(),
-            ..SimConfig::verify_only(0, residency_fit)
+            ..SimConfig::verify_only(0, residency_fit.at_context(0))
         });
     };
     let plain = match &r.plain {

@@ -323,9 +323,12 @@ pub unsafe fn gemm_raw(
     panels: std::ops::Range<usize>,
     out: RowsOut,
 ) {
-    let ahead = |size: usize| match panels.len() * x.k * PANEL * size > PREFETCH_MIN_BYTES {
-        true => AHEAD,
-        false => 0,
+    let ahead = |size: usize| {
+        if panels.len() * x.k * PANEL * size > PREFETCH_MIN_BYTES {
+            AHEAD
+        } else {
+            0
+        }
     };
     // SAFETY: the caller's contract.
     unsafe {

@@ -248,7 +248,7 @@ impl<'a> QuantView<'a> {
             Some(kernel) => unsafe { self.wide_cols(kernel, acts, cols, out) },
             None => cols,
         };
-        let cols = match fast_cols_kernel(isa, self.ty, blocks) {
+        let cols = match fast_cols_kernel(isa, self.ty) {
             Some(kernel) if acts.rows == 1 => {
                 // SAFETY: the caller's contract.
                 unsafe { self.one_row_cols(kernel, acts, cols, out) }
@@ -779,16 +779,15 @@ const Q8_0_WIDE_MIN_ROWS: usize = 2;
 /// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
 /// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS
 /// "One activation row, eight outputs side by side"). The k-quants only with VNNI (the side by
-/// side step wants AVX-512's 32 registers), Q6_K only up to 4 blocks a row (at 8 it measured
-/// 2–3% slower than a row at a time, at 3 11% faster).
-fn fast_cols_kernel(isa: Isa, ty: GgmlType, blocks: usize) -> Option<ColsKernel> {
+/// side step wants AVX-512's 32 registers).
+fn fast_cols_kernel(isa: Isa, ty: GgmlType) -> Option<ColsKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && has_vnni() {
         match ty {
             GgmlType::Q8_0 => return Some(vnni::q8_0_cols),
             GgmlType::Q4_K => return Some(vnni::q4_k_cols::<false>),
             GgmlType::Q5_K => return Some(vnni::q4_k_cols::<true>),
-            GgmlType::Q6_K if blocks <= 4 => return Some(vnni::q6_k_cols),
+            GgmlType::Q6_K => return Some(vnni::q6_k_cols),
             _ => {}
         }
     }
@@ -803,7 +802,7 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, blocks: usize) -> Option<ColsKernel>
             _ => None,
         };
     }
-    let _ = (isa, ty, blocks);
+    let _ = (isa, ty);
     None
 }
 

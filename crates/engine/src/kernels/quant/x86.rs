@@ -51,8 +51,15 @@ pub(super) unsafe fn halves_of(at: [*const u8; 8]) -> __m256 {
 #[inline]
 pub(super) fn prefetch_part<const HINT: i32>(ahead: &[u8], b: usize, parts: usize) {
     let part = ahead.len().div_ceil(parts);
+    prefetch_lines::<HINT>(ahead, part * b, part);
+}
+
+/// Asks for the `len` bytes of `ahead` from `at` (clipped to it) to be loaded into the cache
+/// level `HINT` names (a hint; no effect on results).
+#[inline]
+pub(super) fn prefetch_lines<const HINT: i32>(ahead: &[u8], at: usize, len: usize) {
     let bytes = ahead
-        .get(part * b..ahead.len().min(part * (b + 1)))
+        .get(at.min(ahead.len())..ahead.len().min(at + len))
         .unwrap_or(&[]);
     for line in bytes.chunks(64) {
         // SAFETY: prefetching is a hint on a valid address and never faults.
@@ -386,10 +393,11 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
 /// ahead a part per block.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `acts` is one row of `blocks` blocks; `block` is safe to call for
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C (the VNNI kernels' features, so that their
+/// block step inlines here); `acts` is one row of `blocks` blocks; `block` is safe to call for
 /// every weight row `j < COLS` and block `b < blocks`.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn drive_cols<const MINS: bool>(
     blocks: usize,
     acts: &super::QuantActs,
@@ -398,27 +406,25 @@ pub(super) unsafe fn drive_cols<const MINS: bool>(
     mut block: impl FnMut(usize, usize) -> BlockSums<1>,
 ) {
     let mut lanes = [_mm256_setzero_ps(); 8];
-    for b0 in (0..blocks).step_by(8) {
-        // Each lane written out so that the accumulators stay in registers.
-        macro_rules! at {
-            ($($c:literal)*) => {$(
-                let b = b0 + $c;
-                if b < blocks {
-                    prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
-                    let o: [BlockSums<1>; 8] = std::array::from_fn(|j| block(j, b));
-                    let (d, dmin) = factors(std::array::from_fn(|j| o[j].f));
-                    // SAFETY: block b of the one activation row (the caller's contract).
-                    let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked(b) });
-                    let s1 = hsum_rows::<8>(&std::array::from_fn(|j| o[j].s1[0]));
-                    lanes[$c] = fma_rows(lanes[$c], d, da, s1);
-                    if MINS {
-                        let s2 = hsum_rows::<8>(&std::array::from_fn(|j| o[j].s2[0]));
-                        lanes[$c] = fma_rows(lanes[$c], dmin, da, s2);
-                    }
-                }
-            )*};
+    let part = ahead.len().div_ceil(blocks.max(1));
+    for b in 0..blocks {
+        prefetch_lines::<_MM_HINT_T0>(ahead, part * b, part);
+        // Plain loops, not `array::from_fn`: a closure handed to a function without this
+        // function's target features is not inlined into it (a call per row and block).
+        let zero = _mm256_setzero_si256();
+        let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [zero; 8], [zero; 8]);
+        for j in 0..8 {
+            let o = block(j, b);
+            (f[j], s1[j], s2[j]) = (o.f, o.s1[0], o.s2[0]);
         }
-        at!(0 1 2 3 4 5 6 7);
+        let (d, dmin) = factors(f);
+        // SAFETY: block b of the one activation row (the caller's contract).
+        let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked(b) });
+        let l = b % 8;
+        lanes[l] = fma_rows(lanes[l], d, da, hsum_rows::<8>(&s1));
+        if MINS {
+            lanes[l] = fma_rows(lanes[l], dmin, da, hsum_rows::<8>(&s2));
+        }
     }
     // SAFETY: 8 floats.
     unsafe { _mm256_storeu_ps(out.as_mut_ptr(), lanes_tree(lanes)) };

@@ -5,6 +5,7 @@
 //! are the MoE block's ([`crate::model`]); fetching the experts is the cache's.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::quant::{QuantActs, QuantView};
 use super::{silu, Isa, PackedView};
@@ -14,7 +15,7 @@ use crate::threads::SharedOut;
 
 /// Runs every expert of `batch` over its rows: `rows(e)` gives the rows of `outputs` (H wide)
 /// expert `e` writes and its input rows (m × H). Several experts: spread over the threads (one
-/// hand-off per batch). One expert (a read that just finished): its matmuls are split by output
+/// hand-off per batch, each thread taking the next expert left). One expert (a read that just finished): its matmuls are split by output
 /// panel instead. Each output is computed by one thread in one fixed order either way.
 pub(crate) fn run_experts(
     layout: ExpertLayout,
@@ -39,10 +40,11 @@ pub(crate) fn run_experts(
     let pool = crate::threads::pool();
     let parts = pool.threads();
     if batch.len() > 1 && parts > 1 {
-        pool.run(&|part| {
-            let mine: Vec<&(u32, ExpertMatrices<'_>)> =
-                batch.iter().skip(part).step_by(parts).collect();
-            for &&(e, matrices) in &mine {
+        // Each thread takes the next expert nobody has taken, so one slow expert (more rows, a
+        // stall on memory) does not leave the others waiting at the end of the batch.
+        let next = AtomicUsize::new(0);
+        pool.run(&|_| {
+            while let Some(&(e, matrices)) = batch.get(next.fetch_add(1, Ordering::Relaxed)) {
                 compute(e, matrices, false);
             }
         });

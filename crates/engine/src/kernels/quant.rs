@@ -248,12 +248,11 @@ impl<'a> QuantView<'a> {
             Some(kernel) => unsafe { self.wide_cols(kernel, acts, cols, out) },
             None => cols,
         };
-        let cols = match fast_cols_kernel(isa, self.ty) {
-            Some(kernel) if acts.rows == 1 => {
-                // SAFETY: the caller's contract.
-                unsafe { self.one_row_cols(kernel, acts, cols, out) }
-            }
-            _ => cols,
+        let cols = if fast_cols_kernel(isa, self.ty, acts.rows.min(SIDE_BY_SIDE_ROWS)).is_some() {
+            // SAFETY: the caller's contract.
+            unsafe { self.side_by_side(isa, acts, cols, out) }
+        } else {
+            cols
         };
         for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
             prefetch(weights(j));
@@ -313,26 +312,45 @@ impl<'a> QuantView<'a> {
         j..cols.end
     }
 
-    /// Outputs `cols` of one activation row into `out` by `kernel`, [`COLS`] at a time
-    /// ([`QuantView::by_groups`]); returns the columns left (fewer than [`COLS`]).
+    /// Outputs `cols` of every activation row into `out` (`rows × n`), [`COLS`] weight rows
+    /// side by side at a time ([`QuantView::by_groups`]) against groups of up to
+    /// [`SIDE_BY_SIDE_ROWS`] activation rows ([`fast_cols_kernel`]); returns the columns left
+    /// (fewer than [`COLS`]).
     ///
     /// # Safety
-    /// `out` points to `n` floats; `kernel` runs on this CPU, for this matrix's type.
-    unsafe fn one_row_cols(
+    /// `out` points to `acts.rows × n` floats; [`fast_cols_kernel`] has a kernel for this
+    /// matrix's type on `isa` for every group size this takes.
+    unsafe fn side_by_side(
         &self,
-        kernel: ColsKernel,
+        isa: Isa,
         acts: &QuantActs,
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) -> std::ops::Range<usize> {
+        let groups: Vec<(usize, ColsKernel)> = (0..acts.rows)
+            .step_by(SIDE_BY_SIDE_ROWS)
+            .map(|r0| {
+                let rows = (acts.rows - r0).min(SIDE_BY_SIDE_ROWS);
+                let kernel = fast_cols_kernel(isa, self.ty, rows);
+                (
+                    r0,
+                    kernel.expect("a side by side kernel for every group size"),
+                )
+            })
+            .collect();
+        let mut got = vec![[0.0f32; COLS]; acts.rows];
         self.by_groups::<COLS>(cols, |j, group, ahead| {
-            let mut got = [0.0f32; COLS];
-            // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
-            // `acts` one row quantized for them.
-            unsafe { kernel(group, ahead, acts, &mut got) };
-            for (i, v) in got.into_iter().enumerate() {
-                // SAFETY: `j + i` is a column inside `out` (the caller's contract).
-                unsafe { *out.add(j + i) = v };
+            for &(r0, kernel) in &groups {
+                let rows = (acts.rows - r0).min(SIDE_BY_SIDE_ROWS);
+                // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
+                // `acts` quantized for them, with rows `r0..r0 + rows`.
+                unsafe { kernel(group, ahead, acts, r0, &mut got[r0..r0 + rows]) };
+            }
+            for (r, row) in got.iter().enumerate() {
+                for (i, &v) in row.iter().enumerate() {
+                    // SAFETY: `(r, j + i)` is inside `out` (the caller's contract).
+                    unsafe { *out.add(r * self.n + j + i) = v };
+                }
             }
         })
     }
@@ -742,9 +760,10 @@ pub(crate) fn block_reference(
 /// (`acts.lanes` floats, one per activation row, then padding the kernel may write).
 type RowKernel = unsafe fn(&[u8], &QuantActs, &mut [f32]);
 
-/// [`COLS`] consecutive weight rows against one activation row, output `j` of the group
-/// written to `out[j]`.
-type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [f32; COLS]);
+/// [`COLS`] consecutive weight rows side by side (and the next group's bytes to read ahead)
+/// against the activation rows from `r0` it was chosen for: output `j` of row `r0 + i`
+/// written to `out[i][j]`.
+type ColsKernel = unsafe fn(&[u8], &[u8], &QuantActs, usize, &mut [[f32; COLS]]);
 
 /// [`WIDE`] consecutive weight rows (and the next group's bytes to read ahead) against every
 /// activation row: output `j` of row `r` written to `out[r][j]`.
@@ -776,23 +795,44 @@ fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
 #[cfg(target_arch = "x86_64")]
 const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
-/// The kernel for `ty` on `isa` that runs [`COLS`] outputs of one activation row of `blocks`
-/// blocks side by side, where one beats [`fast_kernel`] a row at a time (measured: BENCHMARKS
-/// "One activation row, eight outputs side by side"). The k-quants only with VNNI (the side by
-/// side step wants AVX-512's 32 registers).
-fn fast_cols_kernel(isa: Isa, ty: GgmlType) -> Option<ColsKernel> {
+/// The kernel for `ty` on `isa` that runs [`COLS`] weight rows side by side against `rows`
+/// activation rows, where one beats [`fast_kernel`] a weight row at a time (measured:
+/// BENCHMARKS "One activation row, eight outputs side by side" and "The one-row k-quant kernels
+/// inlined"): the k-quants with VNNI (the side by side step wants AVX-512's 32 registers) up to
+/// [`SIDE_BY_SIDE_ROWS`] rows (more run in groups of as many), the 32-element types for one
+/// row.
+fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && has_vnni() {
+        // One instance per group size, 1 to `SIDE_BY_SIDE_ROWS`.
+        macro_rules! by_rows {
+            ($kernel:ident $(, $g:literal)*) => {
+                match rows {
+                    1 => Some(vnni::$kernel::<$($g,)* 1> as ColsKernel),
+                    2 => Some(vnni::$kernel::<$($g,)* 2>),
+                    3 => Some(vnni::$kernel::<$($g,)* 3>),
+                    4 => Some(vnni::$kernel::<$($g,)* 4>),
+                    5 => Some(vnni::$kernel::<$($g,)* 5>),
+                    6 => Some(vnni::$kernel::<$($g,)* 6>),
+                    7 => Some(vnni::$kernel::<$($g,)* 7>),
+                    8 => Some(vnni::$kernel::<$($g,)* 8>),
+                    _ => None,
+                }
+            };
+        }
         match ty {
-            GgmlType::Q8_0 => return Some(vnni::q8_0_cols),
-            GgmlType::Q4_K => return Some(vnni::q4_k_cols::<false>),
-            GgmlType::Q5_K => return Some(vnni::q4_k_cols::<true>),
-            GgmlType::Q6_K => return Some(vnni::q6_k_cols),
+            GgmlType::Q8_0 if rows == 1 => return Some(vnni::q8_0_cols),
+            GgmlType::Q4_K => return by_rows!(q4_k_cols, false),
+            GgmlType::Q5_K => return by_rows!(q4_k_cols, true),
+            GgmlType::Q6_K => return by_rows!(q6_k_cols),
             _ => {}
         }
     }
     #[cfg(target_arch = "x86_64")]
-    if matches!(isa, Isa::Avx2 | Isa::Avx512) && std::arch::is_x86_feature_detected!("f16c") {
+    if rows == 1
+        && matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
         return match ty {
             GgmlType::Q8_0 => Some(avx2::q8_0_cols),
             GgmlType::Q4_0 => Some(avx2::legacy_cols::<false, false>),
@@ -802,9 +842,13 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType) -> Option<ColsKernel> {
             _ => None,
         };
     }
-    let _ = (isa, ty);
+    let _ = (isa, ty, rows);
     None
 }
+
+/// Activation rows the k-quants run side by side at once on VNNI (more run in groups; the
+/// kernels are instantiated for each group size up to it in [`fast_cols_kernel`]).
+const SIDE_BY_SIDE_ROWS: usize = 8;
 
 /// The fast kernel for `ty` on `isa`: the VNNI kernels on AVX-512 with VNNI, the AVX2 ones
 /// (`vpmaddubsw`, whose 16-bit pair sums cannot saturate on these types) on AVX2 or on AVX-512

@@ -299,7 +299,8 @@ pub(super) unsafe fn legacy_cols<const FIVE: bool, const MIN: bool>(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
-    out: &mut [f32; COLS],
+    _r0: usize,
+    out: &mut [[f32; COLS]],
 ) {
     let (block, _, bias) = legacy_layout(FIVE, MIN);
     let row_bytes = rows.len() / COLS;
@@ -327,7 +328,7 @@ pub(super) unsafe fn legacy_cols<const FIVE: bool, const MIN: bool>(
                 v = fma_rows(v, m, da, _mm256_set1_epi32(sum));
             }
         }
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        _mm256_storeu_ps(out[0].as_mut_ptr(), v);
     }
 }
 
@@ -381,7 +382,13 @@ unsafe fn q8_0_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
 /// The CPU has AVX2, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0` blocks, `acts` one
 /// row quantized for them with as many blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
+pub(super) unsafe fn q8_0_cols(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    _r0: usize,
+    out: &mut [[f32; COLS]],
+) {
     let row_bytes = rows.len() / COLS;
     let blocks = row_bytes / 34;
     let ones = _mm256_set1_epi16(1);
@@ -402,6 +409,6 @@ pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out:
             let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
             v = fma_rows(v, d, da, hsum_rows(&s));
         }
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        _mm256_storeu_ps(out[0].as_mut_ptr(), v);
     }
 }

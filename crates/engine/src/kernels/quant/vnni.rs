@@ -81,25 +81,27 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     }
 }
 
-/// [`q4_k`] against one activation row for [`COLS`] consecutive weight rows (`rows`), output
-/// `j` in lane `j` ([`drive_cols`]).
+/// [`q4_k`] against the `N` activation rows of `acts` from `r0` for [`COLS`] consecutive
+/// weight rows (`rows`), output `j` of activation row `r0 + i` in `out[i][j]` ([`drive_cols`]).
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole blocks of
-/// the type, `acts` one row quantized for them with as many blocks.
+/// the type, `acts` quantized for them with as many blocks, with rows `r0..r0 + N`; `out` is
+/// `N` long.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q4_k_cols<const FIVE: bool>(
+pub(super) unsafe fn q4_k_cols<const FIVE: bool, const N: usize>(
     rows: &[u8],
     ahead: &[u8],
     acts: &QuantActs,
-    out: &mut [f32; COLS],
+    r0: usize,
+    out: &mut [[f32; COLS]],
 ) {
     let row_bytes = rows.len() / COLS;
     let block = if FIVE { 176 } else { 144 };
     // SAFETY: the caller's contract.
     unsafe {
-        drive_cols::<true>(row_bytes / block, acts, ahead, out, |j, b| {
-            q4_k_block::<FIVE, 1>(rows.as_ptr().add(j * row_bytes), b, acts, 0)
+        drive_cols::<N, true>(row_bytes / block, acts, r0, ahead, out, |j, b| {
+            q4_k_block::<FIVE, N>(rows.as_ptr().add(j * row_bytes), b, acts, r0)
         });
     }
 }
@@ -222,17 +224,24 @@ unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
     }
 }
 
-/// [`q6_k`] against one activation row for [`COLS`] consecutive weight rows, as [`q4_k_cols`].
+/// [`q6_k`] against the `N` activation rows of `acts` for [`COLS`] consecutive weight rows, as
+/// [`q4_k_cols`].
 ///
 /// # Safety
 /// As [`q4_k_cols`], for `Q6_K`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q6_k_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
+pub(super) unsafe fn q6_k_cols<const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; COLS]],
+) {
     let row_bytes = rows.len() / COLS;
     // SAFETY: the caller's contract.
     unsafe {
-        drive_cols::<false>(row_bytes / 210, acts, ahead, out, |j, b| {
-            q6_k_block::<1>(rows.as_ptr().add(j * row_bytes), b, acts, 0)
+        drive_cols::<N, false>(row_bytes / 210, acts, r0, ahead, out, |j, b| {
+            q6_k_block::<N>(rows.as_ptr().add(j * row_bytes), b, acts, r0)
         });
     }
 }
@@ -322,7 +331,13 @@ unsafe fn q6_k_block<const N: usize>(
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0`
 /// blocks, `acts` one row quantized for them with as many blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out: &mut [f32; COLS]) {
+pub(super) unsafe fn q8_0_cols(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    _r0: usize,
+    out: &mut [[f32; COLS]],
+) {
     let row_bytes = rows.len() / COLS;
     let blocks = row_bytes / 34;
     let bias = _mm512_set1_epi8(-128);
@@ -347,7 +362,7 @@ pub(super) unsafe fn q8_0_cols(rows: &[u8], ahead: &[u8], acts: &QuantActs, out:
             let da = _mm256_set1_ps(*acts.d.get_unchecked(b));
             v = fma_rows(v, d, da, half_sums(p));
         }
-        _mm256_storeu_ps(out.as_mut_ptr(), v);
+        _mm256_storeu_ps(out[0].as_mut_ptr(), v);
     }
 }
 

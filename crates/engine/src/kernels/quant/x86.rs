@@ -384,50 +384,58 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
     unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(r0), total) };
 }
 
-/// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the one
-/// activation row) over [`COLS`](super::COLS) weight rows of `blocks` blocks and writes their
-/// outputs to `out`, output `j` in lane `j`: per block the rows' integer vectors summed by one
-/// transposing tree each (exact) and their float steps as one vector operation into the
-/// outputs' accumulator `b mod 8`, then the module docs' tree of the eight accumulators (the
-/// lanes past the row's blocks +0, as in the reference). `ahead` (the next call's rows) is read
-/// ahead a part per block.
+/// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the `N`
+/// activation rows from `r0`) over [`COLS`](super::COLS) weight rows of `blocks` blocks and
+/// writes their outputs to `out`, output `j` of activation row `r0 + i` in lane `j` of `out[i]`: per block and
+/// activation row the weight rows' integer vectors summed by one transposing tree (exact) and
+/// their float steps as one vector operation into that row's accumulator `b mod 8`, then the
+/// module docs' tree of the eight accumulators (the lanes past the row's blocks +0, as in the
+/// reference). `ahead` (the next call's rows) is read ahead a part per block.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C (the VNNI kernels' features, so that their
-/// block step inlines here); `acts` is one row of `blocks` blocks; `block` is safe to call for
-/// every weight row `j < COLS` and block `b < blocks`.
+/// block step inlines here); `acts` has rows `r0..r0 + N` of `blocks` blocks; `out` is `N`
+/// long; `block` is safe to call for every weight row `j < COLS` and block `b < blocks`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn drive_cols<const MINS: bool>(
+pub(super) unsafe fn drive_cols<const N: usize, const MINS: bool>(
     blocks: usize,
     acts: &super::QuantActs,
+    r0: usize,
     ahead: &[u8],
-    out: &mut [f32; super::COLS],
-    mut block: impl FnMut(usize, usize) -> BlockSums<1>,
+    out: &mut [[f32; super::COLS]],
+    mut block: impl FnMut(usize, usize) -> BlockSums<N>,
 ) {
-    let mut lanes = [_mm256_setzero_ps(); 8];
+    let mut lanes = [[_mm256_setzero_ps(); 8]; N];
     let part = ahead.len().div_ceil(blocks.max(1));
     for b in 0..blocks {
         prefetch_lines::<_MM_HINT_T0>(ahead, part * b, part);
         // Plain loops, not `array::from_fn`: a closure handed to a function without this
         // function's target features is not inlined into it (a call per row and block).
         let zero = _mm256_setzero_si256();
-        let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [zero; 8], [zero; 8]);
+        let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [[zero; 8]; N], [[zero; 8]; N]);
         for j in 0..8 {
             let o = block(j, b);
-            (f[j], s1[j], s2[j]) = (o.f, o.s1[0], o.s2[0]);
+            f[j] = o.f;
+            for i in 0..N {
+                (s1[i][j], s2[i][j]) = (o.s1[i], o.s2[i]);
+            }
         }
         let (d, dmin) = factors(f);
-        // SAFETY: block b of the one activation row (the caller's contract).
-        let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked(b) });
         let l = b % 8;
-        lanes[l] = fma_rows(lanes[l], d, da, hsum_rows::<8>(&s1));
-        if MINS {
-            lanes[l] = fma_rows(lanes[l], dmin, da, hsum_rows::<8>(&s2));
+        for i in 0..N {
+            // SAFETY: block b of activation row r0 + i (the caller's contract).
+            let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked((r0 + i) * blocks + b) });
+            lanes[i][l] = fma_rows(lanes[i][l], d, da, hsum_rows::<8>(&s1[i]));
+            if MINS {
+                lanes[i][l] = fma_rows(lanes[i][l], dmin, da, hsum_rows::<8>(&s2[i]));
+            }
         }
     }
-    // SAFETY: 8 floats.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), lanes_tree(lanes)) };
+    for (o, l) in out.iter_mut().zip(lanes) {
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), lanes_tree(l)) };
+    }
 }
 
 /// Eight vectors of accumulators (accumulator `l` of eight outputs in vector `l`) summed lane

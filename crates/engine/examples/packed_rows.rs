@@ -22,7 +22,11 @@ fn main() {
         Vec::new()
     };
     let isa = Isa::detected();
-    println!("isa {}, weights {}", isa.name(), if cold { "cold" } else { "warm" });
+    println!(
+        "isa {}, weights {}",
+        isa.name(),
+        if cold { "cold" } else { "warm" }
+    );
     for (n, k) in [(12_288usize, 2_048usize), (2_048, 12_288)] {
         // bf16 bits of small values in [-0.5, 0.5).
         let w: Vec<u16> = (0..n * k)

@@ -380,7 +380,7 @@ unsafe fn q8_0_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0` blocks, `acts` one
-/// row quantized for them with as many blocks.
+/// row quantized for them with as many blocks (so `r0` is 0; the outputs go to `out[0]`).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_cols(
     rows: &[u8],

@@ -329,7 +329,8 @@ unsafe fn q6_k_block<const N: usize>(
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`COLS`] rows of whole `Q8_0`
-/// blocks, `acts` one row quantized for them with as many blocks.
+/// blocks, `acts` one row quantized for them with as many blocks (so `r0` is 0; the outputs go
+/// to `out[0]`).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn q8_0_cols(
     rows: &[u8],

@@ -15,8 +15,9 @@ use crate::threads::SharedOut;
 
 /// Runs every expert of `batch` over its rows: `rows(e)` gives the rows of `outputs` (H wide)
 /// expert `e` writes and its input rows (m × H). Several experts: spread over the threads (one
-/// hand-off per batch, each thread taking the next expert left). One expert (a read that just finished): its matmuls are split by output
-/// panel instead. Each output is computed by one thread in one fixed order either way.
+/// hand-off per batch, each thread taking the next expert left). One expert (a read that just
+/// finished): its matmuls are split by output panel instead. Each output is computed by one
+/// thread in one fixed order either way.
 pub(crate) fn run_experts(
     layout: ExpertLayout,
     batch: &[(u32, ExpertMatrices<'_>)],

@@ -248,11 +248,10 @@ impl<'a> QuantView<'a> {
             Some(kernel) => unsafe { self.wide_cols(kernel, acts, cols, out) },
             None => cols,
         };
-        let cols = if fast_cols_kernel(isa, self.ty, acts.rows.min(SIDE_BY_SIDE_ROWS)).is_some() {
+        let cols = match side_by_side_kernels(isa, self.ty, acts.rows) {
             // SAFETY: the caller's contract.
-            unsafe { self.side_by_side(isa, acts, cols, out) }
-        } else {
-            cols
+            Some(groups) => unsafe { self.side_by_side(&groups, acts, cols, out) },
+            None => cols,
         };
         for j in cols.start..cols.end.min(cols.start + PREFETCH_ROWS) {
             prefetch(weights(j));
@@ -313,38 +312,25 @@ impl<'a> QuantView<'a> {
     }
 
     /// Outputs `cols` of every activation row into `out` (`rows × n`), [`COLS`] weight rows
-    /// side by side at a time ([`QuantView::by_groups`]) against groups of up to
-    /// [`SIDE_BY_SIDE_ROWS`] activation rows ([`fast_cols_kernel`]); returns the columns left
-    /// (fewer than [`COLS`]).
+    /// side by side at a time ([`QuantView::by_groups`]) against each group of activation rows
+    /// by its kernel ([`side_by_side_kernels`]); returns the columns left (fewer than [`COLS`]).
     ///
     /// # Safety
-    /// `out` points to `acts.rows × n` floats; [`fast_cols_kernel`] has a kernel for this
-    /// matrix's type on `isa` for every group size this takes.
+    /// `out` points to `acts.rows × n` floats; `groups` are [`side_by_side_kernels`]' for this
+    /// matrix's type and `acts.rows`, on this CPU.
     unsafe fn side_by_side(
         &self,
-        isa: Isa,
+        groups: &[(std::ops::Range<usize>, ColsKernel)],
         acts: &QuantActs,
         cols: std::ops::Range<usize>,
         out: *mut f32,
     ) -> std::ops::Range<usize> {
-        let groups: Vec<(usize, ColsKernel)> = (0..acts.rows)
-            .step_by(SIDE_BY_SIDE_ROWS)
-            .map(|r0| {
-                let rows = (acts.rows - r0).min(SIDE_BY_SIDE_ROWS);
-                let kernel = fast_cols_kernel(isa, self.ty, rows);
-                (
-                    r0,
-                    kernel.expect("a side by side kernel for every group size"),
-                )
-            })
-            .collect();
         let mut got = vec![[0.0f32; COLS]; acts.rows];
         self.by_groups::<COLS>(cols, |j, group, ahead| {
-            for &(r0, kernel) in &groups {
-                let rows = (acts.rows - r0).min(SIDE_BY_SIDE_ROWS);
+            for (rows, kernel) in groups {
                 // SAFETY: the caller's contract; the group is `COLS` whole rows of the type and
-                // `acts` quantized for them, with rows `r0..r0 + rows`.
-                unsafe { kernel(group, ahead, acts, r0, &mut got[r0..r0 + rows]) };
+                // `acts` quantized for them, with the rows `rows`.
+                unsafe { kernel(group, ahead, acts, rows.start, &mut got[rows.clone()]) };
             }
             for (r, row) in got.iter().enumerate() {
                 for (i, &v) in row.iter().enumerate() {
@@ -844,6 +830,22 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
     }
     let _ = (isa, ty, rows);
     None
+}
+
+/// The side-by-side kernel for each group of up to [`SIDE_BY_SIDE_ROWS`] of `rows` activation
+/// rows ([`fast_cols_kernel`]), or `None` when some group size has none for `ty` on `isa`.
+fn side_by_side_kernels(
+    isa: Isa,
+    ty: GgmlType,
+    rows: usize,
+) -> Option<Vec<(std::ops::Range<usize>, ColsKernel)>> {
+    (0..rows)
+        .step_by(SIDE_BY_SIDE_ROWS)
+        .map(|r0| {
+            let group = r0..rows.min(r0 + SIDE_BY_SIDE_ROWS);
+            fast_cols_kernel(isa, ty, group.len()).map(|kernel| (group, kernel))
+        })
+        .collect()
 }
 
 /// Activation rows the k-quants run side by side at once on VNNI (more run in groups; the

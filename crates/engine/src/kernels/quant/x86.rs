@@ -51,15 +51,8 @@ pub(super) unsafe fn halves_of(at: [*const u8; 8]) -> __m256 {
 #[inline]
 pub(super) fn prefetch_part<const HINT: i32>(ahead: &[u8], b: usize, parts: usize) {
     let part = ahead.len().div_ceil(parts);
-    prefetch_lines::<HINT>(ahead, part * b, part);
-}
-
-/// Asks for the `len` bytes of `ahead` from `at` (clipped to it) to be loaded into the cache
-/// level `HINT` names (a hint; no effect on results).
-#[inline]
-pub(super) fn prefetch_lines<const HINT: i32>(ahead: &[u8], at: usize, len: usize) {
     let bytes = ahead
-        .get(at.min(ahead.len())..ahead.len().min(at + len))
+        .get(part * b..ahead.len().min(part * (b + 1)))
         .unwrap_or(&[]);
     for line in bytes.chunks(64) {
         // SAFETY: prefetching is a hint on a valid address and never faults.
@@ -386,11 +379,12 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
 
 /// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the `N`
 /// activation rows from `r0`) over [`COLS`](super::COLS) weight rows of `blocks` blocks and
-/// writes their outputs to `out`, output `j` of activation row `r0 + i` in lane `j` of `out[i]`: per block and
-/// activation row the weight rows' integer vectors summed by one transposing tree (exact) and
-/// their float steps as one vector operation into that row's accumulator `b mod 8`, then the
-/// module docs' tree of the eight accumulators (the lanes past the row's blocks +0, as in the
-/// reference). `ahead` (the next call's rows) is read ahead a part per block.
+/// writes their outputs to `out`, output `j` of activation row `r0 + i` in lane `j` of
+/// `out[i]`: per block and activation row the weight rows' integer vectors summed by one
+/// transposing tree (exact) and their float steps as one vector operation into that row's
+/// accumulator `b mod 8`, then the module docs' tree of the eight accumulators (the lanes past
+/// the row's blocks +0, as in the reference). `ahead` (the next call's rows) is read ahead a
+/// part per block.
 ///
 /// # Safety
 /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C (the VNNI kernels' features, so that their
@@ -407,9 +401,8 @@ pub(super) unsafe fn drive_cols<const N: usize, const MINS: bool>(
     mut block: impl FnMut(usize, usize) -> BlockSums<N>,
 ) {
     let mut lanes = [[_mm256_setzero_ps(); 8]; N];
-    let part = ahead.len().div_ceil(blocks.max(1));
     for b in 0..blocks {
-        prefetch_lines::<_MM_HINT_T0>(ahead, part * b, part);
+        prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
         // Plain loops, not `array::from_fn`: a closure handed to a function without this
         // function's target features is not inlined into it (a call per row and block).
         let zero = _mm256_setzero_si256();

@@ -244,6 +244,10 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
             p.context_ms
         );
     }
+    eprintln!(
+        "timing noise around the replay model: {:.3} (robust standard deviation of ln(measured / fitted))",
+        r.noise
+    );
     let d = file.drafting.as_ref().expect("fitted");
     eprintln!(
         "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",

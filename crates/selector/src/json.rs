@@ -446,6 +446,13 @@ pub struct ReplayJson {
     pub median_abs_err_ms: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plain: Option<PlainJson>,
+    /// The measured forwards' spread around the fit: the robust standard deviation (1.4826 ×
+    /// the median absolute deviation) of ln(measured / fitted ms) over the verify probes and
+    /// plain steps. The replay multiplies each forward's time by log-normal noise of this
+    /// spread, which a measuring policy (the never-lose rule) hears as it hears measured times
+    /// (0 in files written before it was measured: no noise).
+    #[serde(default)]
+    pub noise: f64,
 }
 
 /// A plain decoding step's cost on the measured machine, fitted on plain steps alone (they run

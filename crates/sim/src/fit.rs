@@ -76,7 +76,14 @@ pub fn replay_fit(
         .collect();
     let (x, (r2, median_abs_err_ms)) = fit_trimmed(&verify)?;
     let (y, (plain_r2, plain_median)) = fit_trimmed(&plain)?;
+    let noise = log_spread(
+        verify
+            .iter()
+            .map(|r| (r, &x[..]))
+            .chain(plain.iter().map(|r| (r, &y[..]))),
+    );
     Ok(ReplayJson {
+        noise,
         intercepts: intercepts_from_steps(&x[..=k]),
         ar_intercept: y[0],
         beta_hit: x[k + 1],
@@ -98,6 +105,34 @@ pub fn replay_fit(
             median_abs_err_ms: plain_median,
         }),
     })
+}
+
+/// The robust standard deviation (1.4826 × the median absolute deviation) of ln(measured /
+/// fitted) over rows with both positive, each row with its fit's coefficients; 0 with fewer
+/// than two such rows.
+fn log_spread<'a>(rows: impl Iterator<Item = (&'a (Vec<f64>, f64), &'a [f64])>) -> f64 {
+    let mut logs: Vec<f64> = rows
+        .filter_map(|((row, ms), x)| {
+            let fitted: f64 = row.iter().zip(x).map(|(a, b)| a * b).sum();
+            (fitted > 0.0 && *ms > 0.0).then(|| (ms / fitted).ln())
+        })
+        .collect();
+    if logs.len() < 2 {
+        return 0.0;
+    }
+    let center = median(&mut logs);
+    let mut deviations: Vec<f64> = logs.iter().map(|l| (l - center).abs()).collect();
+    1.4826 * median(&mut deviations)
+}
+
+/// The median of `v` (non-empty), reordering it.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n % 2 {
+        1 => v[n / 2],
+        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Drafting costs: each drafted level past the first costs `ms_per_level + level_context_ms · c`,
@@ -257,5 +292,24 @@ mod tests {
         assert!(e.contains("2"), "{e}");
         let e = fit_trimmed(&[]).unwrap_err().to_string();
         assert!(e.contains("0"), "{e}");
+    }
+
+    #[test]
+    fn the_timing_noise_is_the_robust_spread_of_the_log_ratios() {
+        // Rows measured 10% above and below a 2 ms fit, alternately, one exact and one
+        // preempted: the median absolute deviation of the log ratios is ln 1.1, the outlier
+        // moves nothing.
+        let x = [2.0];
+        let mut rows: Vec<(Vec<f64>, f64)> = (0..9)
+            .map(|i| (vec![1.0], if i % 2 == 0 { 2.2 } else { 2.0 / 1.1 }))
+            .collect();
+        rows.push((vec![1.0], 2.0));
+        rows.push((vec![1.0], 50.0));
+        let spread = log_spread(rows.iter().map(|r| (r, &x[..])));
+        assert!(close(spread, 1.4826 * 1.1f64.ln()), "{spread}");
+        // Exact rows: none; rows without a positive fit or time are left out.
+        let exact = [(vec![1.0], 2.0), (vec![1.0], 2.0), (vec![0.0], 0.0)];
+        assert_eq!(log_spread(exact.iter().map(|r| (r, &x[..]))), 0.0);
+        assert_eq!(log_spread(exact[2..].iter().map(|r| (r, &x[..]))), 0.0);
     }
 }

@@ -50,6 +50,12 @@ pub struct SimConfig {
     /// as many slots as experts, the slots start holding all of them, so no forward misses, as
     /// none copies; with fewer, this is ignored.
     pub in_place: bool,
+    /// Timing noise: each forward's time (a plain step, or a cycle's verify with its drafting)
+    /// is multiplied by a log-normal factor of mean 1 and this log standard deviation, drawn
+    /// from `noise_seed` (0: every time exactly as the cost model says). A measuring policy
+    /// (the never-lose rule) hears the noisy times, as it hears measured ones.
+    pub noise: f64,
+    pub noise_seed: u64,
 }
 
 impl SimConfig {
@@ -66,6 +72,8 @@ impl SimConfig {
             slot_wait_ms: 0.0,
             plain: None,
             in_place: false,
+            noise: 0.0,
+            noise_seed: 0,
         }
     }
 }
@@ -251,8 +259,17 @@ fn replay_all<'a>(
     let mut lru = Lru::new(header, config);
     let mut policy = policy.clone();
     let mut report = SimReport::default();
+    let mut noise = Noise::new(config.noise, config.noise_seed);
     for steps in traces {
-        replay(header, steps, &mut policy, config, &mut lru, &mut report)?;
+        replay(
+            header,
+            steps,
+            &mut policy,
+            config,
+            &mut lru,
+            &mut noise,
+            &mut report,
+        )?;
     }
     Ok(report)
 }
@@ -264,6 +281,7 @@ fn replay(
     policy: &mut VerifyPolicy,
     config: &SimConfig,
     lru: &mut Lru,
+    noise: &mut Noise,
     report: &mut SimReport,
 ) -> Result<(), SimError> {
     check_consecutive(steps)?;
@@ -284,7 +302,7 @@ fn replay(
                 let union = verify_union(header, step, &[]);
                 let charged = lru.access(&union, config.read_width);
                 let (hits, misses) = (charged.hits, charged.misses);
-                let ms = plain_step_ms(config, &charged, step.position as f64);
+                let ms = plain_step_ms(config, &charged, step.position as f64) * noise.factor();
                 // As the engine's decoder: every step but a burst's first.
                 if k > 0 {
                     policy.observe_plain(1, ms);
@@ -332,7 +350,10 @@ fn replay(
             let drafting = d.drafting_ms(std::mem::take(&mut unlearned), levels, context);
             report.draft_ms += drafting;
             ms += drafting + d.feed(accepted + 1, context);
+            ms *= noise.factor();
             policy.observe_cycle(accepted + 1, ms);
+        } else {
+            ms *= noise.factor();
         }
         report.time_ms += ms;
         report.cycles += 1;
@@ -342,6 +363,33 @@ fn replay(
         i += accepted + 1;
     }
     Ok(())
+}
+
+/// Log-normal timing noise of mean 1 ([`SimConfig::noise`]).
+struct Noise {
+    sigma: f64,
+    rng: specfit_selector::synth::Rng,
+}
+
+impl Noise {
+    fn new(sigma: f64, seed: u64) -> Noise {
+        Noise {
+            sigma: sigma.max(0.0),
+            rng: specfit_selector::synth::Rng::new(seed),
+        }
+    }
+
+    /// The next factor: `exp(σ·z − σ²/2)` for a standard normal `z` (Box–Muller); 1 without
+    /// noise, drawing nothing.
+    fn factor(&mut self) -> f64 {
+        if self.sigma == 0.0 {
+            return 1.0;
+        }
+        let u = 1.0 - self.rng.unit();
+        let v = self.rng.unit();
+        let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+        (self.sigma * z - self.sigma * self.sigma / 2.0).exp()
+    }
 }
 
 /// Errs unless `steps` are consecutive positions.

@@ -58,6 +58,8 @@ pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
         read_width: r.read_width.max(1),
         slot_wait_ms: r.slot_wait_ms,
         plain: Some(plain),
+        noise: r.noise,
+        noise_seed: 0,
         ..SimConfig::verify_only(0, true_cost)
     })
 }

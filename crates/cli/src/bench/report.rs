@@ -21,6 +21,8 @@ pub struct Outcome {
     pub tokens: Vec<u32>,
     pub decode_seconds: f64,
     pub cycles: usize,
+    /// Of `cycles`, plain steps (a drafting policy's bursts).
+    pub plain_steps: usize,
     pub verified: usize,
     pub committed: usize,
     pub atlas_seconds: f64,
@@ -37,6 +39,7 @@ impl Outcome {
             tokens: g.tokens.clone(),
             decode_seconds: g.decode_seconds,
             cycles: g.cycles,
+            plain_steps: g.plain_steps,
             verified: g.verified_nodes,
             committed: g.committed,
             atlas_seconds: g.atlas_seconds,
@@ -49,6 +52,7 @@ impl Outcome {
     fn accumulate(&mut self, o: &Outcome) {
         self.decode_seconds += o.decode_seconds;
         self.cycles += o.cycles;
+        self.plain_steps += o.plain_steps;
         self.verified += o.verified;
         self.committed += o.committed;
         self.atlas_seconds += o.atlas_seconds;
@@ -117,6 +121,9 @@ pub struct Row {
     pub gain_vs_eagle3: Option<f64>,
     pub nodes_per_cycle: f64,
     pub tokens_per_cycle: f64,
+    /// Committed tokens decoded by plain steps (a drafting policy's bursts; 1 for `ar`), per
+    /// committed token.
+    pub plain_share: f64,
     pub cycle_ms: f64,
     pub copies_per_token: f64,
     pub mb_per_token: f64,
@@ -309,12 +316,12 @@ impl Report {
                 v.name, v.prompts
             );
             let _ = writeln!(out, "  costs {}", v.costs);
-            for [label, slots, measured, simulated, error, at_start, tokens, copies, phases] in
+            for [label, slots, measured, simulated, error, at_start, tokens, plain, copies, phases] in
                 checks(v)
             {
                 let _ = writeln!(
                     out,
-                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  (start calibration {at_start:>7})  tok/cycle {tokens:>11}  copies/tok {copies:>11}  draft | rest ms/cycle {phases}"
+                    "  {label:<18} {slots:>3} slots  measured {measured:>8}  simulated {simulated:>8}  error {error:>7}  (start calibration {at_start:>7})  tok/cycle {tokens:>11}  plain/tok {plain:>11}  copies/tok {copies:>11}  draft | rest ms/cycle {phases}"
                 );
             }
             let (within, of) = (v.within_10_percent, v.checks.len());
@@ -386,11 +393,11 @@ impl Report {
             );
             let _ = writeln!(
                 out,
-                "| policy | slots | measured tok/s | simulated tok/s | error | error, start calibration | tok/cyc measured / simulated | copies/tok measured / simulated | ms/cycle drafting · rest, measured / simulated |"
+                "| policy | slots | measured tok/s | simulated tok/s | error | error, start calibration | tok/cyc measured / simulated | plain steps per token measured / simulated | copies/tok measured / simulated | ms/cycle drafting · rest, measured / simulated |"
             );
             let _ = writeln!(
                 out,
-                "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
             );
             for cells in checks(v) {
                 let _ = writeln!(out, "| {} |", cells.join(" | "));
@@ -453,7 +460,7 @@ fn headroom(v: &super::validate::SetValidation) -> Vec<[String; 5]> {
 
 /// The simulator check's cells per configuration: policy, slots, measured and simulated tok/s,
 /// error.
-fn checks(v: &super::validate::SetValidation) -> Vec<[String; 9]> {
+fn checks(v: &super::validate::SetValidation) -> Vec<[String; 10]> {
     v.checks
         .iter()
         .map(|c| {
@@ -472,6 +479,10 @@ fn checks(v: &super::validate::SetValidation) -> Vec<[String; 9]> {
                 format!(
                     "{:.2} / {:.2}",
                     c.measured_tokens_per_cycle, c.simulated_tokens_per_cycle
+                ),
+                format!(
+                    "{:.2} / {:.2}",
+                    c.measured_plain_share, c.simulated_plain_share
                 ),
                 format!(
                     "{:.1} / {:.1}",
@@ -579,6 +590,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),
                 nodes_per_cycle: ratio(t.sum.verified as f64, cycles),
                 tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
+                plain_share: ratio(t.sum.plain_steps as f64, t.sum.committed as f64),
                 cycle_ms: 1e3 * ratio(t.sum.decode_seconds, cycles),
                 copies_per_token: ratio(t.sum.copies.misses as f64, t.decoded as f64),
                 mb_per_token: ratio(t.sum.copies.bytes_copied as f64, t.decoded as f64) / 1e6,

@@ -39,6 +39,10 @@ pub struct Check {
     /// per committed token (a cycle is a speculative cycle or a plain step).
     pub measured_tokens_per_cycle: f64,
     pub simulated_tokens_per_cycle: f64,
+    /// Committed tokens decoded by plain steps (a drafting policy's bursts), per committed
+    /// token: where the never-lose rule decided differently.
+    pub measured_plain_share: f64,
+    pub simulated_plain_share: f64,
     pub measured_copies_per_token: f64,
     pub simulated_copies_per_token: f64,
     /// ms per cycle drafting, and the rest (verify forwards, feeding the drafter, selecting,
@@ -163,13 +167,14 @@ impl Probes {
             Ok((file, _)) => {
                 let said = match &file.replay {
                     Some(r) => format!(
-                        "{said} (verify a[0] {:.3} ms, a[K] {:.3} ms, miss {:.4} ms, read round {:.3} ms, read waiting for a slot {:.4} ms; plain step {:.3} ms)",
+                        "{said} (verify a[0] {:.3} ms, a[K] {:.3} ms, miss {:.4} ms, read round {:.3} ms, read waiting for a slot {:.4} ms; plain step {:.3} ms; timing noise {:.2})",
                         r.intercepts.first().copied().unwrap_or(0.0),
                         r.intercepts.last().copied().unwrap_or(0.0),
                         r.beta_miss,
                         r.read_round_ms,
                         r.slot_wait_ms,
-                        r.plain.as_ref().map_or(r.ar_intercept, |p| p.intercept)
+                        r.plain.as_ref().map_or(r.ar_intercept, |p| p.intercept),
+                        r.noise
                     ),
                     None => said,
                 };
@@ -281,6 +286,12 @@ pub fn check(
         checks.push(Check {
             measured_tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
             simulated_tokens_per_cycle: ratio(committed as f64, sim_cycles),
+            measured_plain_share: ratio(t.sum.plain_steps as f64, t.sum.committed as f64),
+            // A plain policy's replayed steps are its cycles.
+            simulated_plain_share: match policy.drafts() {
+                true => ratio(r.plain_steps as f64, committed as f64),
+                false => ratio(r.cycles as f64, committed as f64),
+            },
             measured_copies_per_token: ratio(t.sum.copies.misses as f64, t.sum.committed as f64),
             simulated_copies_per_token: ratio(r.misses as f64, committed as f64),
             measured_draft_ms_per_cycle: ratio(1e3 * t.sum.draft_seconds, cycles),

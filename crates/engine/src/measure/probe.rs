@@ -241,6 +241,8 @@ fn plain_step(
         .with_taps(drafter.taps())
         .with_logits(Logits::Last);
     let out = target.forward(&batch, kv, cache)?;
+    // The token is drawn inside the timer, as decoding's plain step draws it.
+    let next = out.argmax(0);
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let row = PlainStep {
         hits: out.copies.total.hits,
@@ -250,7 +252,7 @@ fn plain_step(
         context,
         ms,
     };
-    Ok((row, out.argmax(0), out.taps))
+    Ok((row, next, out.taps))
 }
 
 #[cfg(test)]

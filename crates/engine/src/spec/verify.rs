@@ -38,7 +38,9 @@ pub struct Verified {
     pub copies: LayerStats,
     /// Read rounds of the verify forward ([`crate::experts::CopyStats::read_rounds`]).
     pub read_rounds: usize,
-    /// Wall time of the verify forward.
+    /// Wall time of the whole verify: the forward, the walk drawing the tokens and the
+    /// bookkeeping after it (the cache compacted, the path's features), all of which a decoding
+    /// cycle pays.
     pub seconds: f64,
 }
 
@@ -88,6 +90,9 @@ pub fn verify(
     tree: Tree<'_>,
     sampler: &mut Sampler,
 ) -> Result<Verified, EngineError> {
+    // The whole verify is timed, its bookkeeping included (the tree's rows, the walk, the
+    // cache's compaction, the accepted path's features): a decoding cycle pays all of it.
+    let start = Instant::now();
     let Tree { root, pool, chosen } = tree;
     let n = kv.len();
     let TreeRows {
@@ -106,7 +111,6 @@ pub fn verify(
         taps: &taps,
         logits: Logits::None,
     };
-    let start = Instant::now();
     let mut out = target.forward(&batch, kv, cache)?;
     let h = target.config().hidden_size;
     let residual = out.taps.pop().expect("the final tap");
@@ -122,7 +126,6 @@ pub fn verify(
             None => break token,
         }
     };
-    let seconds = start.elapsed().as_secs_f64();
     let demand = out.demand();
     kv.compact(n, &path.iter().map(|&r| n + r).collect::<Vec<_>>())?;
     let all = concat_taps(&out.taps, tokens.len(), h);
@@ -132,6 +135,7 @@ pub fn verify(
         .collect();
     let mut committed: Vec<u32> = path[1..].iter().map(|&r| tokens[r]).collect();
     committed.push(bonus);
+    let seconds = start.elapsed().as_secs_f64();
     Ok(Verified {
         accepted: path[1..].iter().map(|&r| chosen[r - 1]).collect(),
         committed,

@@ -47,6 +47,16 @@ pub const PROBE_SHARE: f64 = 0.02;
 /// latest ones: enough that the spread of accepted tokens per cycle averages out).
 pub const CYCLE_WINDOW: usize = 32;
 
+/// Under [`Bursts::NeverLose`], the cycles since the plain measure's horizon that stand for
+/// speculation alone: with at least this many, speculation's time per token is theirs (the same
+/// stretch of text as the plain steps it is compared with), else the whole window's.
+pub const RECENT_CYCLES: usize = 4;
+
+/// Under [`Bursts::NeverLose`], how many standard errors of the plain measure a loss must
+/// exceed to end a winning run at once: a smaller one is within the noise of a few plain steps,
+/// and the plain measure is taken again ([`REFRESH_STEPS`] more steps) before the verdict.
+pub const NOISE_ERRORS: f64 = 2.0;
+
 /// Under [`Bursts::NeverLose`], cycles in the window before bursts grow: before, a losing cycle
 /// is followed by one plain step (the first cycles run on cold caches and are no verdict).
 pub const SURE_CYCLES: usize = 8;
@@ -87,17 +97,21 @@ pub enum Bursts {
     /// After a cycle whose best subtree is empty: 1, 2, 4, … up to [`MAX_BURST`] tokens, until a
     /// cycle verifies nodes again (`specfit-adaptive`).
     AfterEmpty,
-    /// Never lose: compares the measured time per committed token of the latest
-    /// [`CYCLE_WINDOW`] speculative cycles (drafting included) with that of plain steps. While
-    /// speculation does not cost [`WIN_MARGIN`] less, it decodes plainly between probing
-    /// cycles: one token while the window holds fewer than [`SURE_CYCLES`] cycles, then 1, 2,
-    /// 4, … doubling while it keeps losing, and at least enough that the next probe's extra
-    /// time is at most [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`]. Plain
-    /// decoding's cost is measured by [`FIRST_PLAIN_STEPS`] plain steps first; it is the
-    /// median of the latest plain steps measured within [`PLAIN_FRESH_TOKENS`] decoded tokens,
-    /// so one slow step (a page fault) does not make speculation look good, nor does a step
-    /// measured on the cold slots at the start; with fewer than [`PLAIN_FRESH_STEPS`] of those,
-    /// the next burst is [`REFRESH_STEPS`] long. A refresh after which speculation still wins
+    /// Never lose: compares the measured time per committed token of speculative cycles
+    /// (drafting included) with that of plain steps. Plain decoding's cost is measured by
+    /// [`FIRST_PLAIN_STEPS`] plain steps first; it is the mean of the latest plain steps
+    /// measured within [`PLAIN_FRESH_TOKENS`] decoded tokens (not one measured on the cold
+    /// slots at the start), with its standard error; with fewer than [`PLAIN_FRESH_STEPS`] of
+    /// those, the next burst is [`REFRESH_STEPS`] long. Speculation's is that of the cycles
+    /// over the same horizon, with at least [`RECENT_CYCLES`] of them, else of the latest
+    /// [`CYCLE_WINDOW`]. While speculation does not cost [`WIN_MARGIN`] less, it decodes
+    /// plainly between probing cycles: one token while the window holds fewer than
+    /// [`SURE_CYCLES`] cycles; then, while speculation was winning, a loss within
+    /// [`NOISE_ERRORS`] standard errors of the plain measure has [`REFRESH_STEPS`] plain steps
+    /// measure plain decoding again before the verdict; once it stands, 1, 2, 4, … doubling while it keeps losing, and at least enough
+    /// that the next probe's extra time is at most [`PROBE_SHARE`] of the burst's; at most
+    /// [`MAX_LOSING_BURST`]. (A median of a few plain steps reads low, as a step's time is
+    /// skewed by its misses; compared with it, speculation lost where it won.) A refresh after which speculation still wins
     /// doubles how long plain steps stay current, up to [`PLAIN_FRESH_MAX_TOKENS`].
     NeverLose,
 }
@@ -153,22 +167,37 @@ impl<const N: usize> Latest<N> {
         self.tokens() as f64 / self.len.max(1) as f64
     }
 
-    /// The lower median of the times per token of the observations made at `since` or later,
-    /// if there are at least `least` of them.
-    fn median_ms_per_token(&self, since: u64, least: usize) -> Option<f64> {
+    /// Time over tokens of the observations made at `since` or later when there are at least
+    /// `least` of them, else of all kept ones.
+    fn ms_per_token_since(&self, since: u64, least: usize) -> Option<f64> {
+        let recent = self.kept().iter().filter(|o| o.2 >= since);
+        let (n, tokens, ms) = recent.fold((0, 0, 0.0), |(n, t, m), o| (n + 1, t + o.0, m + o.1));
+        match n >= least.max(1) && tokens > 0 {
+            true => Some(ms / tokens as f64),
+            false => self.ms_per_token(),
+        }
+    }
+
+    /// The mean of the times per token of the observations made at `since` or later and its
+    /// standard error, if there are at least `least` (and two) of them.
+    fn mean_and_error(&self, since: u64, least: usize) -> Option<(f64, f64)> {
         let mut each = [0.0; N];
         let mut n = 0;
         for &(t, ms, _) in self.kept().iter().filter(|o| o.2 >= since) {
             each[n] = ms / t as f64;
             n += 1;
         }
-        let each = &mut each[..n];
-        each.sort_by(f64::total_cmp);
-        (n >= least.max(1)).then(|| each[(n - 1) / 2])
+        if n < least.max(2) {
+            return None;
+        }
+        let each = &each[..n];
+        let mean = each.iter().sum::<f64>() / n as f64;
+        let square: f64 = each.iter().map(|x| (x - mean) * (x - mean)).sum();
+        Some((mean, (square / (n - 1) as f64 / n as f64).sqrt()))
     }
 }
 
-/// Plain steps whose median time per token is compared.
+/// Plain steps kept for the plain measure (those within the horizon count).
 const PLAIN_KEPT: usize = 8;
 
 /// A verify policy with its state between cycles (the selector's scratch, the burst counter).
@@ -356,21 +385,31 @@ impl VerifyPolicy {
         self.decoded += tokens as u64;
         self.speculative.add(tokens, ms, self.decoded);
         let since = self.decoded.saturating_sub(self.plain_fresh);
-        let (Some(spec), Some(plain)) = (
-            self.speculative.ms_per_token(),
-            self.plain.median_ms_per_token(since, PLAIN_FRESH_STEPS),
+        let (Some(spec), Some((plain, error))) = (
+            self.speculative.ms_per_token_since(since, RECENT_CYCLES),
+            self.plain.mean_and_error(since, PLAIN_FRESH_STEPS),
         ) else {
             self.burst = REFRESH_STEPS;
             self.refreshing = true;
             return;
         };
         let refreshed = std::mem::take(&mut self.refreshing);
-        if spec > (1.0 - WIN_MARGIN) * plain {
+        let bar = (1.0 - WIN_MARGIN) * plain;
+        let sure = self.speculative.kept().len() >= SURE_CYCLES;
+        let questioned = sure && !refreshed && self.streak == 0;
+        if spec > bar && spec <= bar + NOISE_ERRORS * error && questioned {
+            // Within the noise of the plain steps, while speculation was winning: measure them
+            // again before a verdict.
+            self.burst = REFRESH_STEPS;
+            self.refreshing = true;
+            return;
+        }
+        if spec > bar {
             self.plain_fresh = PLAIN_FRESH_TOKENS;
             // One plain step while the first cycles run on cold caches; from SURE_CYCLES
             // cycles on, doubling, and at least enough that a probing cycle's extra time over
             // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
-            if self.speculative.kept().len() < SURE_CYCLES {
+            if !sure {
                 self.burst = 1;
                 return;
             }
@@ -604,8 +643,8 @@ mod tests {
             FIRST_PLAIN_STEPS,
             "plain steps measure plain first"
         );
-        // A slow step among warm ones: the median ignores it.
-        for ms in [90.0, 10.0, 10.0] {
+        // The decoder reports the steps after the first (cold) one.
+        for ms in [10.0, 10.0, 10.0] {
             p.observe_plain(1, ms);
         }
         // Cycles of 1 token in 10.1 ms lose by a hair: one plain step each while the first
@@ -657,6 +696,80 @@ mod tests {
             }
         }
         assert_eq!(refreshes, [10, 32, 75, 161, 247]);
+    }
+
+    /// A never-lose policy past its first plain steps, which measured `plain` ms each, and
+    /// past its first [`SURE_CYCLES`] cycles (1 token in `ms` each, one plain step of `plain`
+    /// ms after each while they lose).
+    fn sure_policy(plain: &[f64], ms: f64) -> VerifyPolicy {
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        p.take_burst();
+        for &each in plain {
+            p.observe_plain(1, each);
+        }
+        for _ in 0..SURE_CYCLES - 1 {
+            p.observe_cycle(1, ms);
+            run_burst(&mut p, 10.0);
+        }
+        p
+    }
+
+    #[test]
+    fn a_loss_within_the_noise_of_the_plain_steps_measures_them_again_before_the_verdict() {
+        // Plain steps of 8, 12 and 10 ms: mean 10, standard error 1.15. Cycles at 10.5 ms a
+        // token lose by 0.8 ms past the margin (9.7), within two standard errors.
+        let mut p = sure_policy(&[8.0, 12.0, 10.0], 10.5);
+        p.observe_cycle(1, 10.5);
+        assert_eq!(run_burst(&mut p, 10.0), REFRESH_STEPS, "measured again");
+        // Measured again (10 ms three more times), the loss stands: a losing burst, long enough
+        // that the next probe's 0.5 ms over plain is 2% of it (3 steps of 10 ms).
+        p.observe_cycle(1, 10.5);
+        assert_eq!(run_burst(&mut p, 10.0), 3, "the verdict's burst");
+        // While the losing streak lasts, a loss within the noise is not questioned again.
+        p.observe_cycle(1, 10.5);
+        assert_eq!(p.take_burst(), 3, "the next verdict's burst");
+        // Cycles at 13 ms lose past the noise: a losing burst at once (15 steps).
+        let mut p = sure_policy(&[8.0, 12.0, 10.0], 13.0);
+        p.observe_cycle(1, 13.0);
+        assert_eq!(p.take_burst(), 15);
+        // Steady plain steps have no noise to wait out: 10.5 against 10, 10, 10 loses at once.
+        let mut p = sure_policy(&[10.0, 10.0, 10.0], 10.5);
+        p.observe_cycle(1, 10.5);
+        assert_eq!(p.take_burst(), 3);
+    }
+
+    #[test]
+    fn plain_decoding_costs_the_mean_of_its_steps_not_their_median() {
+        // Steps skewed by their misses: 6, 6 and 18 ms cost 10 on average (median 6). Cycles at
+        // 8 ms a token win.
+        let mut p = sure_policy(&[6.0, 6.0, 18.0], 8.0);
+        p.observe_cycle(1, 8.0);
+        assert_eq!(p.take_burst(), 0);
+    }
+
+    #[test]
+    fn speculation_costs_what_its_cycles_over_the_plain_horizon_cost() {
+        // Cycles kept at decoded-token counts 10, 20, 30, 40, 50: 1 token in 30 ms each, then
+        // 3 tokens in 15 ms each.
+        let mut w = Latest::<CYCLE_WINDOW>::default();
+        for (at, tokens, ms) in [(10, 1, 30.0), (20, 1, 30.0), (30, 3, 15.0), (40, 3, 15.0)] {
+            w.add(tokens, ms, at);
+        }
+        w.add(3, 15.0, 50);
+        // Since 25, three cycles: all of them stand for speculation at least 3, else the whole
+        // window does.
+        assert_eq!(w.ms_per_token_since(25, 3), Some(45.0 / 9.0));
+        assert_eq!(w.ms_per_token_since(25, 4), Some(105.0 / 11.0));
+        assert_eq!(w.ms_per_token_since(60, 1), Some(105.0 / 11.0));
+        assert_eq!(Latest::<4>::default().ms_per_token_since(0, 1), None);
+        // The plain measure: mean and standard error of the times per token since.
+        let mut plain = Latest::<PLAIN_KEPT>::default();
+        for (at, ms) in [(1, 50.0), (5, 8.0), (6, 12.0), (7, 10.0)] {
+            plain.add(1, ms, at);
+        }
+        let (mean, error) = plain.mean_and_error(5, 3).unwrap();
+        assert!((mean - 10.0).abs() < 1e-12 && (error - (4.0f64 / 3.0).sqrt()).abs() < 1e-12);
+        assert_eq!(plain.mean_and_error(6, 3), None);
     }
 
     #[test]

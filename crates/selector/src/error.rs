@@ -82,6 +82,8 @@ pub enum Error {
     BadIntercept { index: usize, value: f64 },
     #[error("cost.{name} = {value}: must be finite and >= 0")]
     BadBeta { name: &'static str, value: f64 },
+    #[error("replay.noise = {value}: must be finite, >= 0 and at most {max}")]
+    BadNoise { value: f64, max: f64 },
     #[error(
         "cost: give either \"beta\" or both \"beta_hit\" and \"beta_miss\" (got beta: {beta}, \
          beta_hit: {beta_hit}, beta_miss: {beta_miss})"

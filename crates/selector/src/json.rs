@@ -455,6 +455,10 @@ pub struct ReplayJson {
     pub noise: f64,
 }
 
+/// The largest timing noise a calibration may record ([`ReplayJson::noise`], a log standard
+/// deviation): 2 spreads a forward's time over a factor of e⁴ between ±2σ, beyond any machine.
+pub const MAX_NOISE: f64 = 2.0;
+
 /// A plain decoding step's cost on the measured machine, fitted on plain steps alone (they run
 /// back to back, with warmer processor caches than a verify after drafting):
 /// `intercept + beta_hit · hits + beta_miss · misses + read_round_ms · R + context_ms · c`
@@ -532,6 +536,12 @@ impl CalibrationJson {
         }
         if let Some(a) = &cal.acceptance {
             a.to_counts().map_err(|e| e.at_line(line))?;
+        }
+        if let Some(r) = &cal.replay {
+            if !(r.noise.is_finite() && (0.0..=MAX_NOISE).contains(&r.noise)) {
+                let (value, max) = (r.noise, MAX_NOISE);
+                return Err(Error::BadNoise { value, max }.at_line(line));
+            }
         }
         Ok(cal)
     }

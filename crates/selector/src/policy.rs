@@ -100,19 +100,20 @@ pub enum Bursts {
     /// Never lose: compares the measured time per committed token of speculative cycles
     /// (drafting included) with that of plain steps. Plain decoding's cost is measured by
     /// [`FIRST_PLAIN_STEPS`] plain steps first; it is the mean of the latest plain steps
-    /// measured within [`PLAIN_FRESH_TOKENS`] decoded tokens (not one measured on the cold
-    /// slots at the start), with its standard error; with fewer than [`PLAIN_FRESH_STEPS`] of
-    /// those, the next burst is [`REFRESH_STEPS`] long. Speculation's is that of the cycles
-    /// over the same horizon, with at least [`RECENT_CYCLES`] of them, else of the latest
-    /// [`CYCLE_WINDOW`]. While speculation does not cost [`WIN_MARGIN`] less, it decodes
-    /// plainly between probing cycles: one token while the window holds fewer than
-    /// [`SURE_CYCLES`] cycles; then, while speculation was winning, a loss within
+    /// measured within [`PLAIN_FRESH_TOKENS`] decoded tokens (none measured on the cold slots
+    /// at the start once those are older), with its standard error; with fewer than
+    /// [`PLAIN_FRESH_STEPS`] of those, the next burst is [`REFRESH_STEPS`] long. Speculation's
+    /// is that of the cycles over the same horizon, with at least [`RECENT_CYCLES`] of them,
+    /// else of the latest [`CYCLE_WINDOW`]. While speculation does not cost [`WIN_MARGIN`]
+    /// less, it decodes plainly between probing cycles: one token while the window holds fewer
+    /// than [`SURE_CYCLES`] cycles; then, while speculation was winning, a loss within
     /// [`NOISE_ERRORS`] standard errors of the plain measure has [`REFRESH_STEPS`] plain steps
-    /// measure plain decoding again before the verdict; once it stands, 1, 2, 4, … doubling while it keeps losing, and at least enough
-    /// that the next probe's extra time is at most [`PROBE_SHARE`] of the burst's; at most
-    /// [`MAX_LOSING_BURST`]. (A median of a few plain steps reads low, as a step's time is
-    /// skewed by its misses; compared with it, speculation lost where it won.) A refresh after which speculation still wins
-    /// doubles how long plain steps stay current, up to [`PLAIN_FRESH_MAX_TOKENS`].
+    /// measure plain decoding again before the verdict; once it stands, 1, 2, 4, … doubling
+    /// while it keeps losing, and at least enough that the next probe's extra time is at most
+    /// [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`]. (A median of a few plain
+    /// steps reads low, as a step's time is skewed by its misses; compared with it, speculation
+    /// lost where it won.) A refresh after which speculation still wins doubles how long plain
+    /// steps stay current, up to [`PLAIN_FRESH_MAX_TOKENS`].
     NeverLose,
 }
 

@@ -203,6 +203,33 @@ fn a_calibration_file_round_trips_and_rejects_other_formats() {
 }
 
 #[test]
+fn a_calibrations_timing_noise_is_read_and_bounded() {
+    let cal = |noise: &str| {
+        format!(
+            "{{\"format\": \"specfit-calibration\", \"version\": 1, \"max_nodes\": 1, \
+             \"cost\": {{\"intercepts\": [1.0, 2.0], \"beta\": 0.5}}, \
+             \"fit\": {{\"rows\": 10, \"r2\": 0.9, \"median_abs_err_ms\": 0.1}}, \
+             \"replay\": {{\"intercepts\": [1.0, 2.0], \"ar_intercept\": 1.0, \"beta_hit\": 0.0, \
+             \"beta_miss\": 0.5, \"context_ms\": 0.0, \"r2\": 0.9, \"median_abs_err_ms\": 0.1{noise}}}}}"
+        )
+    };
+    // Files written before it was measured have none: no noise.
+    let old = CalibrationJson::parse(&cal("")).unwrap();
+    assert_eq!(old.replay.unwrap().noise, 0.0);
+    let measured = CalibrationJson::parse(&cal(", \"noise\": 0.2")).unwrap();
+    assert_eq!(measured.replay.unwrap().noise, 0.2);
+    for bad in ["-0.1", "2.5", "1e308"] {
+        let e = CalibrationJson::parse(&cal(&format!(", \"noise\": {bad}")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("replay.noise") && e.contains("at most 2"),
+            "{bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn a_pools_context_and_a_costs_context_charge_are_read_and_written() {
     // The GOOD pool at 1 000 cached tokens, its cost charging 0.002 ms per row per token.
     let text = GOOD

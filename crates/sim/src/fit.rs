@@ -4,7 +4,7 @@
 //! (`specfit_engine::spec::probe`, `specfit calibrate`); this module only fits them.
 
 use specfit_selector::calibrate::{fit_trimmed, intercepts_from_steps, node_columns};
-use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson};
+use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson, MAX_NOISE};
 
 use crate::SimError;
 
@@ -108,8 +108,9 @@ pub fn replay_fit(
 }
 
 /// The robust standard deviation (1.4826 × the median absolute deviation) of ln(measured /
-/// fitted) over rows with both positive, each row with its fit's coefficients; 0 with fewer
-/// than two such rows.
+/// fitted) over rows with both positive, each row with its fit's coefficients, at most
+/// [`MAX_NOISE`] (what a calibration file may hold; a fit that misses by more than that is no
+/// model of the machine's noise either); 0 with fewer than two such rows.
 fn log_spread<'a>(rows: impl Iterator<Item = (&'a (Vec<f64>, f64), &'a [f64])>) -> f64 {
     let mut logs: Vec<f64> = rows
         .filter_map(|((row, ms), x)| {
@@ -122,7 +123,7 @@ fn log_spread<'a>(rows: impl Iterator<Item = (&'a (Vec<f64>, f64), &'a [f64])>) 
     }
     let center = median(&mut logs);
     let mut deviations: Vec<f64> = logs.iter().map(|l| (l - center).abs()).collect();
-    1.4826 * median(&mut deviations)
+    (1.4826 * median(&mut deviations)).min(MAX_NOISE)
 }
 
 /// The median of `v` (non-empty), reordering it.
@@ -311,5 +312,15 @@ mod tests {
         let exact = [(vec![1.0], 2.0), (vec![1.0], 2.0), (vec![0.0], 0.0)];
         assert_eq!(log_spread(exact.iter().map(|r| (r, &x[..]))), 0.0);
         assert_eq!(log_spread(exact[2..].iter().map(|r| (r, &x[..]))), 0.0);
+        // A fit that misses by factors of e⁵ records the most a calibration file may hold.
+        let wild: Vec<(Vec<f64>, f64)> = (0..8)
+            .map(|i| {
+                (
+                    vec![1.0],
+                    2.0 * (if i % 2 == 0 { 5.0f64 } else { -5.0 }).exp(),
+                )
+            })
+            .collect();
+        assert_eq!(log_spread(wild.iter().map(|r| (r, &x[..]))), MAX_NOISE);
     }
 }

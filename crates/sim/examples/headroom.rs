@@ -15,11 +15,14 @@
 //!
 //! Without `--acceptance-from` the counts come from the replayed traces themselves (in sample).
 
+mod common;
+
+use common::{load, read};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{Acceptance, Bursts, Objective, Selector, VerifyPolicy};
 use specfit_sim::oracle::{children_taken_along_chain, simulate_oracle};
 use specfit_sim::{simulate_many, SimConfig, SimReport};
-use specfit_trace::{TraceHeader, TraceStep};
+use specfit_trace::TraceStep;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -103,23 +106,6 @@ fn print_row(name: &str, r: &SimReport, ar: f64) {
         r.cycles,
         r.plain_steps
     );
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn load(paths: &[String]) -> (TraceHeader, Vec<Vec<TraceStep>>) {
-    let mut header = None;
-    let traces = paths
-        .iter()
-        .map(|p| {
-            let (h, steps) = specfit_trace::read(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
-            header = Some(h);
-            steps
-        })
-        .collect();
-    (header.expect("at least one trace"), traces)
 }
 
 /// Every drafted child of a node on the accepted chain (the root included), counted as the

@@ -10,10 +10,12 @@
 //! cargo run --release -p specfit-sim --example noise_replay -- CALIBRATION DEARER_MS TRACE…
 //! ```
 
+mod common;
+
+use common::{load, read};
 use specfit_selector::json::CalibrationJson;
 use specfit_selector::{Bursts, CostModel, Objective, Selector, VerifyPolicy};
 use specfit_sim::{simulate_many, SimConfig};
-use specfit_trace::{TraceHeader, TraceStep};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -75,21 +77,4 @@ fn main() {
             );
         }
     }
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
-
-fn load(paths: &[String]) -> (TraceHeader, Vec<Vec<TraceStep>>) {
-    let mut header = None;
-    let traces = paths
-        .iter()
-        .map(|p| {
-            let (h, steps) = specfit_trace::read(&read(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
-            header = Some(h);
-            steps
-        })
-        .collect();
-    (header.expect("at least one trace"), traces)
 }

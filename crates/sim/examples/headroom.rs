@@ -17,9 +17,9 @@
 
 mod common;
 
-use common::{load, read};
+use common::{calibration_counts, load, read};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{Acceptance, Bursts, Objective, Selector, VerifyPolicy};
+use specfit_selector::{Acceptance, Bursts, VerifyPolicy};
 use specfit_sim::oracle::{children_taken_along_chain, simulate_oracle};
 use specfit_sim::{simulate_many, SimConfig, SimReport};
 use specfit_trace::TraceStep;
@@ -44,18 +44,9 @@ fn main() {
         ..specfit_sim::machine::from_calibration(&cal).expect("a residency-aware fit")
     };
     let k = cal.max_nodes;
-    let from_calibration = cal
-        .acceptance
-        .as_ref()
-        .map(|a| a.to_counts().expect("valid counts"))
-        .unwrap_or_default();
+    let from_calibration = calibration_counts(&cal);
     let other = acceptance_of(&counted);
-    let specfit = |acceptance: &Acceptance, bursts| {
-        let cost = cal.cost_model(false).expect("a paper-form fit");
-        VerifyPolicy::specfit(Selector::new(cost, k, Objective::Ratio).expect("a selector"))
-            .bursts(bursts)
-            .acceptance(acceptance.clone())
-    };
+    let specfit = |acceptance: &Acceptance, bursts| common::specfit(&cal, acceptance, bursts);
     let replay = |p: &VerifyPolicy| simulate_many(&header, &traces, p, &machine).expect("replay");
     let ar = replay(&VerifyPolicy::plain()).tokens_per_second();
     println!(

@@ -12,9 +12,9 @@
 
 mod common;
 
-use common::{load, read};
+use common::{calibration_counts, load, read};
 use specfit_selector::json::CalibrationJson;
-use specfit_selector::{Bursts, CostModel, Objective, Selector, VerifyPolicy};
+use specfit_selector::{Bursts, CostModel, VerifyPolicy};
 use specfit_sim::{simulate_many, SimConfig};
 
 fn main() {
@@ -26,18 +26,8 @@ fn main() {
     let cal = CalibrationJson::parse(&read(&args[0])).expect("a calibration file");
     let dearer: f64 = args[1].parse().expect("DEARER_MS: a number");
     let (header, traces) = load(&args[2..]);
-    let k = cal.max_nodes;
-    let counts = cal
-        .acceptance
-        .as_ref()
-        .map(|a| a.to_counts().expect("valid counts"))
-        .unwrap_or_default();
-    let specfit = |bursts| {
-        let cost = cal.cost_model(false).expect("a paper-form fit");
-        VerifyPolicy::specfit(Selector::new(cost, k, Objective::Ratio).expect("a selector"))
-            .bursts(bursts)
-            .acceptance(counts.clone())
-    };
+    let counts = calibration_counts(&cal);
+    let specfit = |bursts| common::specfit(&cal, &counts, bursts);
     let base = specfit_sim::machine::from_calibration(&cal).expect("a residency-aware fit");
     let replay = cal.replay.as_ref().expect("a replay fit");
     let intercepts: Vec<f64> = replay.intercepts.iter().map(|a| a + dearer).collect();

@@ -820,6 +820,9 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
         && std::arch::is_x86_feature_detected!("f16c")
     {
         return match ty {
+            GgmlType::Q4_K => Some(avx2::q4_k_cols::<false, 1>),
+            GgmlType::Q5_K => Some(avx2::q4_k_cols::<true, 1>),
+            GgmlType::Q6_K => Some(avx2::q6_k_cols::<1>),
             GgmlType::Q8_0 => Some(avx2::q8_0_cols),
             GgmlType::Q4_0 => Some(avx2::legacy_cols::<false, false>),
             GgmlType::Q4_1 => Some(avx2::legacy_cols::<false, true>),

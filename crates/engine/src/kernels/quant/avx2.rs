@@ -13,8 +13,8 @@
 //! ([`fma_rows`]).
 
 use super::x86::{
-    by_row_groups, drive, fma_rows, halves, halves_of, hsum_rows, k4_scales, prefetch_part,
-    BlockSums,
+    by_row_groups, drive, drive_cols_avx2, fma_rows, halves, halves_of, hsum_rows, k4_scales,
+    prefetch_part, BlockSums,
 };
 use super::{QuantActs, COLS};
 use std::arch::x86_64::*;
@@ -83,41 +83,87 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     r0: usize,
 ) {
     let block = if FIVE { 176 } else { 144 };
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
+            q4_k_block::<FIVE, N>(row.as_ptr(), b, acts, r0)
+        });
+    }
+}
+
+/// [`q4_k`] against the `N` activation rows of `acts` from `r0` for [`COLS`] consecutive
+/// weight rows (`rows`), output `j` of activation row `r0 + i` in `out[i][j]` ([`drive_cols_avx2`]):
+/// one transposing tree per block for the eight rows' integer vectors, where a row alone pays a
+/// horizontal sum per block and its float steps on one lane.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `rows` is [`COLS`] rows of whole blocks of the type, `acts`
+/// quantized for them with as many blocks, with rows `r0..r0 + N`; `out` is `N` long.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_cols<const FIVE: bool, const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; COLS]],
+) {
+    let row_bytes = rows.len() / COLS;
+    let block = if FIVE { 176 } else { 144 };
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive_cols_avx2::<N, true>(row_bytes / block, acts, r0, ahead, out, |j, b| {
+            q4_k_block::<FIVE, N>(rows.as_ptr().add(j * row_bytes), b, acts, r0)
+        });
+    }
+}
+
+/// Block `b` of the `Q4_K` (with `FIVE` `Q5_K`) row at `row` against the `N` activation rows
+/// from `r0`.
+///
+/// # Safety
+/// As [`q4_k`]; block `b` lies inside the row; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_block<const FIVE: bool, const N: usize>(
+    row: *const u8,
+    b: usize,
+    acts: &QuantActs,
+    r0: usize,
+) -> BlockSums<N> {
+    let block = if FIVE { 176 } else { 144 };
     let nibbles = if FIVE { 48 } else { 16 };
     let mask = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);
     // Each group's min (bytes 8–15) for both of its sums of 16.
     let pick_min = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
-    // SAFETY (whole body): every access stays inside `row`, the rows `r0..r0 + N` of `acts`
-    // and `acc` (the caller's contract).
+    // SAFETY (whole body): every access stays inside block `b` at `row` and the rows
+    // `r0..r0 + N` of `acts` (the caller's contract).
     unsafe {
-        drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
-            let blk = row.as_ptr().add(block * b);
-            // d and −dmin.
-            let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
-            let sc = k4_scales(blk.add(4));
-            let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
-            let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
-            let mut w = [_mm256_setzero_si256(); 8];
-            let mut scale = [_mm256_setzero_si256(); 8];
-            let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
-            for t in 0..4 {
-                let raw = _mm256_loadu_si256(blk.add(nibbles + 32 * t) as *const __m256i);
-                w[2 * t] = _mm256_and_si256(raw, mask);
-                w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-                if FIVE {
-                    for g in [2 * t, 2 * t + 1] {
-                        let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32));
-                        let high = _mm256_slli_epi16(_mm256_and_si256(bit, one), 4);
-                        w[g] = _mm256_or_si256(w[g], high);
-                    }
+        let blk = row.add(block * b);
+        // d and −dmin.
+        let f = _mm_xor_ps(halves(blk), _mm_setr_ps(0.0, -0.0, 0.0, 0.0));
+        let sc = k4_scales(blk.add(4));
+        let packed = _mm_loadu_si128(sc.as_ptr() as *const __m128i);
+        let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, pick_min));
+        let mut w = [_mm256_setzero_si256(); 8];
+        let mut scale = [_mm256_setzero_si256(); 8];
+        let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+        for t in 0..4 {
+            let raw = _mm256_loadu_si256(blk.add(nibbles + 32 * t) as *const __m256i);
+            w[2 * t] = _mm256_and_si256(raw, mask);
+            w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+            if FIVE {
+                for g in [2 * t, 2 * t + 1] {
+                    let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(g as i32));
+                    let high = _mm256_slli_epi16(_mm256_and_si256(bit, one), 4);
+                    w[g] = _mm256_or_si256(w[g], high);
                 }
-                scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
-                scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
             }
-            let (s1, s2) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, mins);
-            BlockSums { f, s1, s2 }
-        });
+            scale[2 * t] = _mm256_set1_epi16(sc[2 * t] as i16);
+            scale[2 * t + 1] = _mm256_set1_epi16(sc[2 * t + 1] as i16);
+        }
+        let (s1, s2) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, mins);
+        BlockSums { f, s1, s2 }
     }
 }
 
@@ -138,44 +184,84 @@ pub(super) unsafe fn q6_k(row: &[u8], acts: &QuantActs, acc: &mut [f32]) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q6_k_rows<const N: usize>(row: &[u8], acts: &QuantActs, acc: &mut [f32], r0: usize) {
-    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
-    // SAFETY (whole body): as in `q4_k_rows`.
+    // SAFETY: the caller's contract.
     unsafe {
         drive::<N, false>(row.len() / 210, acts, r0, acc, |b| {
-            let p = row.as_ptr().add(210 * b);
-            // d (bytes 208–209) in lane 0.
-            let f = _mm_movehdup_ps(halves(p.add(206)));
-            // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
-            let mut w = [_mm256_setzero_si256(); 8];
-            for h in 0..2 {
-                let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
-                let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
-                let high = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
-                w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh));
-                w[4 * h + 1] =
-                    _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2)));
-                w[4 * h + 2] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                    high(_mm256_srli_epi16(qh, 4)),
-                );
-                w[4 * h + 3] = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    high(_mm256_srli_epi16(qh, 6)),
-                );
-            }
-            let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
-            let scale: [__m256i; 8] = std::array::from_fn(|v| {
-                let (a, c) = (2 * v as i8, 2 * v as i8 + 1);
-                let pick = _mm_setr_epi8(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
-                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
-            });
-            // 32 · sc[g] per sum of 16 (group g): the +32 of the stored values comes back out.
-            let bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
-            let (sum, off) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, bias);
-            let s1: [__m256i; N] = std::array::from_fn(|i| _mm256_sub_epi32(sum[i], off[i]));
-            BlockSums { f, s1, s2: s1 }
+            q6_k_block::<N>(row.as_ptr(), b, acts, r0)
         });
+    }
+}
+
+/// [`q6_k`] against the `N` activation rows of `acts` for [`COLS`] consecutive weight rows, as
+/// [`q4_k_cols`].
+///
+/// # Safety
+/// As [`q4_k_cols`], for `Q6_K`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_cols<const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    r0: usize,
+    out: &mut [[f32; COLS]],
+) {
+    let row_bytes = rows.len() / COLS;
+    // SAFETY: the caller's contract.
+    unsafe {
+        drive_cols_avx2::<N, false>(row_bytes / 210, acts, r0, ahead, out, |j, b| {
+            q6_k_block::<N>(rows.as_ptr().add(j * row_bytes), b, acts, r0)
+        });
+    }
+}
+
+/// Block `b` of the `Q6_K` row at `row` against the `N` activation rows from `r0`.
+///
+/// # Safety
+/// As [`q6_k`]; block `b` lies inside the row; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_block<const N: usize>(
+    row: *const u8,
+    b: usize,
+    acts: &QuantActs,
+    r0: usize,
+) -> BlockSums<N> {
+    let (m4, m3) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(3));
+    // SAFETY (whole body): as in `q4_k_block`.
+    unsafe {
+        let p = row.add(210 * b);
+        // d (bytes 208–209) in lane 0.
+        let f = _mm_movehdup_ps(halves(p.add(206)));
+        // w[v] holds elements 32v .. 32v + 32: groups 2v (first 16) and 2v + 1.
+        let mut w = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let ql0 = _mm256_loadu_si256(p.add(64 * h) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * h + 32) as *const __m256i);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * h) as *const __m256i);
+            let high = |x: __m256i| _mm256_slli_epi16(_mm256_and_si256(x, m3), 4);
+            w[4 * h] = _mm256_or_si256(_mm256_and_si256(ql0, m4), high(qh));
+            w[4 * h + 1] =
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), high(_mm256_srli_epi16(qh, 2)));
+            w[4 * h + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                high(_mm256_srli_epi16(qh, 4)),
+            );
+            w[4 * h + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                high(_mm256_srli_epi16(qh, 6)),
+            );
+        }
+        let sc = _mm_loadu_si128(p.add(192) as *const __m128i);
+        let scale: [__m256i; 8] = std::array::from_fn(|v| {
+            let (a, c) = (2 * v as i8, 2 * v as i8 + 1);
+            let pick = _mm_setr_epi8(a, a, a, a, a, a, a, a, c, c, c, c, c, c, c, c);
+            _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, pick))
+        });
+        // 32 · sc[g] per sum of 16 (group g): the +32 of the stored values comes back out.
+        let bias = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
+        let (sum, off) = k_rows::<N>(&w, &scale, acts, r0 * acts.k + 256 * b, bias);
+        let s1: [__m256i; N] = std::array::from_fn(|i| _mm256_sub_epi32(sum[i], off[i]));
+        BlockSums { f, s1, s2: s1 }
     }
 }
 

@@ -377,58 +377,77 @@ unsafe fn several_rows<const N: usize, const MINS: bool>(
     unsafe { _mm256_storeu_ps(acc.as_mut_ptr().add(r0), total) };
 }
 
-/// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the `N`
-/// activation rows from `r0`) over [`COLS`](super::COLS) weight rows of `blocks` blocks and
-/// writes their outputs to `out`, output `j` of activation row `r0 + i` in lane `j` of
-/// `out[i]`: per block and activation row the weight rows' integer vectors summed by one
-/// transposing tree (exact) and their float steps as one vector operation into that row's
-/// accumulator `b mod 8`, then the module docs' tree of the eight accumulators (the lanes past
-/// the row's blocks +0, as in the reference). `ahead` (the next call's rows) is read ahead a
-/// part per block.
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C (the VNNI kernels' features, so that their
-/// block step inlines here); `acts` has rows `r0..r0 + N` of `blocks` blocks; `out` is `N`
-/// long; `block` is safe to call for every weight row `j < COLS` and block `b < blocks`.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn drive_cols<const N: usize, const MINS: bool>(
-    blocks: usize,
-    acts: &super::QuantActs,
-    r0: usize,
-    ahead: &[u8],
-    out: &mut [[f32; super::COLS]],
-    mut block: impl FnMut(usize, usize) -> BlockSums<N>,
-) {
-    let mut lanes = [[_mm256_setzero_ps(); 8]; N];
-    for b in 0..blocks {
-        prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
-        // Plain loops, not `array::from_fn`: a closure handed to a function without this
-        // function's target features is not inlined into it (a call per row and block).
-        let zero = _mm256_setzero_si256();
-        let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [[zero; 8]; N], [[zero; 8]; N]);
-        for j in 0..8 {
-            let o = block(j, b);
-            f[j] = o.f;
-            for i in 0..N {
-                (s1[i][j], s2[i][j]) = (o.s1[i], o.s2[i]);
+/// Defines `$name`, the side-by-side driver for kernels with the target features `$features`
+/// (its block step inlines only into a function with at least its kernel's features).
+macro_rules! drive_cols_for {
+    ($(#[$doc:meta])* $name:ident, $features:literal) => {
+        $(#[$doc])*
+        #[inline]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn $name<const N: usize, const MINS: bool>(
+            blocks: usize,
+            acts: &super::QuantActs,
+            r0: usize,
+            ahead: &[u8],
+            out: &mut [[f32; super::COLS]],
+            mut block: impl FnMut(usize, usize) -> BlockSums<N>,
+        ) {
+            let mut lanes = [[_mm256_setzero_ps(); 8]; N];
+            for b in 0..blocks {
+                prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+                // Plain loops, not `array::from_fn`: a closure handed to a function without this
+                // function's target features is not inlined into it (a call per row and block).
+                let zero = _mm256_setzero_si256();
+                let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [[zero; 8]; N], [[zero; 8]; N]);
+                for j in 0..8 {
+                    let o = block(j, b);
+                    f[j] = o.f;
+                    for i in 0..N {
+                        (s1[i][j], s2[i][j]) = (o.s1[i], o.s2[i]);
+                    }
+                }
+                let (d, dmin) = factors(f);
+                let l = b % 8;
+                for i in 0..N {
+                    // SAFETY: block b of activation row r0 + i (the caller's contract).
+                    let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked((r0 + i) * blocks + b) });
+                    lanes[i][l] = fma_rows(lanes[i][l], d, da, hsum_rows::<8>(&s1[i]));
+                    if MINS {
+                        lanes[i][l] = fma_rows(lanes[i][l], dmin, da, hsum_rows::<8>(&s2[i]));
+                    }
+                }
+            }
+            for (o, l) in out.iter_mut().zip(lanes) {
+                // SAFETY: 8 floats.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), lanes_tree(l)) };
             }
         }
-        let (d, dmin) = factors(f);
-        let l = b % 8;
-        for i in 0..N {
-            // SAFETY: block b of activation row r0 + i (the caller's contract).
-            let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked((r0 + i) * blocks + b) });
-            lanes[i][l] = fma_rows(lanes[i][l], d, da, hsum_rows::<8>(&s1[i]));
-            if MINS {
-                lanes[i][l] = fma_rows(lanes[i][l], dmin, da, hsum_rows::<8>(&s2[i]));
-            }
-        }
-    }
-    for (o, l) in out.iter_mut().zip(lanes) {
-        // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), lanes_tree(l)) };
-    }
+    };
+}
+
+drive_cols_for! {
+    /// Runs a kernel's block step (`block(j, b)`: block `b` of weight row `j` against the `N`
+    /// activation rows from `r0`) over [`COLS`](super::COLS) weight rows of `blocks` blocks and
+    /// writes their outputs to `out`, output `j` of activation row `r0 + i` in lane `j` of
+    /// `out[i]`: per block and activation row the weight rows' integer vectors summed by one
+    /// transposing tree (exact) and their float steps as one vector operation into that row's
+    /// accumulator `b mod 8`, then the module docs' tree of the eight accumulators (the lanes
+    /// past the row's blocks +0, as in the reference). `ahead` (the next call's rows) is read
+    /// ahead a part per block.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C (the VNNI kernels' features, so that
+    /// their block step inlines here); `acts` has rows `r0..r0 + N` of `blocks` blocks; `out` is
+    /// `N` long; `block` is safe to call for every weight row `j < COLS` and block `b < blocks`.
+    drive_cols, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+}
+
+drive_cols_for! {
+    /// [`drive_cols`] for the AVX2 kernels.
+    ///
+    /// # Safety
+    /// As [`drive_cols`], on a CPU with AVX2, FMA and F16C.
+    drive_cols_avx2, "avx2,fma,f16c"
 }
 
 /// Eight vectors of accumulators (accumulator `l` of eight outputs in vector `l`) summed lane

@@ -60,11 +60,16 @@ if [ "$PART" != a ]; then
     "$BIN" calibrate --model "$P/target-q8_0.gguf" --drafter "$P/drafter" --store disk --slots 32 \
         --prompts "$CAL_FILE" --limit "${CAL_PROMPTS:-4}" --cycles "${CYCLES:-4}"
     step "(b) bench at ${SWEEP:-16,32,48} slots, $DISK_PROMPTS prompts per set"
+    only='ar,eagle3,specfit[predictor],specfit+ahead[predictor]'
+    # LAYERS_AHEAD=0 runs no +layer-ahead rows, so --only must not name them.
+    if [ "${LAYERS_AHEAD:-1}" != 0 ]; then
+        only="$only,ar+layer-ahead,specfit+layer-ahead[predictor]"
+    fi
     "$BIN" bench --model "$P/target-q8_0.gguf" --drafter "$P/drafter" \
         --predictor "$P/route-predictor.safetensors" --store disk --slots 32 --sweep "${SWEEP:-16,32,48}" \
         --calibration "$P/target-q8_0.specfit-calibration.disk.json" --max-prompt-tokens 512 \
         --limit "$DISK_PROMPTS" --max-tokens "${TOKENS:-16}" \
-        --only 'ar,eagle3,specfit[predictor],specfit+ahead[predictor],ar+layer-ahead,specfit+layer-ahead[predictor]' \
+        --only "$only" \
         --layers-ahead "${LAYERS_AHEAD:-1}" --validate 0 \
         --out bench-results/paper-disk
 fi

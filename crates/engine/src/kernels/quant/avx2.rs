@@ -10,7 +10,9 @@
 //! the scalar `(d · da).mul_add(f32(S), acc[b mod 8])`, so the same bits as a row alone. The
 //! 32-element types (one lane) sum the rows' vectors by one transposing tree per block
 //! ([`hsum_rows`], exact) and run the float steps on one vector of the rows' accumulators
-//! ([`fma_rows`]).
+//! ([`fma_rows`]). For one to four activation rows the k-quants instead take eight weight rows
+//! side by side ([`q4_k_cols`], [`q6_k_cols`], driven by [`drive_cols_avx2`]) with the same block
+//! steps ([`q4_k_block`], [`q6_k_block`]); Q8_0 and the legacy types do so for one row.
 
 use super::x86::{
     by_row_groups, drive, drive_cols_avx2, fma_rows, halves, halves_of, hsum_rows, k4_scales,
@@ -92,9 +94,9 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
 }
 
 /// [`q4_k`] against the `N` activation rows of `acts` from `r0` for [`COLS`] consecutive
-/// weight rows (`rows`), output `j` of activation row `r0 + i` in `out[i][j]` ([`drive_cols_avx2`]):
-/// one transposing tree per block for the eight rows' integer vectors, where a row alone pays a
-/// horizontal sum per block and its float steps on one lane.
+/// weight rows (`rows`), output `j` of activation row `r0 + i` in `out[i][j]`
+/// ([`drive_cols_avx2`]): one transposing tree per block for the eight rows' integer vectors,
+/// where a row alone pays a horizontal sum per block and its float steps on one lane.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `rows` is [`COLS`] rows of whole blocks of the type, `acts`

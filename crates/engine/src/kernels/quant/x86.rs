@@ -398,7 +398,8 @@ macro_rules! drive_cols_for {
                 // Plain loops, not `array::from_fn`: a closure handed to a function without this
                 // function's target features is not inlined into it (a call per row and block).
                 let zero = _mm256_setzero_si256();
-                let (mut f, mut s1, mut s2) = ([_mm_setzero_ps(); 8], [[zero; 8]; N], [[zero; 8]; N]);
+                let mut f = [_mm_setzero_ps(); 8];
+                let (mut s1, mut s2) = ([[zero; 8]; N], [[zero; 8]; N]);
                 for j in 0..8 {
                     let o = block(j, b);
                     f[j] = o.f;
@@ -410,7 +411,8 @@ macro_rules! drive_cols_for {
                 let l = b % 8;
                 for i in 0..N {
                     // SAFETY: block b of activation row r0 + i (the caller's contract).
-                    let da = _mm256_set1_ps(unsafe { *acts.d.get_unchecked((r0 + i) * blocks + b) });
+                    let da = unsafe { *acts.d.get_unchecked((r0 + i) * blocks + b) };
+                    let da = _mm256_set1_ps(da);
                     lanes[i][l] = fma_rows(lanes[i][l], d, da, hsum_rows::<8>(&s1[i]));
                     if MINS {
                         lanes[i][l] = fma_rows(lanes[i][l], dmin, da, hsum_rows::<8>(&s2[i]));

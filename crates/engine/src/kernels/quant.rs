@@ -783,10 +783,11 @@ const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] weight rows side by side against `rows`
 /// activation rows, where one beats [`fast_kernel`] a weight row at a time (measured:
-/// BENCHMARKS "One activation row, eight outputs side by side" and "The one-row k-quant kernels
-/// inlined"): the k-quants with VNNI (the side by side step wants AVX-512's 32 registers) up to
-/// [`SIDE_BY_SIDE_ROWS`] rows (more run in groups of as many), the 32-element types for one
-/// row.
+/// BENCHMARKS "One activation row, eight outputs side by side", "The one-row k-quant kernels
+/// inlined" and "The k-quants side by side on AVX2"): the k-quants with VNNI up to
+/// [`SIDE_BY_SIDE_ROWS`] rows (more run in groups of as many), on AVX2 (16 registers, so the
+/// eight weight rows' block sums spill) up to [`AVX2_SIDE_BY_SIDE_ROWS`], the 32-element types
+/// for one row.
 fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx512 && has_vnni() {
@@ -814,8 +815,6 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
             _ => {}
         }
     }
-    // The AVX2 k-quants side by side up to AVX2_SIDE_BY_SIDE_ROWS rows (more run a row of
-    // weights at a time).
     #[cfg(target_arch = "x86_64")]
     if matches!(isa, Isa::Avx2 | Isa::Avx512) && std::arch::is_x86_feature_detected!("f16c") {
         macro_rules! by_rows {

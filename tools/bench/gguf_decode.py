@@ -55,9 +55,9 @@ import re
 import sys
 import time
 
-from protocol import (ROOT, cached_bytes, command_line, execute, fits_in_memory, flash_probe, llama_settings,
-                      machine, meminfo, prepare_cache, rotation, rounds_arg, setting_name, spread, summary,
-                      write_report)
+from protocol import (ROOT, cached_bytes, command_line, execute, file_huge_pages, fits_in_memory, flash_probe,
+                      llama_settings, machine, meminfo, prepare_cache, rotation, rounds_arg, setting_name, spread,
+                      summary, write_report)
 
 SPECFIT = ROOT / "target/release/specfit"
 PROMPT = ("<|im_start|>user\nQuestion: Janet's ducks lay 16 eggs per day. She eats three for breakfast every "
@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> None:
         for name, cfg in rotation(table_engines, r):
             dropped = prepare_cache([args.gguf], args.cold)
             before = cached_bytes(args.gguf)
+            huge = file_huge_pages()
             try:
                 res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads, feed)
                        if "specfit" in cfg
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> None:
                 runs[name].append({"round": r, "failed": str(e)[-600:], "caches_dropped": dropped})
                 continue
             res.update({"round": r, "caches_dropped": dropped, "file_cached_before": before,
-                        "file_cached_after": cached_bytes(args.gguf)})
+                        "file_huge_pages_before": huge, "file_cached_after": cached_bytes(args.gguf)})
             runs[name].append(res)
             print(f"round {r} {name}: {res['tok_s']:.2f} tok/s", flush=True)
     reference = next((x["tokens"] for name, rs in runs.items() if name.startswith("llama")
@@ -273,6 +274,9 @@ def row(name: str, rs: list[dict], reference: str | None) -> dict:
            "ttft_s": summary([x["ttft_s"] for x in ok]),
            "peak_rss_gb": summary([x["stats"].get("hwm_kb", 0) / 1e6 for x in ok]),
            "page_cache_gb": summary([max(x["file_cached_after"], 0) / 1e9 for x in ok]),
+           # The page cache's file pages in huge folios before each run (system-wide; a mapped
+           # file in 2 MB folios decodes faster: BENCHMARKS.md, "llama.cpp on the same files").
+           "file_huge_pages_gb": summary([max(x.get("file_huge_pages_before", -1), 0) / 1e9 for x in ok]),
            "read_gb": summary([x["stats"].get("read_bytes", 0) / 1e9 for x in ok]),
            "same_tokens_as_llama": all(x["tokens"] == reference for x in ok),
            "agreement_with_llama": None if reference is None

@@ -53,6 +53,13 @@ def meminfo(key: str) -> int:
     return int(re.search(rf"{key}:\s+(\d+)", pathlib.Path("/proc/meminfo").read_text()).group(1)) * 1024
 
 
+def file_huge_pages() -> int:
+    """Bytes of file pages the page cache holds in huge folios (`FileHugePages`, system-wide: a
+    mapped file in 2 MB folios can be mapped with 2 MB pages); -1 when the kernel does not say."""
+    found = re.search(r"FileHugePages:\s+(\d+)", pathlib.Path("/proc/meminfo").read_text())
+    return int(found.group(1)) * 1024 if found else -1
+
+
 def fits_in_memory(size: int) -> bool:
     return size < meminfo("MemAvailable") * 0.9
 

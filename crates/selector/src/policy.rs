@@ -29,8 +29,15 @@ pub enum Choice {
 /// The longest plain burst after cycles that verify nothing ([`Bursts::AfterEmpty`]).
 pub const MAX_BURST: usize = 16;
 
-/// The longest plain burst while speculation loses ([`Bursts::NeverLose`]).
+/// The longest plain burst while speculation loses ([`Bursts::NeverLose`]) by a little; where a
+/// token costs `r` times more speculating than plainly, bursts may grow to `r` times this, up to
+/// [`MAX_LOSING_BURST_FAR`] (a shift in the text that would overturn a wide loss is rarer than
+/// one that overturns a narrow one, and each probe of a wide loss costs more).
 pub const MAX_LOSING_BURST: usize = 256;
+
+/// The longest plain burst while speculation loses by a factor of 4 or more
+/// ([`MAX_LOSING_BURST`]).
+pub const MAX_LOSING_BURST_FAR: usize = 1024;
 
 /// Under [`Bursts::NeverLose`], how much less time per token speculative cycles must measure
 /// than plain steps to count as winning: switching between the two costs time neither
@@ -110,7 +117,8 @@ pub enum Bursts {
     /// [`NOISE_ERRORS`] standard errors of the plain measure has [`REFRESH_STEPS`] plain steps
     /// measure plain decoding again before the verdict; once it stands, 1, 2, 4, … doubling
     /// while it keeps losing, and at least enough that the next probe's extra time is at most
-    /// [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`]. (A median of a few plain
+    /// [`PROBE_SHARE`] of the burst's; at most [`MAX_LOSING_BURST`] times the ratio of the two
+    /// measures, within [`MAX_LOSING_BURST`]..=[`MAX_LOSING_BURST_FAR`]. (A median of a few plain
     /// steps reads low, as a step's time is skewed by its misses; compared with it, speculation
     /// lost where it won.) A refresh after which speculation still wins doubles how long plain
     /// steps stay current, up to [`PLAIN_FRESH_MAX_TOKENS`].
@@ -418,7 +426,9 @@ impl VerifyPolicy {
             let doubling = 1usize << (self.streak - 1).min(8);
             let excess = self.speculative.tokens_each() * (spec - plain);
             let enough = (excess / (PROBE_SHARE * plain)).ceil();
-            let enough = enough.min(MAX_LOSING_BURST as f64) as usize;
+            let cap = (MAX_LOSING_BURST as f64 * spec / plain)
+                .clamp(MAX_LOSING_BURST as f64, MAX_LOSING_BURST_FAR as f64);
+            let enough = enough.min(cap) as usize;
             self.burst = doubling.max(enough);
         } else {
             if refreshed {
@@ -697,6 +707,29 @@ mod tests {
             }
         }
         assert_eq!(refreshes, [10, 32, 75, 161, 247]);
+    }
+
+    #[test]
+    fn bursts_may_outgrow_the_cap_as_many_times_as_speculation_costs_more() {
+        // Cycles of 8 tokens, each token 2, 3 or 5 times a plain step's 10 ms: once the first
+        // cycles are past (one plain step after each, and a refresh of the plain measure when
+        // it is 32 tokens old), the burst is long enough that a cycle's extra time (80, 160,
+        // 320 ms) is 2% of it (400, 800, 1600 tokens), within MAX_LOSING_BURST times the ratio
+        // (512, 768, 1280) and MAX_LOSING_BURST_FAR.
+        for (cycle_ms, burst) in [(160.0, 400), (240.0, 768), (400.0, MAX_LOSING_BURST_FAR)] {
+            let mut p = specfit().bursts(Bursts::NeverLose);
+            run_burst(&mut p, 10.0);
+            let mut bursts = Vec::new();
+            while bursts.last().is_none_or(|&b| b <= REFRESH_STEPS) {
+                p.observe_cycle(8, cycle_ms);
+                bursts.push(run_burst(&mut p, 10.0));
+            }
+            assert_eq!(
+                bursts,
+                [1, 1, 1, 4, 1, 1, 1, 4, burst],
+                "cycles of {cycle_ms} ms"
+            );
+        }
     }
 
     /// A never-lose policy past its first plain steps, which measured `plain` ms each, and

@@ -35,8 +35,8 @@ pub const MAX_BURST: usize = 16;
 /// one that overturns a narrow one, and each probe of a wide loss costs more).
 pub const MAX_LOSING_BURST: usize = 256;
 
-/// The longest plain burst while speculation loses by a factor of 4 or more
-/// ([`MAX_LOSING_BURST`]).
+/// The longest plain burst while speculation loses ([`Bursts::NeverLose`]) by a factor of 4 or
+/// more: 4 × [`MAX_LOSING_BURST`].
 pub const MAX_LOSING_BURST_FAR: usize = 1024;
 
 /// Under [`Bursts::NeverLose`], how much less time per token speculative cycles must measure

@@ -829,24 +829,15 @@ fn fast_cols_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<ColsKernel> {
             };
         }
         const _: () = assert!(AVX2_SIDE_BY_SIDE_ROWS == 4);
-        match ty {
-            GgmlType::Q4_K => return by_rows!(q4_k_cols, false),
-            GgmlType::Q5_K => return by_rows!(q4_k_cols, true),
-            GgmlType::Q6_K => return by_rows!(q6_k_cols),
-            _ => {}
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if rows == 1
-        && matches!(isa, Isa::Avx2 | Isa::Avx512)
-        && std::arch::is_x86_feature_detected!("f16c")
-    {
         return match ty {
-            GgmlType::Q8_0 => Some(avx2::q8_0_cols),
-            GgmlType::Q4_0 => Some(avx2::legacy_cols::<false, false>),
-            GgmlType::Q4_1 => Some(avx2::legacy_cols::<false, true>),
-            GgmlType::Q5_0 => Some(avx2::legacy_cols::<true, false>),
-            GgmlType::Q5_1 => Some(avx2::legacy_cols::<true, true>),
+            GgmlType::Q4_K => by_rows!(q4_k_cols, false),
+            GgmlType::Q5_K => by_rows!(q4_k_cols, true),
+            GgmlType::Q6_K => by_rows!(q6_k_cols),
+            GgmlType::Q8_0 if rows == 1 => Some(avx2::q8_0_cols),
+            GgmlType::Q4_0 if rows == 1 => Some(avx2::legacy_cols::<false, false>),
+            GgmlType::Q4_1 if rows == 1 => Some(avx2::legacy_cols::<false, true>),
+            GgmlType::Q5_0 if rows == 1 => Some(avx2::legacy_cols::<true, false>),
+            GgmlType::Q5_1 if rows == 1 => Some(avx2::legacy_cols::<true, true>),
             _ => None,
         };
     }

@@ -11,7 +11,7 @@
 //! The instructions are written as inline assembly (the AMX intrinsics are not in stable Rust);
 //! Linux hands out the tile state only on request ([`amx_ready`]).
 
-use super::x86::{k4_scales, prefetch_part};
+use super::x86::{k4_scales, prefetch_part, q4_k_block_bytes};
 use super::{QuantActs, BLOCK_LANES};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -153,7 +153,7 @@ static BIT_OF: ChunkBytes = {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,f16c")]
 unsafe fn prepare<const FIVE: bool>(row: &[u8], b: usize, tiles: &mut BlockTiles, n: usize) {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     let nibbles = if FIVE { 48 } else { 16 };
     // SAFETY: the caller's contract: every read is inside block `b` or the static tables; every
     // write inside slot `n` of `tiles`.
@@ -263,7 +263,7 @@ pub(super) unsafe fn q4_k<const FIVE: bool>(
     acc: &mut [f32],
     scratch: &mut Scratch,
 ) {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     let blocks = rows[0].len() / block;
     let groups = acts.amx_groups();
     let plane = OUTPUTS * groups * AMX_ROWS;

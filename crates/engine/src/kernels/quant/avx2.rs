@@ -16,7 +16,7 @@
 
 use super::x86::{
     by_row_groups, drive, drive_cols_avx2, fma_rows, halves, halves_of, hsum_rows, k4_scales,
-    prefetch_part, BlockSums,
+    prefetch_part, q4_k_block_bytes, BlockSums,
 };
 use super::{QuantActs, COLS};
 use std::arch::x86_64::*;
@@ -84,7 +84,7 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     acc: &mut [f32],
     r0: usize,
 ) {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     // SAFETY: the caller's contract.
     unsafe {
         drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
@@ -110,7 +110,7 @@ pub(super) unsafe fn q4_k_cols<const FIVE: bool, const N: usize>(
     out: &mut [[f32; COLS]],
 ) {
     let row_bytes = rows.len() / COLS;
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     // SAFETY: the caller's contract.
     unsafe {
         drive_cols_avx2::<N, true>(row_bytes / block, acts, r0, ahead, out, |j, b| {
@@ -132,7 +132,7 @@ unsafe fn q4_k_block<const FIVE: bool, const N: usize>(
     acts: &QuantActs,
     r0: usize,
 ) -> BlockSums<N> {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     let nibbles = if FIVE { 48 } else { 16 };
     let mask = _mm256_set1_epi8(0x0F);
     let one = _mm256_set1_epi8(1);

@@ -13,7 +13,7 @@
 
 use super::x86::{
     by_row_groups, drive, drive_cols, fma_rows, halves, halves_of, k4_scales_reg, prefetch_part,
-    BlockSums,
+    q4_k_block_bytes, BlockSums,
 };
 use super::{QuantActs, COLS, WIDE};
 use std::arch::x86_64::*;
@@ -72,7 +72,7 @@ unsafe fn q4_k_rows<const FIVE: bool, const N: usize>(
     acc: &mut [f32],
     r0: usize,
 ) {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     // SAFETY: the caller's contract.
     unsafe {
         drive::<N, true>(row.len() / block, acts, r0, acc, |b| {
@@ -97,7 +97,7 @@ pub(super) unsafe fn q4_k_cols<const FIVE: bool, const N: usize>(
     out: &mut [[f32; COLS]],
 ) {
     let row_bytes = rows.len() / COLS;
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     // SAFETY: the caller's contract.
     unsafe {
         drive_cols::<N, true>(row_bytes / block, acts, r0, ahead, out, |j, b| {
@@ -125,7 +125,7 @@ unsafe fn q4_k_block<const FIVE: bool, const N: usize>(
     acts: &QuantActs,
     r0: usize,
 ) -> BlockSums<N> {
-    let block = if FIVE { 176 } else { 144 };
+    let block = q4_k_block_bytes(FIVE);
     let nibbles = if FIVE { 48 } else { 16 };
     let mask = _mm512_set1_epi8(0x0F);
     let one = _mm512_set1_epi8(1);

@@ -60,6 +60,16 @@ pub(super) fn prefetch_part<const HINT: i32>(ahead: &[u8], b: usize, parts: usiz
     }
 }
 
+/// Bytes of a `Q4_K` block, or with `five` of a `Q5_K` one (the same header, then 32 bytes of
+/// fifth bits, then the nibbles): ggml's `block_q4_K` and `block_q5_K`.
+pub(super) const fn q4_k_block_bytes(five: bool) -> usize {
+    if five {
+        176
+    } else {
+        144
+    }
+}
+
 /// The 6-bit scales (bytes 0–7) and mins (bytes 8–15) of the eight groups of a Q4_K/Q5_K
 /// block from its 12 packed bytes at `p` (ggml's `get_scale_min_k4`, all groups at once).
 ///
@@ -535,6 +545,13 @@ pub(super) use by_row_groups;
 mod tests {
     use super::*;
     use crate::kernels::tests::lcg;
+
+    #[test]
+    fn the_q4_k_and_q5_k_block_sizes_are_the_types_own() {
+        use specfit_gguf::GgmlType;
+        assert_eq!(q4_k_block_bytes(false), GgmlType::Q4_K.block().1);
+        assert_eq!(q4_k_block_bytes(true), GgmlType::Q5_K.block().1);
+    }
 
     #[test]
     fn the_register_scale_unpacking_gives_the_scalar_bytes() {

@@ -55,9 +55,9 @@ import re
 import sys
 import time
 
-from protocol import (ROOT, cached_bytes, command_line, execute, file_huge_pages, fits_in_memory, flash_probe,
-                      llama_settings, machine, meminfo, prepare_cache, rotation, rounds_arg, setting_name, spread,
-                      summary, write_report)
+from protocol import (ROOT, cached_bytes, command_line, execute, fits_in_memory, flash_probe, llama_settings,
+                      machine, meminfo, prepare_cache, rotation, rounds_arg, setting_name, spread, summary,
+                      write_report)
 
 SPECFIT = ROOT / "target/release/specfit"
 PROMPT = ("<|im_start|>user\nQuestion: Janet's ducks lay 16 eggs per day. She eats three for breakfast every "
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> None:
         for name, cfg in rotation(table_engines, r):
             dropped = prepare_cache([args.gguf], args.cold)
             before = cached_bytes(args.gguf)
-            huge = file_huge_pages()
+            huge = meminfo("FileHugePages", missing=-1)
             try:
                 res = (run_specfit(args.gguf, cfg["specfit"], ids, args.tokens, args.threads, feed)
                        if "specfit" in cfg

@@ -49,15 +49,14 @@ MIN_ROUNDS = 3
 # page cache
 
 
-def meminfo(key: str) -> int:
-    return int(re.search(rf"{key}:\s+(\d+)", pathlib.Path("/proc/meminfo").read_text()).group(1)) * 1024
-
-
-def file_huge_pages() -> int:
-    """Bytes of file pages the page cache holds in huge folios (`FileHugePages`, system-wide: a
-    mapped file in 2 MB folios can be mapped with 2 MB pages); -1 when the kernel does not say."""
-    found = re.search(r"FileHugePages:\s+(\d+)", pathlib.Path("/proc/meminfo").read_text())
-    return int(found.group(1)) * 1024 if found else -1
+def meminfo(key: str, missing: int | None = None) -> int:
+    """`/proc/meminfo`'s `key` in bytes; `missing` when the kernel has no such line (else an error).
+    `FileHugePages`: the page cache's file pages in huge folios (system-wide: a mapped file in 2 MB
+    folios can be mapped with 2 MB pages)."""
+    found = re.search(rf"{key}:\s+(\d+)", pathlib.Path("/proc/meminfo").read_text())
+    if found is None and missing is not None:
+        return missing
+    return int(found.group(1)) * 1024
 
 
 def fits_in_memory(size: int) -> bool:

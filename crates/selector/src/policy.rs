@@ -423,7 +423,7 @@ impl VerifyPolicy {
                 return;
             }
             self.streak += 1;
-            let doubling = 1usize << (self.streak - 1).min(8);
+            let doubling = 1usize << (self.streak - 1).min(MAX_LOSING_BURST.ilog2());
             let excess = self.speculative.tokens_each() * (spec - plain);
             let enough = (excess / (PROBE_SHARE * plain)).ceil();
             let cap = (MAX_LOSING_BURST as f64 * spec / plain)

@@ -7,7 +7,8 @@
 //! integers and the same two roundings as the reference, so the same bits. And Q8_0: eight
 //! weight rows side by side against one activation row ([`q8_0_cols`]), sixteen in the lanes
 //! against several ([`q8_0_wide`]), and the other 32-element types in the lanes
-//! ([`legacy_wide`]).
+//! ([`legacy_wide`]). For several activation rows, Q4_K and Q5_K run sixteen weight rows in the
+//! lanes too ([`q4_k_wide`]): their blocks decoded once for all the rows, no sum across lanes.
 //!
 //! [`LANES`]: super::LANES
 
@@ -686,4 +687,163 @@ unsafe fn transposed_quarter(at: [*const u8; 16]) -> [__m512i; 4] {
         _mm512_unpacklo_epi64(t1, t3),
         _mm512_unpackhi_epi64(t1, t3),
     ]
+}
+
+/// `Q4_K` (with `FIVE` `Q5_K`) for [`WIDE`] consecutive weight rows against every activation
+/// row, sixteen outputs in the lanes as [`q8_0_wide`]: output `j` of row `r` in `out[r][j]`.
+/// The weights are decoded once per block for all the rows, and no sum crosses lanes.
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL, VNNI, FMA and F16C; `rows` is [`WIDE`] rows of whole blocks of
+/// the type, `acts` quantized for them with as many blocks per row, `out` holds `acts.rows`
+/// rows.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q4_k_wide<const FIVE: bool>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { by_row_groups!(q4_k_wide_rows<FIVE>, acts; rows, ahead, acts, out) }
+}
+
+/// [`q4_k_wide`] for the `N` rows from `r0`. Per block: the sixteen rows' d and −dmin in the
+/// lanes ([`wide_halves`]); their packed 6-bit scales and mins transposed
+/// ([`transposed_quarter`]) and unpacked in 32-bit lanes as [`k4_scales_reg`] does in one row;
+/// then per 32 bytes of nibbles (groups `2c` and `2c + 1`) the rows' bytes transposed
+/// ([`transposed`]) and split into low nibbles (elements `4t .. 4t + 4` of group `2c` in
+/// register `t`) and high ones (group `2c + 1`), with `FIVE` each element's fifth bit (bit `g`
+/// of its `qh` byte) moved into bit 4. Per activation row, eight `vpdpbusd` against broadcast
+/// activation quads give each lane its row's exact dot product over a group (at most
+/// 32 · 31 · 128 in magnitude), `vpmulld` by the group's scale and a sum give `S1`, and
+/// `vpdpwssd` of each group's min (both 16-bit halves) against the activations' two sums of 16
+/// gives `S2` (exact). Then the float steps of [`super`]'s docs into the row's accumulator of
+/// lane `b mod 8`, and at the end the lanes' fixed tree ([`super::lanes_total`]).
+///
+/// # Safety
+/// As [`q4_k_wide`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_k_wide_rows<const FIVE: bool, const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
+    r0: usize,
+) {
+    let block = q4_k_block_bytes(FIVE);
+    let nibbles = if FIVE { 48 } else { 16 };
+    let row_bytes = rows.len() / WIDE;
+    let blocks = row_bytes / block;
+    let k = acts.k;
+    let (low4, low6, low2) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x3F),
+        _mm512_set1_epi8(0x03),
+    );
+    let (ones, byte, zero) = (
+        _mm512_set1_epi8(1),
+        _mm512_set1_epi32(0xFF),
+        _mm512_setzero_si512(),
+    );
+    // Byte `i` of each lane of `v`, widened to the lane.
+    let pick = |v: __m512i, i: usize| {
+        _mm512_and_si512(_mm512_srlv_epi32(v, _mm512_set1_epi32(8 * i as i32)), byte)
+    };
+    // Bit `s` of each byte of `qh` moved to bit 4.
+    let fifth = |qh: __m512i, s: usize| {
+        let bit = _mm512_and_si512(_mm512_srlv_epi32(qh, _mm512_set1_epi32(s as i32)), ones);
+        _mm512_slli_epi32::<4>(bit)
+    };
+    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // and `out` (the caller's contract).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 8]; N];
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + block * b);
+            let d = wide_halves(blk);
+            // −dmin: the sign bit flipped (an integer xor: `vxorps` on 512 bits needs AVX-512 DQ).
+            let dmin = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(wide_halves(|j| blk(j).add(2))),
+                _mm512_set1_epi32(i32::MIN),
+            ));
+            let [u0, u1, u2, _] = transposed_quarter(std::array::from_fn(|j| blk(j).add(4)));
+            let tops = |u: __m512i| {
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u), low2))
+            };
+            // Bytes 0–3 of each lane: groups 0–3's scales (mins); `hi`: groups 4–7's.
+            let sc_lo = _mm512_and_si512(u0, low6);
+            let m_lo = _mm512_and_si512(u1, low6);
+            let sc_hi = _mm512_or_si512(_mm512_and_si512(u2, low4), tops(u0));
+            let m_hi =
+                _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32::<4>(u2), low4), tops(u1));
+            let scale = |g: usize| pick(if g < 4 { sc_lo } else { sc_hi }, g % 4);
+            let qh = if FIVE {
+                transposed(std::array::from_fn(|j| blk(j).add(16)))
+            } else {
+                [zero; 8]
+            };
+            let mut s1 = [zero; N];
+            for c in 0..4 {
+                let t = transposed(std::array::from_fn(|j| blk(j).add(nibbles + 32 * c)));
+                let lo: [__m512i; 8] = std::array::from_fn(|i| {
+                    let w = _mm512_and_si512(t[i], low4);
+                    if FIVE {
+                        _mm512_or_si512(w, fifth(qh[i], 2 * c))
+                    } else {
+                        w
+                    }
+                });
+                let hi: [__m512i; 8] = std::array::from_fn(|i| {
+                    let w = _mm512_and_si512(_mm512_srli_epi16::<4>(t[i]), low4);
+                    if FIVE {
+                        _mm512_or_si512(w, fifth(qh[i], 2 * c + 1))
+                    } else {
+                        w
+                    }
+                });
+                let (sa, sb) = (scale(2 * c), scale(2 * c + 1));
+                for (i, s1) in s1.iter_mut().enumerate() {
+                    let a = acts.q.as_ptr().add((r0 + i) * k + 256 * b + 64 * c) as *const i32;
+                    let (mut x, mut y) = (zero, zero);
+                    for t in 0..8 {
+                        let quad =
+                            |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(a.add(at)));
+                        x = _mm512_dpbusd_epi32(x, lo[t], quad(t));
+                        y = _mm512_dpbusd_epi32(y, hi[t], quad(8 + t));
+                    }
+                    let sum =
+                        _mm512_add_epi32(_mm512_mullo_epi32(x, sa), _mm512_mullo_epi32(y, sb));
+                    *s1 = _mm512_add_epi32(*s1, sum);
+                }
+            }
+            // Each group's min in both 16-bit halves of the lane.
+            let mins: [__m512i; 8] = std::array::from_fn(|g| {
+                let m = pick(if g < 4 { m_lo } else { m_hi }, g % 4);
+                _mm512_or_si512(m, _mm512_slli_epi32::<16>(m))
+            });
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let sums = acts.sum16_i16.as_ptr().add(((r0 + i) * k + 256 * b) / 16) as *const i32;
+                let mut s2 = zero;
+                for (g, m) in mins.iter().enumerate() {
+                    let pair = _mm512_set1_epi32(std::ptr::read_unaligned(sums.add(g)));
+                    s2 = _mm512_dpwssd_epi32(s2, *m, pair);
+                }
+                let da = _mm512_set1_ps(*acts.d.get_unchecked((r0 + i) * blocks + b));
+                let l = &mut acc[b % 8];
+                *l = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s1[i]), *l);
+                *l = _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(s2), *l);
+            }
+        }
+        for (i, l) in acc.iter().enumerate() {
+            let pair = |a: usize, b: usize| _mm512_add_ps(l[a], l[b]);
+            let total = _mm512_add_ps(
+                _mm512_add_ps(pair(0, 4), pair(2, 6)),
+                _mm512_add_ps(pair(1, 5), pair(3, 7)),
+            );
+            _mm512_storeu_ps(out[r0 + i].as_mut_ptr(), total);
+        }
+    }
 }

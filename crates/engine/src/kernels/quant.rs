@@ -24,8 +24,8 @@
 //!
 //! The integer sums are exact whatever order a SIMD kernel adds them in, and the float steps are
 //! one fixed sequence per output, so the AMX kernel (Q4_K from 8 rows, Q5_K from 12), the
-//! AVX-512 VNNI kernels (Q4_K, Q5_K, Q6_K; Q4_K, Q5_K and the 32-element types with sixteen
-//! outputs in the lanes for several rows), the AVX2 ones and the portable reference
+//! AVX-512 VNNI kernels (Q4_K, Q5_K, Q6_K, and for several rows every type with sixteen outputs
+//! in the lanes), the AVX2 ones and the portable reference
 //! ([`block_reference`]) give identical bits; tests hold them to it. Each row's activations are
 //! quantized from that row alone, so no row depends on another.
 //!
@@ -758,7 +758,8 @@ type WideKernel = unsafe fn(&[u8], &[u8], &QuantActs, &mut [[f32; WIDE]]);
 
 /// The kernel for `ty` on `isa` that runs [`WIDE`] outputs of `rows` activation rows in the
 /// lanes, where one beats the others: on VNNI the 32-element types (Q8_0 from
-/// [`Q8_0_WIDE_MIN_ROWS`] rows) and Q4_K and Q5_K from [`K_WIDE_MIN_ROWS`].
+/// [`Q8_0_WIDE_MIN_ROWS`] rows), Q4_K and Q5_K from [`K_WIDE_MIN_ROWS`], Q6_K from
+/// [`Q6_K_WIDE_MIN_ROWS`].
 #[cfg(target_arch = "x86_64")]
 fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
     if isa != Isa::Avx512 || !has_vnni() {
@@ -768,6 +769,7 @@ fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
         GgmlType::Q8_0 if rows >= Q8_0_WIDE_MIN_ROWS => Some(vnni::q8_0_wide),
         GgmlType::Q4_K if rows >= K_WIDE_MIN_ROWS => Some(vnni::q4_k_wide::<false>),
         GgmlType::Q5_K if rows >= K_WIDE_MIN_ROWS => Some(vnni::q4_k_wide::<true>),
+        GgmlType::Q6_K if rows >= Q6_K_WIDE_MIN_ROWS => Some(vnni::q6_k_wide),
         GgmlType::Q4_0 => Some(vnni::legacy_wide::<false, false>),
         GgmlType::Q4_1 => Some(vnni::legacy_wide::<false, true>),
         GgmlType::Q5_0 => Some(vnni::legacy_wide::<true, false>),
@@ -784,11 +786,16 @@ fn fast_wide_kernel(isa: Isa, ty: GgmlType, rows: usize) -> Option<WideKernel> {
 const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
 /// Activation rows from which Q4_K and Q5_K on VNNI run [`vnni::q4_k_wide`] instead of eight
-/// weight rows side by side (measured, one thread, 768 × 2048: Q4_K 2 / 4 / 8 / 16 rows 0.82 /
-/// 0.78 / 0.52 / 0.53 of the side-by-side time, one row 1.03, BENCHMARKS "The k-quants in the
-/// lanes").
+/// weight rows side by side (BENCHMARKS "The k-quants in the lanes": one thread, 768 × 2048,
+/// Q4_K 2 / 4 / 8 / 16 rows 0.81 / 0.78 / 0.52 / 0.47 of the side-by-side time; one row 1.03).
 #[cfg(target_arch = "x86_64")]
 const K_WIDE_MIN_ROWS: usize = 2;
+
+/// Activation rows from which Q6_K on VNNI runs [`vnni::q6_k_wide`] (its blocks cost about twice
+/// Q4_K's to lay out in the lanes: 2 rows 1.17 of the side-by-side time, 4 / 8 / 16 rows 0.90 /
+/// 0.75 / 0.61).
+#[cfg(target_arch = "x86_64")]
+const Q6_K_WIDE_MIN_ROWS: usize = 4;
 
 /// The kernel for `ty` on `isa` that runs [`COLS`] weight rows side by side against `rows`
 /// activation rows, where one beats [`fast_kernel`] a weight row at a time (measured:

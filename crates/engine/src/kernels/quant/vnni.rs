@@ -7,14 +7,15 @@
 //! integers and the same two roundings as the reference, so the same bits. And Q8_0: eight
 //! weight rows side by side against one activation row ([`q8_0_cols`]), sixteen in the lanes
 //! against several ([`q8_0_wide`]), and the other 32-element types in the lanes
-//! ([`legacy_wide`]). For several activation rows, Q4_K and Q5_K run sixteen weight rows in the
-//! lanes too ([`q4_k_wide`]): their blocks decoded once for all the rows, no sum across lanes.
+//! ([`legacy_wide`]). For several activation rows the k-quants run sixteen weight rows in the
+//! lanes too ([`q4_k_wide`], [`q6_k_wide`]): their blocks decoded once for all the rows, no sum
+//! across lanes.
 //!
 //! [`LANES`]: super::LANES
 
 use super::x86::{
-    by_row_groups, drive, drive_cols, fma_rows, halves, halves_of, k4_scales_reg, prefetch_part,
-    q4_k_block_bytes, BlockSums,
+    by_row_groups, by_wide_row_groups, drive, drive_cols, fma_rows, halves, halves_of,
+    k4_scales_reg, prefetch_part, q4_k_block_bytes, BlockSums,
 };
 use super::{QuantActs, COLS, WIDE};
 use std::arch::x86_64::*;
@@ -705,7 +706,7 @@ pub(super) unsafe fn q4_k_wide<const FIVE: bool>(
     out: &mut [[f32; WIDE]],
 ) {
     // SAFETY: the caller's contract.
-    unsafe { by_row_groups!(q4_k_wide_rows<FIVE>, acts; rows, ahead, acts, out) }
+    unsafe { by_wide_row_groups!(q4_k_wide_rows<FIVE>, acts; rows, ahead, acts, out) }
 }
 
 /// [`q4_k_wide`] for the `N` rows from `r0`. Per block: the sixteen rows' d and −dmin in the
@@ -835,6 +836,155 @@ unsafe fn q4_k_wide_rows<const FIVE: bool, const N: usize>(
                 let l = &mut acc[b % 8];
                 *l = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s1[i]), *l);
                 *l = _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(s2), *l);
+            }
+        }
+        for (i, l) in acc.iter().enumerate() {
+            let pair = |a: usize, b: usize| _mm512_add_ps(l[a], l[b]);
+            let total = _mm512_add_ps(
+                _mm512_add_ps(pair(0, 4), pair(2, 6)),
+                _mm512_add_ps(pair(1, 5), pair(3, 7)),
+            );
+            _mm512_storeu_ps(out[r0 + i].as_mut_ptr(), total);
+        }
+    }
+}
+
+/// `Q6_K` for [`WIDE`] consecutive weight rows against every activation row, sixteen outputs
+/// in the lanes as [`q4_k_wide`]: output `j` of row `r` in `out[r][j]`.
+///
+/// # Safety
+/// As [`q4_k_wide`], for `Q6_K`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn q6_k_wide(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
+) {
+    // SAFETY: the caller's contract.
+    unsafe { by_wide_row_groups!(q6_k_wide_rows<>, acts; rows, ahead, acts, out) }
+}
+
+/// [`q6_k_wide`] for the `N` rows from `r0`. Per block: the sixteen rows' d in the lanes
+/// ([`wide_halves`]) and their signed scales transposed ([`transposed_quarter`]); per half of
+/// 128 elements the rows' low-nibble bytes (two runs of 32) and high-bit pairs (32) transposed
+/// ([`transposed`]), and per quarter `u` of the half the unsigned 6-bit values (`q + 32`) of
+/// elements `32u + 4t .. 32u + 4t + 4` in register `t`: groups `2u` and `2u + 1` of the half.
+/// Per activation row, four `vpdpbusd` per group against broadcast activation quads give each
+/// lane its row's exact dot product of the unsigned values over the group (at most
+/// 16 · 63 · 128), `vpmulld` by the group's scale and a sum give `Σ_g sc[g] · Σ (q + 32)·a`,
+/// and `vpdpwssd` of the scales (as 16-bit pairs) against the activations' sums of 16 gives
+/// `Σ_g sc[g] · Σ a`, 32 times which is taken off: `S1` exactly. Then the float step of
+/// [`super`]'s docs into the row's accumulator of lane `b mod 8`, and at the end the lanes'
+/// fixed tree ([`super::lanes_total`]).
+///
+/// # Safety
+/// As [`q6_k_wide`]; `r0 + N ≤ acts.rows`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn q6_k_wide_rows<const N: usize>(
+    rows: &[u8],
+    ahead: &[u8],
+    acts: &QuantActs,
+    out: &mut [[f32; WIDE]],
+    r0: usize,
+) {
+    let row_bytes = rows.len() / WIDE;
+    let blocks = row_bytes / 210;
+    let k = acts.k;
+    let (low4, low2, zero) = (
+        _mm512_set1_epi8(0x0F),
+        _mm512_set1_epi8(0x03),
+        _mm512_setzero_si512(),
+    );
+    // Within each 32-bit lane, bytes (s0, s1, s2, s3) to (s0, s2, s1, s3), so that the 16-bit
+    // halves' low bytes are s0, s1 and their high bytes s2, s3.
+    let deal = _mm512_set4_epi32(0x0F0D_0E0C, 0x0B09_0A08, 0x0705_0604, 0x0301_0200);
+    // SAFETY (whole body): every access stays inside `rows` and rows `r0 .. r0 + N` of `acts`
+    // and `out` (the caller's contract).
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 8]; N];
+        for b in 0..blocks {
+            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 210 * b);
+            let d = wide_halves(|j| blk(j).add(208));
+            // Lane j of `sc[r]`: the signed scales 4r .. 4r + 4 of row j.
+            let sc = transposed_quarter(std::array::from_fn(|j| blk(j).add(192)));
+            // Group g's scale, sign-extended to the lane.
+            let scale = |g: usize| {
+                let shifted =
+                    _mm512_sllv_epi32(sc[g / 4], _mm512_set1_epi32(24 - 8 * (g % 4) as i32));
+                _mm512_srai_epi32::<24>(shifted)
+            };
+            let mut s1 = [zero; N];
+            for half in 0..2 {
+                let ql = |run: usize| {
+                    transposed(std::array::from_fn(|j| blk(j).add(64 * half + 32 * run)))
+                };
+                let (lo, hi) = (ql(0), ql(1));
+                let qh = transposed(std::array::from_fn(|j| blk(j).add(128 + 32 * half)));
+                for quarter in 0..4 {
+                    // Bits 2u, 2u + 1 of each high-bit byte moved to bits 4, 5.
+                    let top = |qh: __m512i| match quarter {
+                        0 => _mm512_slli_epi16::<4>(_mm512_and_si512(qh, low2)),
+                        1 => _mm512_slli_epi16::<2>(_mm512_and_si512(qh, _mm512_set1_epi8(0x0C))),
+                        2 => _mm512_and_si512(qh, _mm512_set1_epi8(0x30)),
+                        _ => _mm512_srli_epi16::<2>(_mm512_and_si512(
+                            qh,
+                            _mm512_set1_epi8(0xC0u8 as i8),
+                        )),
+                    };
+                    let w: [__m512i; 8] = std::array::from_fn(|t| {
+                        let run = if quarter % 2 == 0 { lo[t] } else { hi[t] };
+                        let nibble = if quarter < 2 {
+                            run
+                        } else {
+                            _mm512_srli_epi16::<4>(run)
+                        };
+                        // (nibble & 0x0F) | top
+                        _mm512_ternarylogic_epi32::<0xEA>(nibble, low4, top(qh[t]))
+                    });
+                    let g = 8 * half + 2 * quarter;
+                    let (sa, sb) = (scale(g), scale(g + 1));
+                    for (i, s1) in s1.iter_mut().enumerate() {
+                        let a = acts
+                            .q
+                            .as_ptr()
+                            .add((r0 + i) * k + 256 * b + 128 * half + 32 * quarter)
+                            as *const i32;
+                        let (mut x, mut y) = (zero, zero);
+                        for t in 0..4 {
+                            let quad =
+                                |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(a.add(at)));
+                            x = _mm512_dpbusd_epi32(x, w[t], quad(t));
+                            y = _mm512_dpbusd_epi32(y, w[4 + t], quad(4 + t));
+                        }
+                        let sum =
+                            _mm512_add_epi32(_mm512_mullo_epi32(x, sa), _mm512_mullo_epi32(y, sb));
+                        *s1 = _mm512_add_epi32(*s1, sum);
+                    }
+                }
+            }
+            // Scales 2p, 2p + 1 as the 16-bit halves of `pairs[p]`.
+            let pairs: [__m512i; 8] = std::array::from_fn(|p| {
+                let dealt = _mm512_shuffle_epi8(sc[p / 2], deal);
+                if p % 2 == 0 {
+                    _mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(dealt))
+                } else {
+                    _mm512_srai_epi16::<8>(dealt)
+                }
+            });
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let sums = acts.sum16_i16.as_ptr().add(((r0 + i) * k + 256 * b) / 16) as *const i32;
+                let mut offset = zero;
+                for (p, pair) in pairs.iter().enumerate() {
+                    let two = _mm512_set1_epi32(std::ptr::read_unaligned(sums.add(p)));
+                    offset = _mm512_dpwssd_epi32(offset, *pair, two);
+                }
+                let s1 = _mm512_sub_epi32(s1[i], _mm512_slli_epi32::<5>(offset));
+                let da = _mm512_set1_ps(*acts.d.get_unchecked((r0 + i) * blocks + b));
+                let l = &mut acc[b % 8];
+                *l = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s1), *l);
             }
         }
         for (i, l) in acc.iter().enumerate() {

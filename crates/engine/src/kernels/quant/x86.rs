@@ -523,9 +523,13 @@ fn lanes_total(v: __m256) -> f32 {
 /// Runs `$kernel::<N>($args…)` for each group of up to [`LANES`](super::LANES) rows of `$acts`, `N` the
 /// group's row count, the group's first row passed last.
 macro_rules! by_row_groups {
-    ($kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {{
+    ($kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {
+        $crate::kernels::quant::x86::by_row_groups!(@from 0, $kernel<$($g),*>, $acts; $($arg),*)
+    };
+    // The same for the rows from `$start`.
+    (@from $start:expr, $kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {{
         let rows = $acts.rows;
-        for r0 in (0..rows).step_by($crate::kernels::quant::LANES) {
+        for r0 in ($start..rows).step_by($crate::kernels::quant::LANES) {
             match rows - r0 {
                 1 => $kernel::<$($g,)* 1>($($arg,)* r0),
                 2 => $kernel::<$($g,)* 2>($($arg,)* r0),
@@ -540,6 +544,20 @@ macro_rules! by_row_groups {
     }};
 }
 pub(super) use by_row_groups;
+
+/// [`by_row_groups`] for a kernel whose per-block preparation is dear (the k-quants in the
+/// lanes): whole groups of 16 rows first (`N` = 16: the preparation shared by twice the rows),
+/// then the rest by [`by_row_groups`].
+macro_rules! by_wide_row_groups {
+    ($kernel:ident <$($g:ident),*>, $acts:expr; $($arg:expr),*) => {{
+        let whole = $acts.rows / 16 * 16;
+        for r0 in (0..whole).step_by(16) {
+            $kernel::<$($g,)* 16>($($arg,)* r0);
+        }
+        $crate::kernels::quant::x86::by_row_groups!(@from whole, $kernel<$($g),*>, $acts; $($arg),*)
+    }};
+}
+pub(super) use by_wide_row_groups;
 
 #[cfg(test)]
 mod tests {

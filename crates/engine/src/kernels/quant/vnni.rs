@@ -762,7 +762,11 @@ unsafe fn q4_k_wide_rows<const FIVE: bool, const N: usize>(
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 8]; N];
         for b in 0..blocks {
-            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            // Into L2, not L1: sixteen rows of 2,048 elements (18 KiB) and the next sixteen
+            // overflow a 32 KiB L1, and with `_MM_HINT_T0` streamed products of 2–4 rows ran
+            // 1.4–1.7× slower than the side-by-side kernels (BENCHMARKS "The k-quants in the
+            // lanes").
+            prefetch_part::<_MM_HINT_T1>(ahead, b, blocks);
             let blk = |j: usize| rows.as_ptr().add(j * row_bytes + block * b);
             let d = wide_halves(blk);
             // −dmin: the sign bit flipped (an integer xor: `vxorps` on 512 bits needs AVX-512 DQ).
@@ -905,7 +909,8 @@ unsafe fn q6_k_wide_rows<const N: usize>(
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 8]; N];
         for b in 0..blocks {
-            prefetch_part::<_MM_HINT_T0>(ahead, b, blocks);
+            // Into L2, as in `q4_k_wide_rows`.
+            prefetch_part::<_MM_HINT_T1>(ahead, b, blocks);
             let blk = |j: usize| rows.as_ptr().add(j * row_bytes + 210 * b);
             let d = wide_halves(|j| blk(j).add(208));
             // Lane j of `sc[r]`: the signed scales 4r .. 4r + 4 of row j.

@@ -86,12 +86,14 @@ if cfg.get("tokenize") is not None:
     n = L.llama_tokenize(vocab, text, len(text), buf, len(buf), False, True)
     print("IDS", ",".join(str(buf[i]) for i in range(n)), flush=True)
     sys.exit(0)
-cp = L.llama_context_default_params(); cp.n_ctx = 2048; cp.n_batch = 512; cp.n_ubatch = 512
+prompt = cfg["ids"]; n = cfg["tokens"]
+# The whole prompt in one llama_decode call (its batch split into ubatches of 512 inside).
+cp = L.llama_context_default_params(); cp.n_ctx = max(2048, len(prompt) + n + 1)
+cp.n_batch = max(512, len(prompt)); cp.n_ubatch = 512
 cp.n_threads = cp.n_threads_batch = cfg["threads"]
 cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if cfg["flash"] else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
 ctx = L.llama_init_from_model(m, cp)
 n_vocab = L.llama_vocab_n_tokens(vocab)
-prompt = cfg["ids"]; n = cfg["tokens"]
 b = L.llama_batch_init(max(len(prompt), 1), 0, 1)
 def run(toks, pos0):
     for i, t in enumerate(toks):
@@ -102,11 +104,11 @@ def run(toks, pos0):
     z = np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
     return int(np.argmax(z))
 feed = cfg.get("feed") or []
-nxt = run(prompt, 0); ttft = time.time() - t0
+tp = time.time(); nxt = run(prompt, 0); prefill = time.time() - tp; ttft = time.time() - t0
 toks = [nxt]; t = time.time()
 for s in range(n - 1):
     nxt = run([feed[s] if feed else nxt], len(prompt) + s); toks.append(nxt)
-print("RESULT", ttft, (n - 1) / (time.time() - t), ",".join(map(str, toks)), flush=True)
+print("RESULT", ttft, (n - 1) / (time.time() - t), ",".join(map(str, toks)), 1000 * prefill, flush=True)
 '''
 
 
@@ -121,8 +123,9 @@ def llama_command_line(cfg: dict) -> str:
 def run_llama(cfg: dict) -> dict:
     t0 = time.time()
     out, st, wall = execute(llama_cmd(cfg) + [str(t0)])
-    _, ttft, tps, toks = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
-    return {"tok_s": float(tps), "ttft_s": float(ttft), "tokens": toks, "stats": st, "wall_s": wall,
+    _, ttft, tps, toks, prefill_ms = next(l for l in out.splitlines() if l.startswith("RESULT")).split()
+    return {"tok_s": float(tps), "ttft_s": float(ttft), "prefill_ms": float(prefill_ms),
+            "prefill_tokens": len(cfg["ids"]), "tokens": toks, "stats": st, "wall_s": wall,
             "command": llama_command_line(cfg)}
 
 
@@ -146,7 +149,8 @@ def run_specfit(gguf: pathlib.Path, config: str, ids: list[int], tokens: int, th
     toks = next((l for l in out.splitlines() if re.fullmatch(r"[\d,]+", l.strip())), "").strip()
     tps = float(m.group(2))
     ttft = wall - (int(m.group(1)) - 1) / tps if tps > 0 else wall
-    return {"tok_s": tps, "ttft_s": ttft, "prefill_ms": float(m.group(4)), "tokens": toks, "stats": st,
+    return {"tok_s": tps, "ttft_s": ttft, "prefill_ms": float(m.group(4)), "prefill_tokens": int(m.group(3)),
+            "tokens": toks, "stats": st,
             "wall_s": wall, "command": command_line(cmd, env), "log": out[-500:]}
 
 
@@ -272,6 +276,8 @@ def row(name: str, rs: list[dict], reference: str | None) -> dict:
         return {"engine": name, "failed": rs[0]["failed"][:300]}
     out = {"engine": name, "tok_s": summary([x["tok_s"] for x in ok]),
            "ttft_s": summary([x["ttft_s"] for x in ok]),
+           # The prompt's forward alone (TTFT also counts loading the model).
+           "prefill_tok_s": summary([1000 * x["prefill_tokens"] / x["prefill_ms"] for x in ok]),
            "peak_rss_gb": summary([x["stats"].get("hwm_kb", 0) / 1e6 for x in ok]),
            "page_cache_gb": summary([max(x["file_cached_after"], 0) / 1e9 for x in ok]),
            # The page cache's file pages in huge folios before each run (system-wide; a mapped
@@ -310,17 +316,18 @@ def markdown(report: dict) -> str:
              f"{'teacher-forced (fed ids seeded ' + str(report['feed_seed']) + ')' if report['feed_ids'] else 'greedy'} tokens, "
              f"{report['rounds']} rounds, flash attention {p['chosen']} (probe: off {p['off']:.2f}, "
              f"on {p['on']:.2f} tok/s)", "",
-             "| engine | tok/s median (min–max) | × best llama.cpp | TTFT s | peak RSS GB | + page cache GB "
-             "| read GB | same tokens | caches dropped |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| engine | tok/s median (min–max) | × best llama.cpp | prefill tok/s | TTFT s | peak RSS GB "
+             "| + page cache GB | read GB | same tokens | caches dropped |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["table"]:
         if "tok_s" not in r:
             why = r.get("failed", r.get("skipped"))
             lines.append(f"| {r['engine']} | {'failed' if 'failed' in r else 'not run'}: {why[:120]} "
-                         "| | | | | | | |")
+                         "| | | | | | | | |")
             continue
         ratio = f"{r['vs_best_llama']:.2f}" if r["vs_best_llama"] else "–"
-        lines.append(f"| {r['engine']} | {spread(r['tok_s'])} | {ratio} | {r['ttft_s']['median']:.1f} "
+        lines.append(f"| {r['engine']} | {spread(r['tok_s'])} | {ratio} | {spread(r['prefill_tok_s'])} "
+                     f"| {r['ttft_s']['median']:.1f} "
                      f"| {r['peak_rss_gb']['median']:.1f} | {r['page_cache_gb']['median']:.1f} "
                      f"| {r['read_gb']['median']:.1f} | {same(r)} "
                      f"| {dropped(report['mode'], r['caches_dropped'])} |")

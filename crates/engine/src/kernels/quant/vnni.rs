@@ -842,14 +842,7 @@ unsafe fn q4_k_wide_rows<const FIVE: bool, const N: usize>(
                 *l = _mm512_fmadd_ps(_mm512_mul_ps(dmin, da), _mm512_cvtepi32_ps(s2), *l);
             }
         }
-        for (i, l) in acc.iter().enumerate() {
-            let pair = |a: usize, b: usize| _mm512_add_ps(l[a], l[b]);
-            let total = _mm512_add_ps(
-                _mm512_add_ps(pair(0, 4), pair(2, 6)),
-                _mm512_add_ps(pair(1, 5), pair(3, 7)),
-            );
-            _mm512_storeu_ps(out[r0 + i].as_mut_ptr(), total);
-        }
+        wide_totals(&acc, out, r0);
     }
 }
 
@@ -992,13 +985,22 @@ unsafe fn q6_k_wide_rows<const N: usize>(
                 *l = _mm512_fmadd_ps(_mm512_mul_ps(d, da), _mm512_cvtepi32_ps(s1), *l);
             }
         }
-        for (i, l) in acc.iter().enumerate() {
-            let pair = |a: usize, b: usize| _mm512_add_ps(l[a], l[b]);
-            let total = _mm512_add_ps(
-                _mm512_add_ps(pair(0, 4), pair(2, 6)),
-                _mm512_add_ps(pair(1, 5), pair(3, 7)),
-            );
-            _mm512_storeu_ps(out[r0 + i].as_mut_ptr(), total);
-        }
+        wide_totals(&acc, out, r0);
+    }
+}
+
+/// Each of `N` activation rows' eight lane accumulators (sixteen outputs each) summed by the fixed
+/// tree of [`super::lanes_total`], into `out[r0 + i]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn wide_totals<const N: usize>(acc: &[[__m512; 8]; N], out: &mut [[f32; WIDE]], r0: usize) {
+    for (l, out) in acc.iter().zip(&mut out[r0..r0 + N]) {
+        let pair = |a: usize, b: usize| _mm512_add_ps(l[a], l[b]);
+        let total = _mm512_add_ps(
+            _mm512_add_ps(pair(0, 4), pair(2, 6)),
+            _mm512_add_ps(pair(1, 5), pair(3, 7)),
+        );
+        // SAFETY: `out` holds sixteen floats.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
     }
 }

@@ -787,13 +787,13 @@ const Q8_0_WIDE_MIN_ROWS: usize = 2;
 
 /// Activation rows from which Q4_K and Q5_K on VNNI run [`vnni::q4_k_wide`] instead of eight
 /// weight rows side by side (BENCHMARKS "The k-quants in the lanes": one thread, 768 × 2048,
-/// Q4_K 2 / 4 / 8 / 16 rows 0.81 / 0.78 / 0.52 / 0.47 of the side-by-side time; one row 1.03).
+/// Q4_K 2 / 4 / 8 / 16 rows 0.80 / 0.82 / 0.52 / 0.47 of the side-by-side time; one row 1.03).
 #[cfg(target_arch = "x86_64")]
 const K_WIDE_MIN_ROWS: usize = 2;
 
 /// Activation rows from which Q6_K on VNNI runs [`vnni::q6_k_wide`] (its blocks cost about twice
-/// Q4_K's to lay out in the lanes: 2 rows 1.17 of the side-by-side time, 4 / 8 / 16 rows 0.90 /
-/// 0.75 / 0.61).
+/// Q4_K's to lay out in the lanes: 2 rows 1.18 of the side-by-side time, 4 / 8 / 16 rows 0.92 /
+/// 0.77 / 0.59 at 768 × 2048).
 #[cfg(target_arch = "x86_64")]
 const Q6_K_WIDE_MIN_ROWS: usize = 4;
 

@@ -864,8 +864,8 @@ pub(super) unsafe fn q6_k_wide(
 
 /// [`q6_k_wide`] for the `N` rows from `r0`. Per block: the sixteen rows' d in the lanes
 /// ([`wide_halves`]) and their signed scales transposed ([`transposed_quarter`]); per half of
-/// 128 elements the rows' low-nibble bytes (two runs of 32) and high-bit pairs (32) transposed
-/// ([`transposed`]), and per quarter `u` of the half the unsigned 6-bit values (`q + 32`) of
+/// 128 elements the rows' `ql` bytes (two runs of 32, each byte the low 4 bits of two
+/// elements) and `qh` bytes (32, each the high 2 bits of four) transposed ([`transposed`]), and per quarter `u` of the half the unsigned 6-bit values (`q + 32`) of
 /// elements `32u + 4t .. 32u + 4t + 4` in register `t`: groups `2u` and `2u + 1` of the half.
 /// Per activation row, four `vpdpbusd` per group against broadcast activation quads give each
 /// lane its row's exact dot product of the unsigned values over the group (at most

@@ -812,16 +812,7 @@ unsafe fn q4_k_wide_rows<const FIVE: bool, const N: usize>(
                 let (sa, sb) = (scale(2 * c), scale(2 * c + 1));
                 for (i, s1) in s1.iter_mut().enumerate() {
                     let a = acts.q.as_ptr().add((r0 + i) * k + 256 * b + 64 * c) as *const i32;
-                    let (mut x, mut y) = (zero, zero);
-                    for t in 0..8 {
-                        let quad =
-                            |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(a.add(at)));
-                        x = _mm512_dpbusd_epi32(x, lo[t], quad(t));
-                        y = _mm512_dpbusd_epi32(y, hi[t], quad(8 + t));
-                    }
-                    let sum =
-                        _mm512_add_epi32(_mm512_mullo_epi32(x, sa), _mm512_mullo_epi32(y, sb));
-                    *s1 = _mm512_add_epi32(*s1, sum);
+                    *s1 = _mm512_add_epi32(*s1, scaled_groups(&lo, &hi, a, sa, sb));
                 }
             }
             // Each group's min in both 16-bit halves of the lane.
@@ -942,6 +933,8 @@ unsafe fn q6_k_wide_rows<const N: usize>(
                         // (nibble & 0x0F) | top
                         _mm512_ternarylogic_epi32::<0xEA>(nibble, low4, top(qh[t]))
                     });
+                    // Groups 2u and 2u + 1: elements 4t .. 4t + 4 of each in register t.
+                    let (x, y) = ([w[0], w[1], w[2], w[3]], [w[4], w[5], w[6], w[7]]);
                     let g = 8 * half + 2 * quarter;
                     let (sa, sb) = (scale(g), scale(g + 1));
                     for (i, s1) in s1.iter_mut().enumerate() {
@@ -950,16 +943,7 @@ unsafe fn q6_k_wide_rows<const N: usize>(
                             .as_ptr()
                             .add((r0 + i) * k + 256 * b + 128 * half + 32 * quarter)
                             as *const i32;
-                        let (mut x, mut y) = (zero, zero);
-                        for t in 0..4 {
-                            let quad =
-                                |at: usize| _mm512_set1_epi32(std::ptr::read_unaligned(a.add(at)));
-                            x = _mm512_dpbusd_epi32(x, w[t], quad(t));
-                            y = _mm512_dpbusd_epi32(y, w[4 + t], quad(4 + t));
-                        }
-                        let sum =
-                            _mm512_add_epi32(_mm512_mullo_epi32(x, sa), _mm512_mullo_epi32(y, sb));
-                        *s1 = _mm512_add_epi32(*s1, sum);
+                        *s1 = _mm512_add_epi32(*s1, scaled_groups(&x, &y, a, sa, sb));
                     }
                 }
             }
@@ -1003,4 +987,31 @@ fn wide_totals<const N: usize>(acc: &[[__m512; 8]; N], out: &mut [[f32; WIDE]], 
         // SAFETY: `out` holds sixteen floats.
         unsafe { _mm512_storeu_ps(out.as_mut_ptr(), total) };
     }
+}
+
+/// Two groups of `4 · G` elements of sixteen weight rows in the lanes against one activation row:
+/// `sx · Σ x·a + sy · Σ y·a` in each lane, register `t` of `x` holding elements `4t .. 4t + 4`
+/// of the first group (unsigned bytes) against the activation quad at `a + t`, `y` the second
+/// group's against `a + G + t`, each group's dot product exact in 32 bits before its lane's scale
+/// (`vpmulld`).
+///
+/// # Safety
+/// `2 · G` readable 32-bit quads at `a`; the CPU has AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn scaled_groups<const G: usize>(
+    x: &[__m512i; G],
+    y: &[__m512i; G],
+    a: *const i32,
+    sx: __m512i,
+    sy: __m512i,
+) -> __m512i {
+    // SAFETY: the caller's contract.
+    let quad = |at: usize| unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(a.add(at))) };
+    let (mut dx, mut dy) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+    for t in 0..G {
+        dx = _mm512_dpbusd_epi32(dx, x[t], quad(t));
+        dy = _mm512_dpbusd_epi32(dy, y[t], quad(G + t));
+    }
+    _mm512_add_epi32(_mm512_mullo_epi32(dx, sx), _mm512_mullo_epi32(dy, sy))
 }

@@ -48,6 +48,8 @@ pub struct Args {
     /// EAGLE-3 drafter that drafts the probed pools (default: the shipped drafter).
     #[arg(long)]
     drafter: Option<PathBuf>,
+    #[command(flatten)]
+    drafter_dtype: crate::drafter::DrafterDtypeArg,
     /// Calibration prompts, JSON Lines with a "question" field (default: the shipped GSM8K train
     /// questions and CNN/DM training articles, disjoint from the bench prompts).
     #[arg(long)]
@@ -165,7 +167,7 @@ fn measure_from_args(args: &Args) -> Result<(CalibrationJson, PathBuf)> {
     };
     let (model, mut cache) = target.load()?;
     let drafter_dir = args.drafter.clone().unwrap_or_else(crate::paths::drafter);
-    let drafter = Eagle3::load(&drafter_dir, model.config())?;
+    let drafter = args.drafter_dtype.load(&drafter_dir, &model)?;
     let tokenizer = Tokenizer::load(&model_dir)?;
     let limit = args.limit.unwrap_or(usize::MAX);
     let mut prompts = match &args.prompts {
@@ -250,7 +252,8 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
     );
     let d = file.drafting.as_ref().expect("fitted");
     eprintln!(
-        "drafting: {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
+        "drafting ({} drafter matrices): {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
+        d.drafter_dtype.as_deref().unwrap_or("native"),
         d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
     );
     if let Some(a) = &file.acceptance {

@@ -43,6 +43,8 @@ pub struct Args {
     /// greedy or sampled, the output is the same as without.
     #[arg(long, num_args = 0..=1, value_name = "DIR")]
     drafter: Option<Option<std::path::PathBuf>>,
+    #[command(flatten)]
+    drafter_dtype: crate::drafter::DrafterDtypeArg,
     /// With --drafter: which draft nodes to verify each cycle.
     #[arg(long, value_parser = policy::parse_policy(), default_value = "eagle3", requires = "drafter")]
     policy: PolicyName,
@@ -185,14 +187,14 @@ fn speculate(
     prompt: &[u32],
     options: &DecodeOptions,
 ) -> Result<DecodeStats> {
-    let drafter = specfit_engine::Eagle3::load(dir, model.config())?;
+    let drafter = args.drafter_dtype.load(dir, model)?;
     // A SpecFit policy reads --calibration, else the one `specfit calibrate` saved next to the model.
     let saved =
         crate::paths::calibration(&args.target.model, specfit_engine::policy::tier_key(cache));
     let calibration = match &args.calibration {
-        Some(path) => Some(crate::policy::calibration(path, model, cache)?),
+        Some(path) => Some(crate::policy::calibration(path, model, &drafter, cache)?),
         None if args.policy.needs_routes() && saved.exists() => {
-            Some(crate::policy::calibration(&saved, model, cache)?)
+            Some(crate::policy::calibration(&saved, model, &drafter, cache)?)
         }
         None if args.policy.needs_routes() => anyhow::bail!(
             "--policy {} needs --calibration FILE, or a calibration saved at {} (run `specfit calibrate`)",

@@ -4,6 +4,7 @@
 mod bench;
 mod calibrate;
 mod convert;
+mod drafter;
 mod files;
 mod forward;
 mod generate;

@@ -11,14 +11,18 @@ use specfit_engine::spec::Atlas;
 use specfit_engine::{Eagle3, Qwen3Moe};
 
 /// Reads the calibration at `path` for `model` and `cache` (checked against both), saying so in
-/// one line when it was measured with another number of slots.
+/// one line each when it was measured with another number of slots or another drafter dtype.
 pub fn calibration(
     path: &Path,
     model: &Qwen3Moe,
+    drafter: &Eagle3,
     cache: &specfit_engine::ExpertCache,
 ) -> Result<specfit_selector::json::CalibrationJson> {
     let cal = specfit_engine::policy::load_calibration(path, model.config(), cache)?;
     if let Some(note) = specfit_engine::policy::slots_note(path, &cal, cache) {
+        eprintln!("{note}");
+    }
+    if let Some(note) = specfit_engine::policy::drafter_note(path, &cal, drafter.dtype()) {
         eprintln!("{note}");
     }
     Ok(cal)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
 use specfit_engine::spec::TreeShape;
-use specfit_engine::{Eagle3, Tokenizer};
+use specfit_engine::Tokenizer;
 
 use crate::files::{read_text, write_atomic};
 use crate::target::TargetArgs;
@@ -19,6 +19,8 @@ pub struct Args {
     /// EAGLE-3 drafter directory.
     #[arg(long)]
     drafter: PathBuf,
+    #[command(flatten)]
+    drafter_dtype: crate::drafter::DrafterDtypeArg,
     /// Calibration prompts: a text file, one prompt per line (needs the model's tokenizer).
     #[arg(long, conflicts_with = "prompt_ids")]
     prompts: Option<PathBuf>,
@@ -43,7 +45,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let (model, mut cache) = args.target.load()?;
-    let drafter = Eagle3::load(&args.drafter, model.config())?;
+    let drafter = args.drafter_dtype.load(&args.drafter, &model)?;
     let prompts: Vec<Vec<u32>> = match (&args.prompts, &args.prompt_ids) {
         (Some(path), _) => {
             let tok = Tokenizer::load(&args.target.model)?;

@@ -39,6 +39,8 @@ pub struct Args {
     /// EAGLE-3 drafter directory (default: the shipped drafter; not loaded with --policy ar).
     #[arg(long, default_value_os_t = crate::paths::drafter())]
     drafter: PathBuf,
+    #[command(flatten)]
+    drafter_dtype: crate::drafter::DrafterDtypeArg,
     /// Which draft nodes to verify each cycle (`ar`: plain decoding, no drafter).
     #[arg(long, value_parser = policy::parse_policy(), default_value = "specfit")]
     policy: PolicyName,
@@ -172,8 +174,7 @@ pub fn run(args: &Args) -> Result<()> {
     let speculation = if args.policy == PolicyName::Ar {
         None
     } else {
-        let drafter = Eagle3::load(&args.drafter, model.config())
-            .with_context(|| format!("loading the drafter {}", args.drafter.display()))?;
+        let drafter = args.drafter_dtype.load(&args.drafter, &model)?;
         let routes = match (&route, args.policy.needs_routes()) {
             (_, false) => DraftRoutes::None,
             (RouteChoice::Predictor(path), true) => DraftRoutes::Predictor(Box::new(
@@ -289,11 +290,11 @@ fn calibration(
     tokenizer: &Tokenizer,
 ) -> Result<specfit_selector::json::CalibrationJson> {
     if let Some(path) = &args.calibration {
-        return crate::policy::calibration(path, model, cache);
+        return crate::policy::calibration(path, model, drafter, cache);
     }
     let path = crate::paths::calibration(&args.model, specfit_engine::policy::tier_key(cache));
     if path.exists() {
-        return crate::policy::calibration(&path, model, cache);
+        return crate::policy::calibration(&path, model, drafter, cache);
     }
     eprintln!(
         "no calibration at {}: measuring this machine's costs first (probe forwards)",

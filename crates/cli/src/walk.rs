@@ -19,6 +19,8 @@ pub struct WalkArgs {
     #[arg(long, default_value_os_t = crate::paths::drafter())]
     pub drafter: PathBuf,
     #[command(flatten)]
+    pub drafter_dtype: crate::drafter::DrafterDtypeArg,
+    #[command(flatten)]
     pub prompt: PromptArgs,
     /// Children per expanded draft node, and nodes expanded per level.
     #[arg(long, default_value_t = 2)]
@@ -45,7 +47,7 @@ impl WalkArgs {
         let (model, cache) = self.target.load()?;
         let tokenizer = self.prompt.tokenizer(&self.target.model)?;
         let prompt = self.prompt.tokens(tokenizer.as_ref(), false)?;
-        let drafter = Eagle3::load(&self.drafter, model.config())?;
+        let drafter = self.drafter_dtype.load(&self.drafter, &model)?;
         let atlas = self.target.atlas()?;
         Ok(Walk {
             model,

@@ -1,7 +1,9 @@
 //! Forward time of the target for a chain of T new tokens after C cached tokens (all experts
-//! resident, every row's logits, as a verify forward needs), and of one drafted level (two
-//! nodes through the EAGLE-3 head, then the top-2 children of each). Prints one JSON object on
-//! stdout; `tools/bench/forward_time.py` runs it beside llama.cpp on a GGUF of the same target.
+//! resident, every row's logits, as a verify forward needs), of one drafted level (two nodes
+//! through the EAGLE-3 head, then the top-2 children of each) and of feeding the head 3
+//! committed tokens (`--drafter-dtype native|q8_0|q4_k`: its matrices as stored or quantized at
+//! load). Prints one JSON object on stdout; `tools/bench/forward_time.py` runs it beside
+//! llama.cpp on a GGUF of the same target.
 //!
 //! ```text
 //! cargo build --release -p specfit-engine --example forward_time
@@ -22,7 +24,9 @@ use std::time::Instant;
 
 use specfit_engine::experts::CacheMode;
 use specfit_engine::kv::KvCache;
-use specfit_engine::{load_target, Batch, DraftHidden, Eagle3, Logits, Mask, Tier, WeightDtype};
+use specfit_engine::{
+    load_target, Batch, DraftHidden, DrafterDtype, Eagle3, Logits, Mask, Tier, WeightDtype,
+};
 
 struct Args {
     model: PathBuf,
@@ -34,6 +38,7 @@ struct Args {
     reps: usize,
     /// Other new tokens in every rep (other experts: closer to real decoding than one warm set).
     vary: bool,
+    drafter_dtype: DrafterDtype,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -55,6 +60,7 @@ fn parse() -> Args {
         tokens: vec![1, 2, 4, 8, 16],
         reps: 30,
         vary: false,
+        drafter_dtype: DrafterDtype::Native,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -71,6 +77,10 @@ fn parse() -> Args {
                     "native" => None,
                     other => panic!("--dtype f32|bf16|native, not {other}"),
                 }
+            }
+            "--drafter-dtype" => {
+                a.drafter_dtype = DrafterDtype::parse(&value)
+                    .unwrap_or_else(|| panic!("--drafter-dtype native|q8_0|q4_k, not {value}"))
             }
             "--cached" => a.cached = list(&value),
             "--tokens" => a.tokens = list(&value),
@@ -126,11 +136,12 @@ fn main() {
     let drafter = a
         .drafter
         .as_ref()
-        .map(|d| Eagle3::load(d, target.config()).expect("load drafter"));
+        .map(|d| Eagle3::load_as(d, target.config(), a.drafter_dtype).expect("load drafter"));
     let vocab = target.config().vocab_size;
     let h = target.config().hidden_size;
     let mut rows = Vec::new();
     let mut levels = Vec::new();
+    let mut feeds = Vec::new();
     for &c in &a.cached {
         let prefix = ids(0..c, vocab);
         let mut kv = target.new_kv_cache();
@@ -175,6 +186,26 @@ fn main() {
                     &mut dkv,
                 )
                 .expect("feed drafter");
+            // Feeding 3 committed tokens (as after a verify that took two drafts): `fc` over the
+            // target's features, then the layer and the LM head for the last row.
+            if c >= 3 {
+                let committed = dkv.len();
+                let (fmin, fmedian) = timed(a.reps, |_| {
+                    dkv.truncate(committed - 3).expect("truncate");
+                    let positions: Vec<usize> = (c - 3..c).collect();
+                    time_ms(|| {
+                        let batch = Batch::causal(&next[c - 3..])
+                            .with_positions(&positions)
+                            .with_logits(Logits::Last);
+                        let own = DraftHidden::Target(&feats[(c - 3) * 3 * h..]);
+                        d.forward(target.embed(), &batch, own, &mut dkv)
+                            .expect("feed")
+                    })
+                });
+                feeds.push(
+                    serde_json::json!({"cached": c, "tokens": 3, "min_ms": fmin, "median_ms": fmedian}),
+                );
+            }
             let children = specfit_engine::spec::top_children(d, fed.row(0), 2);
             let tokens: Vec<u32> = children.iter().map(|&(tok, _)| tok).collect();
             // Both nodes are children of the last cached token: they read its drafter output.
@@ -215,6 +246,7 @@ fn main() {
         "threads": specfit_engine::threads::pool().threads(),
         "rows": rows,
         "draft_level": levels,
+        "draft_feed": feeds,
     });
     println!("{report}");
 }

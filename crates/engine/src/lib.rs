@@ -41,7 +41,7 @@ pub use error::EngineError;
 pub use experts::{CacheMode, CopyStats, ExpertCache, ExpertStore, RamStore};
 pub use kernels::WeightDtype;
 pub use kv::KvCache;
-pub use model::{DraftHidden, DraftOutput, Eagle3, Qwen3Moe};
+pub use model::{DraftHidden, DraftOutput, DrafterDtype, Eagle3, Qwen3Moe};
 pub use prefix::Prefix;
 pub use sampling::{Sampler, Sampling};
 pub use spec::{generate, DecodeOptions, DecodeStats, Decoder, Speculation, Start, TokenSink};

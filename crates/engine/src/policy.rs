@@ -13,6 +13,7 @@ use specfit_selector::{
 use crate::config::Qwen3MoeConfig;
 use crate::error::EngineError;
 use crate::experts::ExpertCache;
+use crate::model::DrafterDtype;
 
 /// A verify policy's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -248,6 +249,23 @@ pub fn slots_note(path: &Path, cal: &CalibrationJson, cache: &ExpertCache) -> Op
     (there != here as u64).then(|| {
         format!(
             "note: calibration {} was measured with {there} expert slots per layer; this run has {here} (its per-expert costs still apply; `specfit calibrate --slots {here}` measures this cache)",
+            path.display()
+        )
+    })
+}
+
+/// A note when `cal` (read from `path`) was measured with the drafter's matrices kept otherwise
+/// than `dtype` (files from before drafters were quantized count as `native`): its acceptance
+/// counts and drafting costs are that drafter's (None: the same).
+pub fn drafter_note(path: &Path, cal: &CalibrationJson, dtype: DrafterDtype) -> Option<String> {
+    let there = cal
+        .drafting
+        .as_ref()
+        .map_or("native", |d| d.drafter_dtype.as_deref().unwrap_or("native"));
+    let here = dtype.name();
+    (there != here).then(|| {
+        format!(
+            "note: calibration {} was measured with {there} drafter matrices; this run drafts with {here} (its acceptance counts and drafting costs are the other drafter's; `specfit calibrate --drafter-dtype {here}` measures this one)",
             path.display()
         )
     })

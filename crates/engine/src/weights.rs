@@ -35,6 +35,8 @@ pub struct Checkpoint {
     taken: HashSet<String>,
     /// Dtype matrices are kept in ([`Checkpoint::take_weight`]).
     storage: WeightDtype,
+    /// Float matrices quantized at load into this type ([`Checkpoint::quantize_matrices`]).
+    quantize: Option<specfit_gguf::GgmlType>,
 }
 
 impl Checkpoint {
@@ -53,6 +55,7 @@ impl Checkpoint {
                 keep_quantized: true,
                 taken: HashSet::new(),
                 storage: WeightDtype::F32,
+                quantize: None,
             };
             ck.storage = ck.native_dtype();
             return Ok(ck);
@@ -74,6 +77,7 @@ impl Checkpoint {
             keep_quantized: false,
             taken: HashSet::new(),
             storage: WeightDtype::F32,
+            quantize: None,
         };
         ck.storage = ck.native_dtype();
         Ok(ck)
@@ -157,21 +161,60 @@ impl Checkpoint {
         self.storage
     }
 
-    /// Takes tensor `name` as its GGUF type's raw rows when the checkpoint is a GGUF file that
-    /// stores it in a quantized type with an integer form (kept quantized by the kernels) and no
-    /// storage dtype was forced; `None` (nothing taken) otherwise.
+    /// From now on, [`Checkpoint::take_quantized`] returns the float matrices of a safetensors
+    /// checkpoint quantized into `ty` (Q8_0, Q4_K or Q6_K: the block types
+    /// [`specfit_gguf::quant::quantize_row`] writes that the kernels keep quantized), rows
+    /// whose width is not whole blocks of `ty` excepted.
+    pub(crate) fn quantize_matrices(&mut self, ty: specfit_gguf::GgmlType) {
+        use specfit_gguf::GgmlType::{Q4_K, Q6_K, Q8_0};
+        debug_assert!(
+            matches!(ty, Q8_0 | Q4_K | Q6_K),
+            "{} is not quantized at load",
+            ty.name()
+        );
+        self.quantize = Some(ty);
+    }
+
+    /// Takes tensor `name` as quantized rows: a GGUF file's own rows when it stores it in a
+    /// quantized type with an integer form (kept quantized by the kernels) and no storage dtype
+    /// was forced, or a safetensors matrix quantized at load ([`Checkpoint::quantize_matrices`]);
+    /// `None` (nothing taken) otherwise.
     pub fn take_quantized(
         &mut self,
         name: &str,
         shape: &[usize],
     ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
-        let found = self
-            .peek_quantized(name, shape)?
-            .map(|(ty, bytes)| (ty, bytes.to_vec()));
+        let found = match self.quantize {
+            Some(ty) if self.gguf.is_none() => self.quantized_at_load(ty, name, shape)?,
+            _ => self
+                .peek_quantized(name, shape)?
+                .map(|(ty, bytes)| (ty, bytes.to_vec())),
+        };
         if found.is_some() {
             self.taken.insert(name.to_string());
         }
         Ok(found)
+    }
+
+    /// Matrix `name` (`[out, in]`) quantized into `ty` row by row, when `in` is whole blocks.
+    fn quantized_at_load(
+        &self,
+        ty: specfit_gguf::GgmlType,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Option<(specfit_gguf::GgmlType, Vec<u8>)>, EngineError> {
+        let &[_, inp] = shape else {
+            return Ok(None);
+        };
+        if inp == 0 || !inp.is_multiple_of(ty.block().0) {
+            return Ok(None);
+        }
+        let values = self.peek(name, shape)?;
+        let mut bytes = Vec::with_capacity(values.len() / ty.block().0 * ty.block().1);
+        for row in values.chunks_exact(inp) {
+            specfit_gguf::quant::quantize_row(ty, row, &mut bytes).expect("checked when set");
+        }
+        Ok(Some((ty, bytes)))
     }
 
     /// [`Checkpoint::take_quantized`] without marking the tensor used, borrowing the rows from

@@ -170,3 +170,82 @@ fn last_row_logits_alone_have_the_bits_of_the_full_forwards_last_row() {
     assert_eq!(bits(&last.hidden), bits(&all.hidden));
     assert_eq!(a.len(), b.len());
 }
+
+#[test]
+fn a_drafter_quantized_at_load_drafts_what_the_stored_one_drafts_and_decoding_stays_lossless() {
+    use specfit_engine::{load_target, CacheMode, DrafterDtype, Sampling, Tier};
+    // The shipped pair: its drafter's matrices are whole Q8_0 and Q4_K blocks wide.
+    let (target, mut cache) = load_target(
+        &root().join("models/target"),
+        &Tier::Ram,
+        usize::MAX,
+        CacheMode::Lru,
+        None,
+    )
+    .unwrap();
+    let dir = root().join("models/drafter");
+    let load = |dtype| Eagle3::load_as(&dir, target.config(), dtype).unwrap();
+    let native = load(DrafterDtype::Native);
+    assert_eq!(native.dtype(), DrafterDtype::Native);
+    // The drafter's forward over a prompt with the target's taps, as the decoder feeds it.
+    let prompt: Vec<u32> = (0..48).map(|i| (7 + 131 * i) % 4096).collect();
+    let (out, _) = forward_fresh(
+        &target,
+        &mut cache,
+        &Batch::causal(&prompt).with_taps(native.taps()),
+    );
+    let h = target.config().hidden_size;
+    let features = specfit_engine::spec::concat_taps(&out.taps, prompt.len(), h);
+    let next: Vec<u32> = prompt[1..].iter().copied().chain([5]).collect();
+    let draft = |d: &Eagle3| {
+        Pair::new(&target, d)
+            .draft(
+                &Batch::causal(&next),
+                DraftHidden::Target(&features),
+                &mut d.new_kv_cache(),
+            )
+            .logits
+    };
+    let want = draft(&native);
+    let rows = prompt.len();
+    let vd = want.len() / rows;
+    let argmaxes = |l: &[f32]| -> Vec<usize> { l.chunks_exact(vd).map(argmax).collect() };
+    // Logits close to the stored drafter's (Q8_0 rounds each weight to 1/254 of its block's
+    // largest, Q4_K to about 1/30), and the same most likely draft in most rows.
+    for (dtype, bound, agree) in [
+        (DrafterDtype::Q8_0, 0.02, 0.95),
+        (DrafterDtype::Q4_K, 0.15, 0.8),
+    ] {
+        let quantized = load(dtype);
+        assert_eq!(quantized.dtype(), dtype);
+        let got = draft(&quantized);
+        let err = rel_err(&got, &want);
+        assert!(
+            err > 0.0 && err <= bound,
+            "{dtype:?}: relative error {err:e}"
+        );
+        let same = argmaxes(&got)
+            .iter()
+            .zip(argmaxes(&want))
+            .filter(|(a, b)| **a == *b)
+            .count();
+        assert!(
+            same as f64 >= agree * rows as f64,
+            "{dtype:?}: {same} of {rows} rows"
+        );
+        // Whatever it drafts, the target decides: the same tokens as plain decoding.
+        let options = decode_options(24, Sampling::Greedy, 0);
+        let plain = greedy_tokens(&target, &mut cache, &prompt[..12], 24);
+        let got = Pair::new(&target, &quantized).top_k(
+            &mut cache,
+            specfit_engine::Start::Prompt(&prompt[..12]),
+            4,
+            &options,
+        );
+        assert_eq!(got.tokens, plain, "{dtype:?}");
+        assert!(
+            got.committed > got.cycles,
+            "{dtype:?}: no draft taken: {got:?}"
+        );
+    }
+}

@@ -336,7 +336,7 @@ impl ProbeJson {
 /// level past the first costs `ms_per_level` (one drafter forward over the expanded nodes), and
 /// feeding the committed tokens back to the drafter costs `feed_ms + feed_ms_per_token · m`.
 /// The selector does not use it; trace replay (`specfit-sim`) adds it to each cycle.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DraftingJson {
     pub ms_per_level: f64,
@@ -349,6 +349,10 @@ pub struct DraftingJson {
     /// Extra ms per fed token per token already cached.
     #[serde(default)]
     pub feed_context_ms: f64,
+    /// How the drafter kept its matrices while measured (`--drafter-dtype`: `native`, `q8_0`,
+    /// `q4_k`); absent in files written before drafters were quantized (then `native`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drafter_dtype: Option<String>,
 }
 
 /// Fit quality as stored in a calibration file.

@@ -163,6 +163,7 @@ pub fn drafting_fit(rows: &[DraftRow]) -> Result<DraftingJson, SimError> {
         feed_ms: feed[0],
         feed_ms_per_token: feed[1],
         feed_context_ms: feed[2],
+        drafter_dtype: None,
     })
 }
 

@@ -11,13 +11,16 @@ use crate::{Drafting, PlainCost, SimConfig, SimError};
 /// latency, attention term, plain steps' own cost) and drafting costs when it has them, else its
 /// residency-aware fit alone.
 pub fn from_calibration(cal: &CalibrationJson) -> Result<SimConfig, SimError> {
-    let drafting = cal.drafting.map_or(Drafting::default(), |d| Drafting {
-        ms_per_level: d.ms_per_level,
-        feed_ms: d.feed_ms,
-        feed_ms_per_token: d.feed_ms_per_token,
-        level_context_ms: d.level_context_ms,
-        feed_context_ms: d.feed_context_ms,
-    });
+    let drafting = cal
+        .drafting
+        .as_ref()
+        .map_or(Drafting::default(), |d| Drafting {
+            ms_per_level: d.ms_per_level,
+            feed_ms: d.feed_ms,
+            feed_ms_per_token: d.feed_ms_per_token,
+            level_context_ms: d.level_context_ms,
+            feed_context_ms: d.feed_context_ms,
+        });
     // Required either way (a calibration without it is refused).
     let residency_fit = cal.cost_model(true)?;
     let Some(r) = &cal.replay else {

@@ -32,6 +32,8 @@ pub struct Args {
     /// The pair (its predictor runs the `specfit[predictor]` rows, skipped without the file).
     #[command(flatten)]
     pair: crate::paths::PairArgs,
+    #[command(flatten)]
+    drafter_dtype: crate::drafter::DrafterDtypeArg,
     /// Where routed experts rest (disk: the expert file, converted first when missing).
     #[arg(long, value_enum, default_value = "disk")]
     store: StoreArg,
@@ -325,6 +327,7 @@ pub fn run(args: &Args) -> Result<()> {
         configs: &configs,
         tallies: &tallies,
         model: &args.pair.model,
+        drafter_dtype: s.drafter.dtype().name(),
         tier: specfit_engine::policy::tier_key(&s.base),
         default_slots: s.default_slots,
         experts: s.model.config().num_experts,
@@ -472,7 +475,7 @@ fn setup(args: &Args) -> Result<Setup> {
     let mut target = TargetArgs::prepared(&args.pair.model, args.store, default_slots, None)?;
     target.layers_ahead = Some(0);
     let (model, base) = target.load()?;
-    let drafter = Eagle3::load(&args.pair.drafter, model.config())?;
+    let drafter = args.drafter_dtype.load(&args.pair.drafter, &model)?;
     let mut stop = crate::target::eos_tokens(&args.pair.model, model.config())?;
     stop.extend(tokenizer.token_id("<|im_end|>"));
     let predictor = if args.pair.predictor.exists() {
@@ -557,11 +560,17 @@ fn calibration(
 ) -> Result<(CalibrationJson, PathBuf)> {
     if let Some(path) = &args.calibration {
         // (A missing --calibration file was refused in `setup`.)
-        return Ok((crate::policy::calibration(path, model, base)?, path.clone()));
+        return Ok((
+            crate::policy::calibration(path, model, drafter, base)?,
+            path.clone(),
+        ));
     }
     let path = crate::paths::calibration(&args.pair.model, specfit_engine::policy::tier_key(base));
     if args.reuse_calibration && path.exists() {
-        return Ok((crate::policy::calibration(&path, model, base)?, path));
+        return Ok((
+            crate::policy::calibration(&path, model, drafter, base)?,
+            path,
+        ));
     }
     eprintln!(
         "measuring this machine's costs first (probe forwards; --reuse-calibration skips this)"

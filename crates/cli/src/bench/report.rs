@@ -172,6 +172,8 @@ pub struct Report {
     pub version: u32,
     pub machine: Machine,
     pub model: String,
+    /// How the drafter kept its matrices (`--drafter-dtype`, resolved).
+    pub drafter_dtype: &'static str,
     pub tier: String,
     pub experts_per_layer: usize,
     pub default_slots: usize,
@@ -201,6 +203,7 @@ pub struct Inputs<'a> {
     pub configs: &'a [Config],
     pub tallies: &'a [Vec<Tally>],
     pub model: &'a Path,
+    pub drafter_dtype: &'static str,
     pub tier: &'a str,
     pub default_slots: usize,
     pub experts: usize,
@@ -239,6 +242,7 @@ impl Report {
                 arch: std::env::consts::ARCH,
             },
             model: i.model.display().to_string(),
+            drafter_dtype: i.drafter_dtype,
             tier: i.tier.to_string(),
             experts_per_layer: i.experts,
             default_slots: i.default_slots,
@@ -267,13 +271,14 @@ impl Report {
         for set in &self.sets {
             let _ = writeln!(
                 out,
-                "\n{} ({} prompts, ≤ {} new tokens, {} tier, default {} of {} slots/layer)",
+                "\n{} ({} prompts, ≤ {} new tokens, {} tier, default {} of {} slots/layer, {} drafter)",
                 set.name,
                 set.prompts,
                 self.max_new_tokens,
                 self.tier,
                 self.default_slots,
-                self.experts_per_layer
+                self.experts_per_layer,
+                self.drafter_dtype
             );
             let table = table(&set.rows);
             let widths: Vec<usize> = (0..table[0].len())
@@ -348,8 +353,9 @@ impl Report {
         let _ = writeln!(out, "# specfit bench\n");
         let _ = writeln!(
             out,
-            "Model `{}`, experts on the {} tier, default {} of {} slots per layer, ≤ {} new tokens per prompt, K = {}; {} CPUs, {} compute threads ({} {}). Calibration `{}` (R² {:.3}, median error {:.3} ms; attention {:.2e} ms per verified row per cached token). Run time {:.0} s.\n",
+            "Model `{}` (drafter matrices {}), experts on the {} tier, default {} of {} slots per layer, ≤ {} new tokens per prompt, K = {}; {} CPUs, {} compute threads ({} {}). Calibration `{}` (R² {:.3}, median error {:.3} ms; attention {:.2e} ms per verified row per cached token). Run time {:.0} s.\n",
             self.model,
+            self.drafter_dtype,
             self.tier,
             self.default_slots,
             self.experts_per_layer,
@@ -625,6 +631,7 @@ mod tests {
                 arch: "x86_64",
             },
             model: "m".into(),
+            drafter_dtype: "native",
             tier: "disk".into(),
             experts_per_layer: 64,
             default_slots: 16,

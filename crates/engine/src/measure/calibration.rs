@@ -3,14 +3,14 @@
 //! the paper and residency forms, the replay model and the drafting costs fitted from them. It
 //! prints nothing and writes no file.
 
-use specfit_selector::json::{AcceptanceJson, CalibrationJson};
+use specfit_selector::json::{AcceptanceJson, CalibrationJson, DraftingJson};
 use specfit_selector::{calibrate, Acceptance, Calibration, Probe};
 use specfit_sim::fit::{drafting_fit, replay_fit, DraftRow, VerifyRow};
 
 use super::{probe, PlainStep, ProbePlan, ProbeRow};
 use crate::error::EngineError;
 use crate::experts::{CacheMode, ExpertCache};
-use crate::model::{Eagle3, Qwen3Moe};
+use crate::model::{DrafterDtype, Eagle3, Qwen3Moe};
 use crate::spec::TreeShape;
 
 /// How much to probe.
@@ -40,6 +40,9 @@ pub struct Measured {
     /// How often the target took drafted children in the decoding cache's probes (`None`: not
     /// measured, as in rows read back from a probe file).
     pub acceptance: Option<Acceptance>,
+    /// How the probing drafter kept its matrices (`None`: not known, as in rows read back from
+    /// a probe file).
+    pub drafter_dtype: Option<DrafterDtype>,
 }
 
 /// Measures probe forwards and plain steps on every prompt (prompt `i` probes with seed
@@ -136,6 +139,7 @@ impl Prober {
             seed: self.plan.seed + i as u64,
         };
         let m = &mut self.measured;
+        m.drafter_dtype = Some(drafter.dtype());
         let rows = probe(
             model,
             drafter,
@@ -222,7 +226,10 @@ pub fn fit(m: &Measured, max_nodes: usize) -> Result<(CalibrationJson, Calibrati
     file.replay =
         Some(replay_fit(&replay_rows, &m.plain, max_nodes, m.read_width).map_err(fit_error)?);
     let drafting: Vec<DraftRow> = m.verify.iter().map(draft_row).collect();
-    file.drafting = Some(drafting_fit(&drafting).map_err(fit_error)?);
+    file.drafting = Some(DraftingJson {
+        drafter_dtype: m.drafter_dtype.map(|d| d.name().to_string()),
+        ..drafting_fit(&drafting).map_err(fit_error)?
+    });
     file.acceptance = m.acceptance.as_ref().map(AcceptanceJson::new);
     Ok((file, cal))
 }

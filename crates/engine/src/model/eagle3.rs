@@ -113,6 +113,7 @@ impl DraftOutput {
 #[derive(Debug, Clone)]
 pub struct Eagle3 {
     cfg: Eagle3Config,
+    dtype: DrafterDtype,
     fc: Linear,                         // [H, 3·Ht]
     hidden_norm: Vec<f32>,              // [H]
     input_layernorm: Vec<f32>,          // [H]
@@ -125,6 +126,53 @@ pub struct Eagle3 {
     embed_tokens: Option<WeightBuf>, // [V, H] when the checkpoint has its own
     rope: Rope,
     taps: Vec<usize>,
+}
+
+/// How the drafter keeps its matrices (`--drafter-dtype`): as its checkpoint stores them, or
+/// quantized at load into a GGUF block type (Q8_0: about half the bytes of bf16 for every draft
+/// step to read; Q4_K: about a quarter), at a small change in the drafted probabilities. The
+/// target verifies every drafted token, so the output never depends on this choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[allow(non_camel_case_types)]
+pub enum DrafterDtype {
+    /// As stored (bf16 or f32 panels).
+    #[default]
+    Native,
+    /// Q8_0 rows (32-element blocks, one f16 scale each), multiplied by the quantized kernels.
+    Q8_0,
+    /// Q4_K rows (256-element blocks of 4-bit values with 6-bit group scales and minimums).
+    Q4_K,
+}
+
+impl DrafterDtype {
+    /// Every choice, in flag order.
+    pub const ALL: [DrafterDtype; 3] =
+        [DrafterDtype::Native, DrafterDtype::Q8_0, DrafterDtype::Q4_K];
+
+    /// The name used in flags and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DrafterDtype::Native => "native",
+            DrafterDtype::Q8_0 => "q8_0",
+            DrafterDtype::Q4_K => "q4_k",
+        }
+    }
+
+    /// The default for a target: Q4_K beside a target whose matrices are kept quantized (a
+    /// GGUF file: the drafter's bf16 matrices would be read at several times the bytes per
+    /// weight of the target's, every draft step), as stored otherwise.
+    pub fn for_target(target: &crate::Qwen3Moe) -> DrafterDtype {
+        if target.keeps_quantized() {
+            DrafterDtype::Q4_K
+        } else {
+            DrafterDtype::Native
+        }
+    }
+
+    /// The choice named `name` ([`DrafterDtype::name`]).
+    pub fn parse(name: &str) -> Option<DrafterDtype> {
+        DrafterDtype::ALL.into_iter().find(|d| d.name() == name)
+    }
 }
 
 fn mismatch(field: &'static str, drafter: impl ToString, target: impl ToString) -> EngineError {
@@ -142,8 +190,18 @@ impl Eagle3 {
         check_fit(cfg, target).map(|_| ())
     }
 
-    /// Loads a drafter directory (`config.json` + safetensors) for `target`.
+    /// Loads a drafter directory (`config.json` + safetensors) for `target`, its matrices as
+    /// stored.
     pub fn load(dir: &Path, target: &Qwen3MoeConfig) -> Result<Eagle3, EngineError> {
+        Eagle3::load_as(dir, target, DrafterDtype::Native)
+    }
+
+    /// [`Eagle3::load`] with the matrices kept as `dtype` says.
+    pub fn load_as(
+        dir: &Path,
+        target: &Qwen3MoeConfig,
+        dtype: DrafterDtype,
+    ) -> Result<Eagle3, EngineError> {
         let path = dir.join("config.json");
         let text = std::fs::read_to_string(&path).map_err(EngineError::io(&path))?;
         let cfg: Eagle3Config = serde_json::from_str(&text).map_err(|e| EngineError::Json {
@@ -152,6 +210,11 @@ impl Eagle3 {
         })?;
         let taps = check_fit(&cfg, target)?;
         let mut ck = Checkpoint::open(dir)?;
+        match dtype {
+            DrafterDtype::Native => {}
+            DrafterDtype::Q8_0 => ck.quantize_matrices(specfit_gguf::GgmlType::Q8_0),
+            DrafterDtype::Q4_K => ck.quantize_matrices(specfit_gguf::GgmlType::Q4_K),
+        }
         let (h, ht, v) = (
             cfg.hidden_size,
             cfg.target_hidden_size.unwrap_or(target.hidden_size),
@@ -201,6 +264,7 @@ impl Eagle3 {
             rope: Rope::new(cfg.rope_theta.unwrap_or(10000.0), d),
             taps,
             cfg,
+            dtype,
         };
         ck.finish()?;
         if let Some(d2t) = &drafter.d2t {
@@ -222,6 +286,11 @@ impl Eagle3 {
     /// The target layers whose input residual stream feeds `fc` (low, mid, high).
     pub fn taps(&self) -> &[usize] {
         &self.taps
+    }
+
+    /// How the matrices are kept.
+    pub fn dtype(&self) -> DrafterDtype {
+        self.dtype
     }
 
     /// The configuration.

@@ -178,6 +178,15 @@ impl Matrix {
         }
     }
 
+    /// Whether every part is kept as quantized rows.
+    pub(crate) fn is_quantized(&self) -> bool {
+        match self {
+            Matrix::Float(_) => false,
+            Matrix::Quant(_) => true,
+            Matrix::Stack(parts) => parts.iter().all(|(m, _)| m.is_quantized()),
+        }
+    }
+
     /// `out = x · Wᵀ` for `rows × inp` → `rows × n`, split over the worker pool when large.
     pub(crate) fn gemm(&self, x: &[f32], rows: usize, out: &mut [f32]) {
         match self {

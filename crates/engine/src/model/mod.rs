@@ -8,5 +8,5 @@ mod load;
 pub mod qwen3_moe;
 pub mod random_eagle3;
 
-pub use eagle3::{DraftHidden, DraftOutput, Eagle3};
+pub use eagle3::{DraftHidden, DraftOutput, DrafterDtype, Eagle3};
 pub use qwen3_moe::Qwen3Moe;

@@ -176,6 +176,12 @@ impl Qwen3Moe {
         }
     }
 
+    /// Whether the matrices are kept as a GGUF file's quantized rows (the LM head's is the
+    /// witness: a file quantizes all of them or none).
+    pub fn keeps_quantized(&self) -> bool {
+        self.lm_head.w.is_quantized()
+    }
+
     /// The token embedding (the EAGLE-3 drafter shares it).
     pub fn embed(&self) -> WeightView<'_> {
         self.embed_tokens.view()

@@ -409,6 +409,18 @@ mod tests {
         out
     }
 
+    /// Asserts that [`attend`] gives the oracle's bits for `visible` (`what` names the case).
+    fn assert_oracle_bits(
+        q: &[f32],
+        visible: &[Vec<usize>],
+        kv: &KvCache,
+        heads: usize,
+        what: &str,
+    ) {
+        let got = attend(q, visible, kv, 0, heads);
+        assert_eq!(bits(&got), bits(&oracle(q, visible, kv, heads)), "{what}");
+    }
+
     /// A cache of `cached` committed tokens plus `fresh` pushed ones (1 layer, 2 KV heads of 8).
     fn cache(cached: usize, fresh: usize, s: &mut u64) -> KvCache {
         cache_of(2, 8, cached, fresh, s)
@@ -450,11 +462,12 @@ mod tests {
                 })
                 .collect();
             for visible in [causal, tree] {
-                let got = attend(&q, &visible, &kv, 0, heads);
-                assert_eq!(
-                    bits(&got),
-                    bits(&oracle(&q, &visible, &kv, heads)),
-                    "cached {cached}, fresh {fresh}"
+                assert_oracle_bits(
+                    &q,
+                    &visible,
+                    &kv,
+                    heads,
+                    &format!("cached {cached}, fresh {fresh}"),
                 );
             }
         }
@@ -498,12 +511,7 @@ mod tests {
             let mut tree = causal.clone();
             tree[3].retain(|&j| j != cached + 2);
             for visible in [causal, tree] {
-                let got = attend(&q, &visible, &kv, 0, heads);
-                assert_eq!(
-                    bits(&got),
-                    bits(&oracle(&q, &visible, &kv, heads)),
-                    "d {d}, cached {cached}"
-                );
+                assert_oracle_bits(&q, &visible, &kv, heads, &format!("d {d}, cached {cached}"));
             }
         }
     }

@@ -310,4 +310,33 @@ mod tests {
             }
         );
     }
+
+    #[test]
+    fn a_calibration_from_another_drafter_dtype_gets_a_note_and_one_without_a_dtype_counts_as_native(
+    ) {
+        let json = |drafting: &str| {
+            format!(
+                r#"{{"format":"specfit-calibration","version":1,"max_nodes":1,
+                "cost":{{"intercepts":[1.0,2.0],"beta":0.5}},"fit":{{"rows":4,"r2":0.9,"median_abs_err_ms":0.1}}{drafting}}}"#
+            )
+        };
+        let note = |drafting: &str, dtype| {
+            let cal = CalibrationJson::parse(&json(drafting)).unwrap();
+            drafter_note(Path::new("cal.json"), &cal, dtype)
+        };
+        let q4 = r#","drafting":{"ms_per_level":2.0,"feed_ms":2.5,"feed_ms_per_token":0.0,"drafter_dtype":"q4_k"}"#;
+        let old = r#","drafting":{"ms_per_level":6.0,"feed_ms":7.5,"feed_ms_per_token":0.0}"#;
+        assert_eq!(note(q4, DrafterDtype::Q4_K), None);
+        let said = note(q4, DrafterDtype::Native).expect("another dtype");
+        assert!(
+            said.contains("q4_k drafter matrices") && said.contains("--drafter-dtype native"),
+            "{said}"
+        );
+        // Files from before the field, or without drafting costs at all: measured as stored.
+        assert_eq!(note(old, DrafterDtype::Native), None);
+        assert_eq!(note("", DrafterDtype::Native), None);
+        assert!(
+            note(old, DrafterDtype::Q8_0).is_some_and(|n| n.contains("native drafter matrices"))
+        );
+    }
 }

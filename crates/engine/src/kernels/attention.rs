@@ -184,9 +184,14 @@ struct Weights {
 /// every block of output rows runs over them.
 const WEIGH_KEYS: usize = 128;
 
+/// Keys ahead whose value rows the first block of output rows of a pass asks for (the later
+/// blocks find them in the caches).
 const AHEAD_KEYS: usize = 16;
 
-/// Output rows per register block of [`weigh`], and columns (in 16-lane values) per block.
+/// Output rows per register block of [`weigh`], and columns (in 16-lane values) per block, for
+/// `regs` registers and a head `width` values wide: as many columns as leave room for two rows
+/// (each row `cols` accumulators, plus the key's `cols` values and one broadcast weight), then
+/// as many rows (up to 4) as fit. AVX-512 at 128-wide heads: 2 rows × 8.
 const fn weigh_block(regs: usize, width: usize) -> (usize, usize) {
     let mut cols = width;
     while cols > 1 && 2 * cols + cols + 1 > regs {

@@ -253,7 +253,7 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
     let d = file.drafting.as_ref().expect("fitted");
     eprintln!(
         "drafting ({} drafter matrices): {:.3} ms per drafted level (+{:.2e} ms per cached token), feeding the drafter {:.3} ms + {:.3} ms per committed token (+{:.2e} ms per cached token)",
-        d.drafter_dtype.as_deref().unwrap_or("native"),
+        specfit_engine::policy::calibration_drafter_dtype(&file),
         d.ms_per_level, d.level_context_ms, d.feed_ms, d.feed_ms_per_token, d.feed_context_ms
     );
     if let Some(a) = &file.acceptance {

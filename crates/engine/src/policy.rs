@@ -258,10 +258,7 @@ pub fn slots_note(path: &Path, cal: &CalibrationJson, cache: &ExpertCache) -> Op
 /// than `dtype` (files from before drafters were quantized count as `native`): its acceptance
 /// counts and drafting costs are that drafter's (None: the same).
 pub fn drafter_note(path: &Path, cal: &CalibrationJson, dtype: DrafterDtype) -> Option<String> {
-    let there = cal
-        .drafting
-        .as_ref()
-        .map_or("native", |d| d.drafter_dtype.as_deref().unwrap_or("native"));
+    let there = calibration_drafter_dtype(cal);
     let here = dtype.name();
     (there != here).then(|| {
         format!(
@@ -269,6 +266,15 @@ pub fn drafter_note(path: &Path, cal: &CalibrationJson, dtype: DrafterDtype) -> 
             path.display()
         )
     })
+}
+
+/// The drafter dtype `cal` was measured with ([`DrafterDtype::name`]): what its drafting costs
+/// record, `native` for files from before drafters were quantized or without drafting costs.
+pub fn calibration_drafter_dtype(cal: &CalibrationJson) -> &str {
+    cal.drafting
+        .as_ref()
+        .and_then(|d| d.drafter_dtype.as_deref())
+        .unwrap_or(DrafterDtype::Native.name())
 }
 
 /// The tier a calibration is measured on and stamped with: `disk` (the expert file or a GGUF

@@ -305,10 +305,7 @@ unsafe fn weigh_block_run<V: F32x16, const R: usize, const C: usize>(
             let row = v.add(j * ldv + c0 * LANES);
             if ahead {
                 for c in 0..C {
-                    #[cfg(target_arch = "x86_64")]
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        row.wrapping_add(AHEAD_KEYS * ldv + c * LANES) as *const i8,
-                    );
+                    packed::prefetch(row.wrapping_add(AHEAD_KEYS * ldv + c * LANES));
                 }
             }
             let mut vv = [V::zero(); C];

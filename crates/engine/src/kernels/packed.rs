@@ -146,7 +146,7 @@ const PREFETCH_MIN_BYTES: usize = 4 << 20;
 
 /// Asks for the line at `p` (a hint: no effect on results; any address, never faults).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching is a hint and never faults, whatever the address.
     unsafe {

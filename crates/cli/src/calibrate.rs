@@ -259,13 +259,13 @@ pub fn fit_rows(m: &Measured, max_nodes: usize) -> Result<CalibrationJson> {
     if let Some(a) = &file.acceptance {
         let counts = a.to_counts()?;
         let curve = counts.curve();
+        let at = |top| [0.1, 0.25, 0.5, 0.75].map(|q| format!("{:.2}", curve.at(q, top)));
         eprintln!(
-            "acceptance: {} drafted children of reached nodes; the target takes a child the drafter gives 0.1 / 0.25 / 0.5 / 0.75 about {:.2} / {:.2} / {:.2} / {:.2} of the time",
+            "acceptance: {} drafted children of reached nodes ({} of them their parent's top child); the target takes a child the drafter gives 0.1 / 0.25 / 0.5 / 0.75 about {} of the time when it is the top child, {} when not",
             counts.samples(),
-            curve.at(0.1),
-            curve.at(0.25),
-            curve.at(0.5),
-            curve.at(0.75)
+            counts.top_counts().0.iter().sum::<u64>(),
+            at(true).join(" / "),
+            at(false).join(" / ")
         );
     }
     Ok(file)

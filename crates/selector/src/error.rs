@@ -153,6 +153,22 @@ pub enum Error {
         taken: u64,
         drafted: u64,
     },
+    #[error(
+        "acceptance counts: bin {bin} has {top_taken} taken of {top_drafted} top children, \
+         but {taken} taken of {drafted} children in all"
+    )]
+    AcceptanceTopExceedsAll {
+        bin: usize,
+        top_drafted: u64,
+        top_taken: u64,
+        drafted: u64,
+        taken: u64,
+    },
+    #[error("acceptance counts: {present} without {missing}")]
+    AcceptanceTopIncomplete {
+        present: &'static str,
+        missing: &'static str,
+    },
 
     #[error("line {line}, column {column}: {message}")]
     Syntax {

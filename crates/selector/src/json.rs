@@ -396,26 +396,46 @@ pub struct CalibrationJson {
 }
 
 /// [`crate::Acceptance`]'s counts as stored: drafted and taken children per probability bin
-/// (`BINS` each, bin `i` holding probabilities in `[i, i + 1) / BINS`).
+/// (`BINS` each, bin `i` holding probabilities in `[i, i + 1) / BINS`), and of those the top
+/// children's (absent in files written before they were counted).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AcceptanceJson {
     pub drafted: Vec<u64>,
     pub taken: Vec<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_drafted: Option<Vec<u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_taken: Option<Vec<u64>>,
 }
 
 impl AcceptanceJson {
     pub fn new(a: &crate::Acceptance) -> AcceptanceJson {
         let (drafted, taken) = a.counts();
+        let (top_drafted, top_taken) = a.top_counts();
         AcceptanceJson {
             drafted: drafted.to_vec(),
             taken: taken.to_vec(),
+            top_drafted: Some(top_drafted.to_vec()),
+            top_taken: Some(top_taken.to_vec()),
         }
     }
 
     /// The counts, checked.
     pub fn to_counts(&self) -> Result<crate::Acceptance, Error> {
-        crate::Acceptance::from_counts(&self.drafted, &self.taken)
+        let all = crate::Acceptance::from_counts(&self.drafted, &self.taken)?;
+        match (&self.top_drafted, &self.top_taken) {
+            (Some(d), Some(t)) => all.with_top(d, t),
+            (None, None) => Ok(all),
+            (Some(_), None) => Err(Error::AcceptanceTopIncomplete {
+                present: "top_drafted",
+                missing: "top_taken",
+            }),
+            (None, Some(_)) => Err(Error::AcceptanceTopIncomplete {
+                present: "top_taken",
+                missing: "top_drafted",
+            }),
+        }
     }
 }
 

@@ -57,7 +57,7 @@ pub mod synth;
 #[cfg(test)]
 mod tests;
 
-pub use acceptance::{Acceptance, AcceptanceCurve};
+pub use acceptance::{top_children, Acceptance, AcceptanceCurve, ChildTaken};
 pub use bitset::{words_for, MAX_EXPERTS, MAX_LAYERS};
 pub use calibrate::{calibrate, Calibration, Fit, Probe};
 pub use cost::{CostModel, ExpertCost, ResidentSet};

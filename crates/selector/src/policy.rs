@@ -337,11 +337,11 @@ impl VerifyPolicy {
     }
 
     /// Counts a drafted child of probability `q` given its parent, whose parent the target
-    /// reached, and whether the target took it (a no-op when the policy does not score by
-    /// acceptance).
-    pub fn record_taken(&mut self, q: f64, taken: bool) {
+    /// reached, whether it is its parent's top child and whether the target took it (a no-op
+    /// when the policy does not score by acceptance).
+    pub fn record_taken(&mut self, q: f64, top: bool, taken: bool) {
         if let Some(a) = &mut self.acceptance {
-            a.record(q, taken);
+            a.record(q, top, taken);
         }
     }
 

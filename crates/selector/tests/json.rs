@@ -230,6 +230,58 @@ fn a_calibrations_timing_noise_is_read_and_bounded() {
 }
 
 #[test]
+fn acceptance_counts_are_read_with_or_without_the_top_childrens_and_checked() {
+    let bins = |at: usize, n: u64| {
+        let mut v = vec![0u64; 20];
+        v[at] = n;
+        format!("{v:?}")
+    };
+    let cal = |acceptance: &str| {
+        format!(
+            "{{\"format\": \"specfit-calibration\", \"version\": 1, \"max_nodes\": 1, \
+             \"cost\": {{\"intercepts\": [1.0, 2.0], \"beta\": 0.5}}, \
+             \"fit\": {{\"rows\": 10, \"r2\": 0.9, \"median_abs_err_ms\": 0.1}}, \
+             \"acceptance\": {{{acceptance}}}}}"
+        )
+    };
+    let all = format!("\"drafted\": {}, \"taken\": {}", bins(1, 10), bins(1, 6));
+    // Files written before top children were counted: both curves are the one over all.
+    let old = CalibrationJson::parse(&cal(&all)).unwrap();
+    let counts = old.acceptance.as_ref().unwrap().to_counts().unwrap();
+    assert_eq!(counts.top_counts().0.iter().sum::<u64>(), 0);
+    assert_eq!(
+        counts.curve().at(0.07, true),
+        counts.curve().at(0.07, false)
+    );
+    // With them: the top children's five of six taken, the others' one of four.
+    let top = format!(
+        "\"top_drafted\": {}, \"top_taken\": {}",
+        bins(1, 6),
+        bins(1, 5)
+    );
+    let new = CalibrationJson::parse(&cal(&format!("{all}, {top}"))).unwrap();
+    let counts = new.acceptance.as_ref().unwrap().to_counts().unwrap();
+    assert!(counts.curve().at(0.075, true) > counts.curve().at(0.075, false));
+    let text = serde_json::to_string(&new).unwrap();
+    assert_eq!(CalibrationJson::parse(&text).unwrap(), new);
+    // More top children taken than children taken, or half the pair, are refused.
+    let over = format!(
+        "\"top_drafted\": {}, \"top_taken\": {}",
+        bins(1, 8),
+        bins(1, 7)
+    );
+    let e = CalibrationJson::parse(&cal(&format!("{all}, {over}")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bin 1 has 7 taken of 8 top children"), "{e}");
+    let half = format!("\"top_drafted\": {}", bins(1, 6));
+    let e = CalibrationJson::parse(&cal(&format!("{all}, {half}")))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("top_drafted without top_taken"), "{e}");
+}
+
+#[test]
 fn a_pools_context_and_a_costs_context_charge_are_read_and_written() {
     // The GOOD pool at 1 000 cached tokens, its cost charging 0.002 ms per row per token.
     let text = GOOD

@@ -104,8 +104,8 @@ fn print_row(name: &str, r: &SimReport, ar: f64) {
 fn acceptance_of(traces: &[Vec<TraceStep>]) -> Acceptance {
     let mut counts = Acceptance::new();
     for step in traces.iter().flatten() {
-        for (q, taken) in children_taken_along_chain(step) {
-            counts.record(q, taken);
+        for c in children_taken_along_chain(step) {
+            counts.record(c.q, c.top, c.taken);
         }
     }
     counts

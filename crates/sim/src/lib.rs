@@ -15,7 +15,9 @@ pub mod machine;
 pub mod oracle;
 pub mod synth;
 
-use specfit_selector::{CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy};
+use specfit_selector::{
+    top_children, ChildTaken, CostModel, Decision, Pool, PoolBuilder, ResidentSet, VerifyPolicy,
+};
 use specfit_trace::{TraceHeader, TraceNode, TraceStep};
 
 /// The most plain-burst tokens the engine's drafter learns when drafting resumes (the replay
@@ -494,27 +496,39 @@ fn choose(
 }
 
 /// Tells `policy` what a step says about the drafter's children, as the engine's decoder does:
-/// each child drafted (within `levels`) under a `reached` node (`-1`: the root) and whether the
-/// target takes it (its agreement flag).
+/// each child drafted (within `levels`) under a `reached` node (`-1`: the root), whether it is
+/// its parent's top child and whether the target takes it (its agreement flag).
 fn record_taken(step: &TraceStep, levels: usize, reached: &[i64], policy: &mut VerifyPolicy) {
-    for (q, taken) in children_taken(step, levels, reached) {
-        policy.record_taken(q, taken);
+    for c in children_taken(step, levels, reached) {
+        policy.record_taken(c.q, c.top, c.taken);
     }
 }
 
 /// Each node of `step` drafted within `levels` under a `reached` node (`-1`: the root): its
-/// probability given its parent and whether the target takes it.
-fn children_taken<'a>(
-    step: &'a TraceStep,
-    levels: usize,
-    reached: &'a [i64],
-) -> impl Iterator<Item = (f64, bool)> + 'a {
-    reached.iter().flat_map(move |&parent| {
-        step.nodes
-            .iter()
-            .filter(move |n| n.parent == parent && n.depth <= levels)
-            .map(move |n| (edge_prob(step, n), n.agrees))
-    })
+/// probability given its parent, whether it is its parent's top child among the step's nodes
+/// and whether the target takes it.
+fn children_taken(step: &TraceStep, levels: usize, reached: &[i64]) -> Vec<ChildTaken> {
+    let parents: Vec<Option<usize>> = step
+        .nodes
+        .iter()
+        .map(|n| usize::try_from(n.parent).ok())
+        .collect();
+    let edges: Vec<f64> = step.nodes.iter().map(|n| edge_prob(step, n)).collect();
+    let top = top_children(&parents, &edges);
+    reached
+        .iter()
+        .flat_map(|&parent| {
+            step.nodes
+                .iter()
+                .enumerate()
+                .filter(move |(_, n)| n.parent == parent && n.depth <= levels)
+        })
+        .map(|(i, n)| ChildTaken {
+            q: edges[i],
+            top: top[i],
+            taken: n.agrees,
+        })
+        .collect()
 }
 
 /// The drafter's probability of `n` given its parent (its path probability over the parent's).
@@ -758,9 +772,9 @@ mod tests {
         let mut policy = VerifyPolicy::top_k(2).acceptance(Acceptance::new());
         record_taken(&s, 2, &[-1, 0], &mut policy);
         let mut want = Acceptance::new();
-        want.record(0.6, true);
-        want.record(0.3, false);
-        want.record(0.5 / 0.6, true);
+        want.record(0.6, true, true);
+        want.record(0.3, false, false);
+        want.record(0.5 / 0.6, true, true);
         assert_eq!(policy.acceptance_counts(), Some(&want));
         // Scored pools multiply the curve down each path.
         let header = TraceHeader::new(1, 8, 1, 16);
@@ -768,7 +782,7 @@ mod tests {
         let pool = pool_upto(&header, &s, 2, &policy).unwrap();
         let p3 = pool.prob(3);
         assert!(
-            (p3 - curve.at(0.6) * curve.at(0.5 / 0.6)).abs() < 1e-6,
+            (p3 - curve.at(0.6, true) * curve.at(0.5 / 0.6, true)).abs() < 1e-6,
             "{p3}"
         );
     }

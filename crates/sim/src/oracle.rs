@@ -9,6 +9,7 @@
 //! decoding). The replay's costs and caches are the policy replay's ([`crate::simulate_many`]);
 //! this module owns only the choice.
 
+use specfit_selector::ChildTaken;
 use specfit_trace::{TraceHeader, TraceStep};
 
 use crate::{
@@ -49,16 +50,17 @@ pub fn agreeing_chain(step: &TraceStep, most: usize) -> Vec<usize> {
 }
 
 /// What `step` tells about the drafter's children when the target walks its whole agreeing
-/// chain: each child of the root and of every chain node, with its probability given its parent
-/// and whether the target takes it (what a decoder that verified the chain would count).
-pub fn children_taken_along_chain(step: &TraceStep) -> Vec<(f64, bool)> {
+/// chain: each child of the root and of every chain node, with its probability given its parent,
+/// whether it is its parent's top child and whether the target takes it (what a decoder that
+/// verified the chain would count).
+pub fn children_taken_along_chain(step: &TraceStep) -> Vec<ChildTaken> {
     let mut reached = vec![-1i64];
     reached.extend(
         agreeing_chain(step, usize::MAX)
             .into_iter()
             .map(|i| i as i64),
     );
-    children_taken(step, usize::MAX, &reached).collect()
+    children_taken(step, usize::MAX, &reached)
 }
 
 /// One way to commit tokens at a position, priced at the slots' state before it.
@@ -210,17 +212,22 @@ mod tests {
         let none = step(&[(-1, false), (0, true)]);
         assert_eq!(agreeing_chain(&none, 7), Vec::<usize>::new());
         // The children of the root and of chain nodes 1, 3, 4 (not 5, under node 0), each with
-        // its probability given its parent (every path probability here is 0.5).
+        // its probability given its parent (every path probability here is 0.5, so the first
+        // of two siblings is the top child).
+        let child = |q, top, taken| ChildTaken { q, top, taken };
         assert_eq!(
             children_taken_along_chain(&s),
             vec![
-                (0.5, false),
-                (0.5, true),
-                (1.0, false),
-                (1.0, true),
-                (1.0, true)
+                child(0.5, true, false),
+                child(0.5, false, true),
+                child(1.0, true, false),
+                child(1.0, false, true),
+                child(1.0, true, true)
             ]
         );
-        assert_eq!(children_taken_along_chain(&none), vec![(0.5, false)]);
+        assert_eq!(
+            children_taken_along_chain(&none),
+            vec![child(0.5, true, false)]
+        );
     }
 }

@@ -110,8 +110,8 @@ pub fn probe(
             chosen: &chosen,
         };
         let v = verify(target, drafter, run_on, &mut kv, tree, &mut sampler)?;
-        for (q, taken) in taken_children(&pool, &v) {
-            acceptance.record(q, taken);
+        for c in taken_children(&pool, &v) {
+            acceptance.record(c.q, c.top, c.taken);
         }
         rows.push(ProbeRow {
             nodes: chosen.len(),
@@ -165,8 +165,8 @@ pub fn probe(
         root = next;
     }
     for (i, pool) in pools.iter().enumerate() {
-        for (q, taken) in taken_along(pool, &continuation[i..]) {
-            acceptance.record(q, taken);
+        for c in taken_along(pool, &continuation[i..]) {
+            acceptance.record(c.q, c.top, c.taken);
         }
     }
     Ok(Probed {

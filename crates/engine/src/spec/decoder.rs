@@ -260,8 +260,8 @@ impl<'a> Decoder<'a> {
         let committed = verified.committed.len();
         if let Some(s) = self.speculation.as_mut() {
             s.policy.observe_cycle(committed, clock.total_ms());
-            for (q, taken) in taken_children(&pool, &verified) {
-                s.policy.record_taken(q, taken);
+            for c in taken_children(&pool, &verified) {
+                s.policy.record_taken(c.q, c.top, c.taken);
             }
         }
         self.stats

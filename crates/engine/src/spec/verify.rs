@@ -4,6 +4,8 @@
 
 use std::time::Instant;
 
+use specfit_selector::{top_children, ChildTaken};
+
 use crate::batch::{Batch, Logits, Mask};
 use crate::error::EngineError;
 use crate::experts::{ExpertCache, LayerStats};
@@ -45,19 +47,24 @@ pub struct Verified {
 }
 
 /// What the verify `v` of a cycle on `pool` tells about the drafter's children: for the root and
-/// each accepted node (the nodes the target reached), every drafted child's edge probability and
-/// whether it carries the token the target drew there (verified or not: the draw is known).
-pub fn taken_children(pool: &[DraftNode], v: &Verified) -> Vec<(f64, bool)> {
+/// each accepted node (the nodes the target reached), every drafted child's edge probability,
+/// whether it is its parent's top child and whether it carries the token the target drew there
+/// (verified or not: the draw is known).
+pub fn taken_children(pool: &[DraftNode], v: &Verified) -> Vec<ChildTaken> {
     taken_along(pool, &v.committed)
 }
 
 /// What the target's tokens from the pool's root on (`continuation[0]` its token after the root,
 /// `[1]` after that, …) tell about the drafter's children: for the root and each node whose
 /// path is the continuation's start (the nodes the target reaches), every drafted child's edge
-/// probability and whether it carries the continuation's next token, as far as the continuation
-/// goes. A cycle's committed tokens are such a continuation ([`taken_children`]); so are the
-/// tokens plain decoding draws after a pool drafted and never verified.
-pub fn taken_along(pool: &[DraftNode], continuation: &[u32]) -> Vec<(f64, bool)> {
+/// probability, whether it is its parent's top child and whether it carries the continuation's
+/// next token, as far as the continuation goes. A cycle's committed tokens are such a
+/// continuation ([`taken_children`]); so are the tokens plain decoding draws after a pool
+/// drafted and never verified.
+pub fn taken_along(pool: &[DraftNode], continuation: &[u32]) -> Vec<ChildTaken> {
+    let parents: Vec<Option<usize>> = pool.iter().map(|n| n.parent).collect();
+    let edges: Vec<f64> = pool.iter().map(|n| n.edge).collect();
+    let top = top_children(&parents, &edges);
     // Parents precede children: a node's depth and whether the target reaches it follow its
     // parent's.
     let mut depth = vec![0usize; pool.len()];
@@ -71,7 +78,11 @@ pub fn taken_along(pool: &[DraftNode], continuation: &[u32]) -> Vec<(f64, bool)>
         depth[i] = d;
         if let (true, Some(&drawn)) = (parent_reached, continuation.get(d)) {
             reached[i] = node.token == drawn;
-            out.push((node.edge, reached[i]));
+            out.push(ChildTaken {
+                q: node.edge,
+                top: top[i],
+                taken: reached[i],
+            });
         }
     }
     out
@@ -199,6 +210,10 @@ mod tests {
         }
     }
 
+    fn child(q: f64, top: bool, taken: bool) -> ChildTaken {
+        ChildTaken { q, top, taken }
+    }
+
     #[test]
     fn the_children_of_every_reached_node_are_counted_taken_or_not() {
         // Root children 0 (token 5) and 1 (token 6); under node 1 children 2 (7) and 3 (8);
@@ -223,7 +238,12 @@ mod tests {
         };
         assert_eq!(
             taken_children(&pool, &v),
-            vec![(0.6, false), (0.3, true), (0.5, false), (0.2, true)]
+            vec![
+                child(0.6, true, false),
+                child(0.3, false, true),
+                child(0.5, true, false),
+                child(0.2, false, true)
+            ]
         );
     }
 
@@ -243,15 +263,18 @@ mod tests {
         assert_eq!(
             taken_along(&pool, &[5, 8, 1]),
             vec![
-                (0.6, true),
-                (0.3, false),
-                (0.5, false),
-                (0.4, true),
-                (0.7, false)
+                child(0.6, true, true),
+                child(0.3, false, false),
+                child(0.5, true, false),
+                child(0.4, false, true),
+                child(0.7, true, false)
             ]
         );
         // Known only one token deep: the root's children alone.
-        assert_eq!(taken_along(&pool, &[5]), vec![(0.6, true), (0.3, false)]);
+        assert_eq!(
+            taken_along(&pool, &[5]),
+            vec![child(0.6, true, true), child(0.3, false, false)]
+        );
         assert_eq!(taken_along(&pool, &[]), vec![]);
     }
 }

@@ -47,10 +47,8 @@ pub const WIN_MARGIN: f64 = 0.03;
 
 /// Under [`Bursts::NeverLose`], the share of decoding time that probing cycles may lose while
 /// speculation loses: each burst is long enough that one more losing cycle costs at most this
-/// share of the burst's time. (On the shipped pair at 64 slots a probing cycle costs 8–10 plain
-/// steps for its 1–2 tokens; at 2% the probes alone cost the 2% that a policy may lose to plain
-/// decoding and stay within the noise.)
-pub const PROBE_SHARE: f64 = 0.01;
+/// share of the burst's time.
+pub const PROBE_SHARE: f64 = 0.02;
 
 /// Under [`Bursts::NeverLose`], the speculative cycles whose time per token is compared (the
 /// latest ones: enough that the spread of accepted tokens per cycle averages out).
@@ -111,9 +109,7 @@ pub enum Bursts {
     /// [`FIRST_PLAIN_STEPS`] plain steps first; it is the mean of the latest plain steps
     /// measured within [`PLAIN_FRESH_TOKENS`] decoded tokens (none measured on the cold slots
     /// at the start once those are older), with its standard error; with fewer than
-    /// [`PLAIN_FRESH_STEPS`] of those, the next burst is [`REFRESH_STEPS`] long; so is it when
-    /// speculation would win against plain steps none of which came after the first cycle (the
-    /// opening ones paid for empty slots and cold caches the cycles did not). Speculation's
+    /// [`PLAIN_FRESH_STEPS`] of those, the next burst is [`REFRESH_STEPS`] long. Speculation's
     /// is that of the cycles over the same horizon, with at least [`RECENT_CYCLES`] of them,
     /// else of the latest [`CYCLE_WINDOW`]. While speculation does not cost [`WIN_MARGIN`]
     /// less, it decodes plainly between probing cycles: one token while the window holds fewer
@@ -237,9 +233,6 @@ pub struct VerifyPolicy {
     plain_fresh: u64,
     /// Whether the burst handed out last refreshes the measure of plain decoding.
     refreshing: bool,
-    /// The decoded-token count just after the first speculative cycle ([`Bursts::NeverLose`]):
-    /// plain steps measured before it ran on the coldest caches and slots.
-    first_cycle: Option<u64>,
     /// How often the target takes drafted children ([`VerifyPolicy::acceptance`]).
     acceptance: Option<Acceptance>,
 }
@@ -267,7 +260,6 @@ impl VerifyPolicy {
             burst: 0,
             plain_fresh: PLAIN_FRESH_TOKENS,
             refreshing: false,
-            first_cycle: None,
             acceptance: None,
         }
     }
@@ -401,25 +393,17 @@ impl VerifyPolicy {
         }
         self.decoded += tokens as u64;
         self.speculative.add(tokens, ms, self.decoded);
-        let first_cycle = *self.first_cycle.get_or_insert(self.decoded);
         let since = self.decoded.saturating_sub(self.plain_fresh);
-        let spec = self.speculative.ms_per_token_since(since, RECENT_CYCLES);
-        // Plain steps since the first cycle; the opening ones (they paid for empty slots and
-        // cold caches the cycles did not) only for a loss, which they can but understate.
-        let plain = self
-            .plain
-            .mean_and_error(since.max(first_cycle), PLAIN_FRESH_STEPS)
-            .or_else(|| {
-                let opening = self.plain.mean_and_error(since, PLAIN_FRESH_STEPS)?;
-                (spec? > (1.0 - WIN_MARGIN) * opening.0).then_some(opening)
-            });
-        let (Some(spec), Some((plain, error))) = (spec, plain) else {
+        let (Some(spec), Some((plain, error))) = (
+            self.speculative.ms_per_token_since(since, RECENT_CYCLES),
+            self.plain.mean_and_error(since, PLAIN_FRESH_STEPS),
+        ) else {
             self.burst = REFRESH_STEPS;
             self.refreshing = true;
             return;
         };
-        let bar = (1.0 - WIN_MARGIN) * plain;
         let refreshed = std::mem::take(&mut self.refreshing);
+        let bar = (1.0 - WIN_MARGIN) * plain;
         let sure = self.speculative.kept().len() >= SURE_CYCLES;
         let questioned = sure && !refreshed && self.streak == 0;
         if spec > bar && spec <= bar + NOISE_ERRORS * error && questioned {
@@ -686,7 +670,7 @@ mod tests {
         assert_eq!(bursts[..SURE_CYCLES - 1], [1; SURE_CYCLES - 1]);
         assert_eq!(bursts[SURE_CYCLES - 1..], doubling[..]);
         // Cycles of 2 tokens in 50 ms lose 30 ms each: from the 8th cycle on, the burst is
-        // long enough that 30 ms is 1% of it (300 plain tokens of 10 ms).
+        // long enough that 30 ms is 2% of it (150 plain tokens of 10 ms).
         let mut p = specfit().bursts(Bursts::NeverLose);
         run_burst(&mut p, 10.0);
         let mut bursts = Vec::new();
@@ -694,13 +678,13 @@ mod tests {
             p.observe_cycle(2, 50.0);
             bursts.push(run_burst(&mut p, 10.0));
         }
-        assert_eq!(bursts, [1, 1, 1, 1, 1, 1, 1, 300]);
+        assert_eq!(bursts, [1, 1, 1, 1, 1, 1, 1, 150]);
         // Cycles of 3 tokens in 15 ms win once they outweigh the window's losing ones.
         let mut good = 0;
         loop {
             p.observe_cycle(3, 15.0);
             good += 1;
-            // Losing bursts are 300 long; a win gives none (plain was measured just now).
+            // Losing bursts are 150 long; a win gives none (plain was measured just now).
             if run_burst(&mut p, 10.0) == 0 {
                 break;
             }
@@ -726,39 +710,13 @@ mod tests {
     }
 
     #[test]
-    fn a_first_win_over_the_opening_plain_steps_alone_measures_plain_decoding_again() {
-        let mut p = specfit().bursts(Bursts::NeverLose);
-        p.take_burst();
-        // The opening steps fill empty slots: 30 ms each.
-        for _ in 0..3 {
-            p.observe_plain(1, 30.0);
-        }
-        // A cycle of 2 tokens in 20 ms would win against them: plain decoding is measured again.
-        p.observe_cycle(2, 20.0);
-        assert_eq!(run_burst(&mut p, 5.0), REFRESH_STEPS);
-        // Warm, a plain step takes 5 ms and the cycles lose (one plain step while unsure).
-        p.observe_cycle(2, 20.0);
-        assert_eq!(run_burst(&mut p, 5.0), 1);
-        // Where speculation does win, it wins against the warm steps as well.
-        let mut p = specfit().bursts(Bursts::NeverLose);
-        p.take_burst();
-        for _ in 0..3 {
-            p.observe_plain(1, 30.0);
-        }
-        p.observe_cycle(4, 10.0);
-        assert_eq!(run_burst(&mut p, 5.0), REFRESH_STEPS);
-        p.observe_cycle(4, 10.0);
-        assert_eq!(p.take_burst(), 0);
-    }
-
-    #[test]
     fn bursts_may_outgrow_the_cap_as_many_times_as_speculation_costs_more() {
         // Cycles of 8 tokens, each token 2, 3 or 5 times a plain step's 10 ms: once the first
         // cycles are past (one plain step after each, and a refresh of the plain measure when
         // it is 32 tokens old), the burst is long enough that a cycle's extra time (80, 160,
-        // 320 ms) would be 1% of it (800, 1600, 3200 tokens): capped at MAX_LOSING_BURST times the
-        // ratio (512, 768, 1280) and at MAX_LOSING_BURST_FAR.
-        for (cycle_ms, burst) in [(160.0, 512), (240.0, 768), (400.0, MAX_LOSING_BURST_FAR)] {
+        // 320 ms) is 2% of it (400, 800, 1600 tokens), within MAX_LOSING_BURST times the ratio
+        // (512, 768, 1280) and MAX_LOSING_BURST_FAR.
+        for (cycle_ms, burst) in [(160.0, 400), (240.0, 768), (400.0, MAX_LOSING_BURST_FAR)] {
             let mut p = specfit().bursts(Bursts::NeverLose);
             run_burst(&mut p, 10.0);
             let mut bursts = Vec::new();
@@ -798,20 +756,20 @@ mod tests {
         p.observe_cycle(1, 10.5);
         assert_eq!(run_burst(&mut p, 10.0), REFRESH_STEPS, "measured again");
         // Measured again (10 ms three more times), the loss stands: a losing burst, long enough
-        // that the next probe's 0.5 ms over plain is 1% of it (5 steps of 10 ms).
+        // that the next probe's 0.5 ms over plain is 2% of it (3 steps of 10 ms).
         p.observe_cycle(1, 10.5);
-        assert_eq!(run_burst(&mut p, 10.0), 5, "the verdict's burst");
+        assert_eq!(run_burst(&mut p, 10.0), 3, "the verdict's burst");
         // While the losing streak lasts, a loss within the noise is not questioned again.
         p.observe_cycle(1, 10.5);
-        assert_eq!(p.take_burst(), 5, "the next verdict's burst");
-        // Cycles at 13 ms lose past the noise: a losing burst at once (30 steps).
+        assert_eq!(p.take_burst(), 3, "the next verdict's burst");
+        // Cycles at 13 ms lose past the noise: a losing burst at once (15 steps).
         let mut p = sure_policy(&[8.0, 12.0, 10.0], 13.0);
         p.observe_cycle(1, 13.0);
-        assert_eq!(p.take_burst(), 30);
+        assert_eq!(p.take_burst(), 15);
         // Steady plain steps have no noise to wait out: 10.5 against 10, 10, 10 loses at once.
         let mut p = sure_policy(&[10.0, 10.0, 10.0], 10.5);
         p.observe_cycle(1, 10.5);
-        assert_eq!(p.take_burst(), 5);
+        assert_eq!(p.take_burst(), 3);
     }
 
     #[test]
@@ -905,10 +863,12 @@ mod tests {
             p.observe_cycle(1, 12.0);
             bursts.push(run_burst(&mut p, 10.0));
         }
-        // Against the cold 40 ms the first cycle would win: the refresh measures the warm
-        // 10 ms first, and from then on the cycles lose.
-        assert_eq!(bursts[0], REFRESH_STEPS);
-        assert!(bursts[1..].iter().all(|&b| b > 0), "{bursts:?}");
+        // Against the stale 40 ms the cycles win, until those steps are too old to count; the
+        // refresh measures the warm 10 ms, and from then on the cycles lose.
+        let stale = PLAIN_FRESH_TOKENS as usize;
+        assert!(bursts[..stale].iter().all(|&b| b == 0), "{bursts:?}");
+        assert_eq!(bursts[stale], REFRESH_STEPS);
+        assert!(bursts[stale + 1..].iter().all(|&b| b > 0), "{bursts:?}");
     }
 
     #[test]

@@ -19,19 +19,10 @@ pub const BINS: usize = 20;
 pub const PRIOR: f64 = 4.0;
 
 /// Drafted and taken children per bin.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Bins {
     drafted: [u64; BINS],
     taken: [u64; BINS],
-}
-
-impl Default for Bins {
-    fn default() -> Bins {
-        Bins {
-            drafted: [0; BINS],
-            taken: [0; BINS],
-        }
-    }
 }
 
 impl Bins {

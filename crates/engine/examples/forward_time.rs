@@ -1,7 +1,7 @@
 //! Forward time of the target for a chain of T new tokens after C cached tokens (all experts
 //! resident, every row's logits, as a verify forward needs), of one drafted level (two nodes
-//! through the EAGLE-3 head, then the top-2 children of each) and of feeding the head 3
-//! committed tokens (`--drafter-dtype native|q8_0|q4_k`: its matrices as stored or quantized at
+//! through the EAGLE-3 head, then the top-2 children of each) and of feeding the head committed
+//! tokens (`--feed 3,32`: after a verify, or a plain burst's catch-up; `--drafter-dtype native|q8_0|q4_k`: its matrices as stored or quantized at
 //! load). Prints one JSON object on stdout; `tools/bench/forward_time.py` runs it beside
 //! llama.cpp on a GGUF of the same target.
 //!
@@ -39,6 +39,9 @@ struct Args {
     /// Other new tokens in every rep (other experts: closer to real decoding than one warm set).
     vary: bool,
     drafter_dtype: DrafterDtype,
+    /// Committed tokens fed to the drafter in one forward (a cycle's accepted tokens, or a
+    /// plain burst's catch-up).
+    feed: Vec<usize>,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -61,6 +64,7 @@ fn parse() -> Args {
         reps: 30,
         vary: false,
         drafter_dtype: DrafterDtype::Native,
+        feed: vec![3],
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -84,6 +88,7 @@ fn parse() -> Args {
             }
             "--cached" => a.cached = list(&value),
             "--tokens" => a.tokens = list(&value),
+            "--feed" => a.feed = list(&value),
             "--reps" => a.reps = value.parse().expect("--reps N"),
             "--vary" => {
                 a.vary = true;
@@ -186,24 +191,25 @@ fn main() {
                     &mut dkv,
                 )
                 .expect("feed drafter");
-            // Feeding 3 committed tokens (as after a verify that took two drafts): `fc` over the
-            // target's features, then the layer and the LM head for the last row.
-            if c >= 3 {
+            // Feeding `n` committed tokens (3: as after a verify that took two drafts; more: a
+            // plain burst's catch-up): `fc` over the target's features, then the layer and the
+            // LM head for the last row.
+            for &n in a.feed.iter().filter(|&&n| n >= 1 && n <= c) {
                 let committed = dkv.len();
                 let (fmin, fmedian) = timed(a.reps, |_| {
-                    dkv.truncate(committed - 3).expect("truncate");
-                    let positions: Vec<usize> = (c - 3..c).collect();
+                    dkv.truncate(committed - n).expect("truncate");
+                    let positions: Vec<usize> = (c - n..c).collect();
                     time_ms(|| {
-                        let batch = Batch::causal(&next[c - 3..])
+                        let batch = Batch::causal(&next[c - n..])
                             .with_positions(&positions)
                             .with_logits(Logits::Last);
-                        let own = DraftHidden::Target(&feats[(c - 3) * 3 * h..]);
+                        let own = DraftHidden::Target(&feats[(c - n) * 3 * h..]);
                         d.forward(target.embed(), &batch, own, &mut dkv)
                             .expect("feed")
                     })
                 });
                 feeds.push(
-                    serde_json::json!({"cached": c, "tokens": 3, "min_ms": fmin, "median_ms": fmedian}),
+                    serde_json::json!({"cached": c, "tokens": n, "min_ms": fmin, "median_ms": fmedian}),
                 );
             }
             let children = specfit_engine::spec::top_children(d, fed.row(0), 2);

@@ -1,8 +1,8 @@
 //! Forward time of the target for a chain of T new tokens after C cached tokens (all experts
 //! resident, every row's logits, as a verify forward needs), of one drafted level (two nodes
 //! through the EAGLE-3 head, then the top-2 children of each) and of feeding the head committed
-//! tokens (`--feed 3,32`: after a verify, or a plain burst's catch-up; `--drafter-dtype native|q8_0|q4_k`: its matrices as stored or quantized at
-//! load). Prints one JSON object on stdout; `tools/bench/forward_time.py` runs it beside
+//! tokens (`--feed 3,32`: a verify's, or a plain burst's catch-up; default 3), the drafter's
+//! matrices as stored or quantized at load (`--drafter-dtype native|q8_0|q4_k`). Prints one JSON object on stdout; `tools/bench/forward_time.py` runs it beside
 //! llama.cpp on a GGUF of the same target.
 //!
 //! ```text

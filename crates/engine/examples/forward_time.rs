@@ -2,8 +2,9 @@
 //! resident, every row's logits, as a verify forward needs), of one drafted level (two nodes
 //! through the EAGLE-3 head, then the top-2 children of each) and of feeding the head committed
 //! tokens (`--feed 3,32`: a verify's, or a plain burst's catch-up; default 3), the drafter's
-//! matrices as stored or quantized at load (`--drafter-dtype native|q8_0|q4_k`). Prints one JSON object on stdout; `tools/bench/forward_time.py` runs it beside
-//! llama.cpp on a GGUF of the same target.
+//! matrices as stored or quantized at load (`--drafter-dtype native|q8_0|q4_k`). Prints one
+//! JSON object on stdout; `tools/bench/forward_time.py` runs it beside llama.cpp on a GGUF of
+//! the same target.
 //!
 //! ```text
 //! cargo build --release -p specfit-engine --example forward_time

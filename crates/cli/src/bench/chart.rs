@@ -28,6 +28,7 @@ fn series<'a>(name: &'a str, rows: &[Row]) -> Series<'a> {
             && !r.read_ahead
             && !r.drafter_probs
             && r.layers_ahead == 0
+            && !r.again
     };
     let mut slots: Vec<usize> = rows.iter().filter(main).map(|r| r.slots).collect();
     slots.sort_unstable();

@@ -103,6 +103,9 @@ pub struct Config {
     /// MoE layers whose experts each layer predicts and starts reading
     /// ([`specfit_engine::ExpertCache::layers_ahead`]; `+layer-ahead`; 0 = off).
     pub layers_ahead: usize,
+    /// Plain decoding a second time beside `ar` (`ar (again)`): two identical decoders, so its
+    /// ratio to `ar` is how finely this run resolves a ratio at these slots.
+    pub again: bool,
 }
 
 impl Config {
@@ -126,7 +129,15 @@ impl Config {
             read_ahead: false,
             drafter_probs: false,
             layers_ahead: 0,
+            again: false,
         }
+    }
+
+    /// Plain decoding run again beside `ar` at the same slots (label `ar (again)`).
+    fn again(mut self) -> Config {
+        self.label.push_str(" (again)");
+        self.again = true;
+        self
     }
 
     /// The same configuration reading `layers` MoE layers ahead (label `ar+layer-ahead`,
@@ -142,7 +153,11 @@ impl Config {
     /// calibrated, no reads ahead of any kind, scored by the target's acceptance. The ratios
     /// against `ar` and `eagle3` are to their plain rows.
     pub fn is_plain(&self) -> bool {
-        self.beta_scale == 1.0 && !self.read_ahead && !self.drafter_probs && self.layers_ahead == 0
+        self.beta_scale == 1.0
+            && !self.read_ahead
+            && !self.drafter_probs
+            && self.layers_ahead == 0
+            && !self.again
     }
 
     /// The same configuration scored by the drafter's own probabilities.
@@ -183,7 +198,8 @@ pub struct Sweep {
 /// The configurations, `ar` at the default slots first (it is the reference every other
 /// output is checked against). At the default slot count: every policy and variant; at 100%,
 /// half, a quarter and no slots: `ar`, cached `eagle3` and `specfit` (no slots: `eagle3` is
-/// the vanilla baseline, cleared every forward).
+/// the vanilla baseline, cleared every forward). Outside quick mode, every slot point also
+/// runs `ar (again)`.
 pub fn configs(s: &Sweep) -> Vec<Config> {
     let d = Slots::Count(s.default_slots);
     let atlas = RouteChoice::Atlas;
@@ -194,6 +210,7 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
         Config::new(PolicyName::Specfit, atlas.clone(), d, 1.0),
     ];
     if !s.quick {
+        out.push(Config::new(PolicyName::Ar, atlas.clone(), d, 1.0).again());
         out.push(Config::new(
             PolicyName::SpecfitLambda,
             atlas.clone(),
@@ -250,6 +267,9 @@ pub fn configs(s: &Sweep) -> Vec<Config> {
             .into_iter()
             .map(|policy| Config::new(policy, atlas.clone(), slots, 1.0))
             .collect();
+        if !s.quick {
+            row.push(Config::new(PolicyName::Ar, atlas.clone(), slots, 1.0).again());
+        }
         // A sweep of its own (`--sweep`) also runs SpecFit on predicted routes, without and
         // with read-ahead, at every point (on a model larger than memory the atlas's exact
         // routes may be out of reach).
@@ -332,6 +352,9 @@ mod tests {
             "eagle3@64",
             "specfit@4",
             "ar@2",
+            "ar (again)@8",
+            "ar (again)@0",
+            "ar (again)@64",
         ] {
             assert!(
                 labels.contains(&want.to_string()),
@@ -342,7 +365,13 @@ mod tests {
         for (i, a) in c.iter().enumerate() {
             assert!(c[i + 1..].iter().all(|b| b != a), "{a:?} twice");
         }
-        assert_eq!(c.len(), 14 + 2 + 2 + 3 * 3);
+        assert_eq!(c.len(), 15 + 2 + 3 + 4 * 3);
+        // `ar (again)` is never the reference the ratios divide by.
+        let again: Vec<&Config> = c.iter().filter(|c| c.again).collect();
+        assert_eq!(again.len(), 5);
+        assert!(again
+            .iter()
+            .all(|c| c.policy == PolicyName::Ar && !c.is_plain()));
         let layer_ahead = c.iter().filter(|c| c.layers_ahead > 0).count();
         assert_eq!(layer_ahead, 2);
         assert!(c
@@ -395,6 +424,7 @@ mod tests {
         for n in [16, 32] {
             for policy in [
                 "ar",
+                "ar (again)",
                 "eagle3",
                 "specfit",
                 "specfit[predictor]",

@@ -115,6 +115,9 @@ pub struct Row {
     pub drafter_probs: bool,
     /// MoE layers each layer predicted and read ahead (0 = none).
     pub layers_ahead: usize,
+    /// Plain decoding run a second time beside `ar` (`ar (again)`): its `speedup_vs_ar` is two
+    /// identical decoders' ratio in this run.
+    pub again: bool,
     pub tok_s: f64,
     pub speedup_vs_ar: f64,
     /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
@@ -429,7 +432,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads and read µs the mean time of one read (longer when more reads are in flight at once); selection is the median time of one subtree search. Atlas routes are computed outside the timer."
+            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots; `ar (again)` is plain decoding run a second time beside `ar`, so its ×AR shows how far two identical decoders' ratio strays in this run. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads and read µs the mean time of one read (longer when more reads are in flight at once); selection is the median time of one subtree search. Atlas routes are computed outside the timer."
         );
         out
     }
@@ -591,6 +594,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 read_ahead: c.read_ahead,
                 drafter_probs: c.drafter_probs,
                 layers_ahead: c.layers_ahead,
+                again: c.again,
                 tok_s,
                 speedup_vs_ar: ratio(tok_s, ar),
                 gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),

@@ -220,12 +220,13 @@ pub struct Machine<'a> {
 }
 
 /// The simulator's policy for a configuration (`None` for route sources the trace does not
-/// hold: corrupted or predicted routes).
+/// hold: corrupted or predicted routes; and for `ar (again)`, which `ar` already stands for).
 fn sim_policy(c: &Config, m: &Machine<'_>) -> Result<Option<VerifyPolicy>> {
     // The trace holds atlas routes only, and the simulator reads nothing ahead.
     if (c.policy.needs_routes() && c.routes != RouteChoice::Atlas)
         || c.read_ahead
         || c.layers_ahead > 0
+        || c.again
     {
         return Ok(None);
     }

@@ -95,6 +95,12 @@ pub struct Args {
     /// slots always runs: it is the reference every output is checked against).
     #[arg(long, value_delimiter = ',')]
     only: Option<Vec<String>>,
+    /// Run every prompt set this many times, each round from empty slots and fresh policies in
+    /// a fresh order: tok/s and ×AR are then each row's median over the rounds (×AR from each
+    /// round's own `ar`), with ×AR's range; the other columns sum every round. The simulator
+    /// check's probes come from the first round.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=9))]
+    rounds: u8,
     /// Directory for report.json, report.md and chart.svg, and the simulator check's traces
     /// under traces/ (all written atomically).
     #[arg(long, default_value = "bench-results")]
@@ -136,7 +142,9 @@ struct Runner {
 pub fn run(args: &Args) -> Result<()> {
     let started = Instant::now();
     let mut s = setup(args)?;
-    let total: usize = s.sets.iter().map(|set| set.prompts.len()).sum::<usize>() * s.configs.len();
+    let rounds = usize::from(args.rounds);
+    let total: usize =
+        s.sets.iter().map(|set| set.prompts.len()).sum::<usize>() * s.configs.len() * rounds;
     let bar = ProgressBar::new(total as u64);
     bar.set_style(
         ProgressStyle::with_template(
@@ -202,94 +210,111 @@ pub fn run(args: &Args) -> Result<()> {
                 s.max_nodes,
             )?),
         };
-        // outcomes[prompt][config]
-        let mut outcomes: Vec<Vec<Option<Run>>> = set
-            .prompts
-            .iter()
-            .map(|_| (0..n).map(|_| None).collect())
-            .collect();
-        if one_at_a_time {
-            let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
-            let prefixes = set
+        // outcomes[round][prompt][config]
+        let mut outcomes: Vec<Vec<Vec<Option<Run>>>> = Vec::new();
+        // One at a time: the prompts' prefixes are made once for every round and kept.
+        let prefixes = match one_at_a_time {
+            true => {
+                let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
+                let prefixes = set
+                    .prompts
+                    .iter()
+                    .map(|prompt| {
+                        bar.set_message(format!("{} #{}: prefill", set.name, prompt.question_id));
+                        Ok(Prefix::new(
+                            &s.model,
+                            Some(&s.drafter),
+                            cache,
+                            &prompt.tokens,
+                        )?)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                // Its slots are freed before any configuration's are filled.
+                prefill_cache = None;
+                prefixes
+            }
+            false => Vec::new(),
+        };
+        for round in 0..rounds {
+            let mut these: Vec<Vec<Option<Run>>> = set
                 .prompts
                 .iter()
-                .map(|prompt| {
-                    bar.set_message(format!("{} #{}: prefill", set.name, prompt.question_id));
-                    Ok(Prefix::new(
-                        &s.model,
-                        Some(&s.drafter),
-                        cache,
-                        &prompt.tokens,
-                    )?)
-                })
-                .collect::<Result<Vec<_>>>()?;
-            // Its slots are freed before any configuration's are filled.
-            prefill_cache = None;
-            // Configurations in a seeded random order per set (see below).
-            for i in run_order(n, 1000 + set_index as u64) {
-                let mut runner = runner(&s, &configs[i])?;
-                for (p, prefix) in prefixes.iter().enumerate() {
-                    bar.set_message(format!(
-                        "{} #{} {}",
-                        set.name, set.prompts[p].question_id, configs[i].label
-                    ));
-                    outcomes[p][i] = Some(run_one(&mut s, &configs[i], &mut runner, prefix)?);
-                    bar.inc(1);
+                .map(|_| (0..n).map(|_| None).collect())
+                .collect();
+            // Probes are taken in the first round only.
+            let mut probes = probes.as_mut().filter(|_| round == 0);
+            if one_at_a_time {
+                // Configurations in a seeded random order per set and round (see below).
+                for i in run_order(n, round_seed(1000 + set_index as u64, round)) {
+                    let mut runner = runner(&s, &configs[i])?;
+                    for (p, prefix) in prefixes.iter().enumerate() {
+                        bar.set_message(format!(
+                            "{} #{} {}",
+                            set.name, set.prompts[p].question_id, configs[i].label
+                        ));
+                        these[p][i] = Some(run_one(&mut s, &configs[i], &mut runner, prefix)?);
+                        bar.inc(1);
+                    }
+                    if let Some(p) = probes.as_mut() {
+                        bar.set_message(format!("{}: probing costs", set.name));
+                        p.take(&s.model, &s.drafter, &validated_prompts)?;
+                    }
                 }
-                if let Some(p) = probes.as_mut() {
-                    bar.set_message(format!("{}: probing costs", set.name));
-                    p.take(&s.model, &s.drafter, &validated_prompts)?;
-                }
-            }
-        } else {
-            // Each set is a fresh session: every configuration starts from empty slots (so a
-            // set's figures do not depend on which set ran before, and the simulator starts
-            // cold too).
-            let mut runners = configs
-                .iter()
-                .map(|c| runner(&s, c))
-                .collect::<Result<Vec<_>>>()?;
-            for (index, prompt) in set.prompts.iter().enumerate() {
-                bar.set_message(format!("{} #{}", set.name, prompt.question_id));
-                let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
-                let prefix = Prefix::new(&s.model, Some(&s.drafter), cache, &prompt.tokens)?;
-                // Configurations run in a fresh seeded random order per prompt, so that none
-                // always runs first after the prefill or always after the same other
-                // configuration: what one leaves behind (the disk's queue and rate limiter,
-                // processor caches) would otherwise bias the next (BENCHMARKS.md).
-                for i in run_order(n, index as u64) {
-                    let runner = &mut runners[i];
-                    // Each run reads and computes from freshly placed slot memory: on a virtual
-                    // machine the speed of an arena can depend on where it landed, and an arena
-                    // kept for the whole run would bias its configuration throughout. Outside
-                    // the timer; equal-sized arenas rotate among the configurations.
-                    runner.cache.relocate();
-                    outcomes[index][i] = Some(run_one(&mut s, &configs[i], runner, &prefix)?);
-                    bar.inc(1);
-                }
-                if let (Some(p), true) = (probes.as_mut(), index < validated) {
-                    p.take(&s.model, &s.drafter, &validated_prompts)?;
+            } else {
+                // Each set (and each round) is a fresh session: every configuration starts from
+                // empty slots (so a set's figures do not depend on which set ran before, and the
+                // simulator starts cold too).
+                let mut runners = configs
+                    .iter()
+                    .map(|c| runner(&s, c))
+                    .collect::<Result<Vec<_>>>()?;
+                for (index, prompt) in set.prompts.iter().enumerate() {
+                    bar.set_message(format!("{} #{}", set.name, prompt.question_id));
+                    let cache = prefill(&mut prefill_cache, &s.base, prefill_slots)?;
+                    let prefix = Prefix::new(&s.model, Some(&s.drafter), cache, &prompt.tokens)?;
+                    // Configurations run in a fresh seeded random order per prompt, so that
+                    // none always runs first after the prefill or always after the same other
+                    // configuration: what one leaves behind (the disk's queue and rate limiter,
+                    // processor caches) would otherwise bias the next (BENCHMARKS.md).
+                    for i in run_order(n, round_seed(index as u64, round)) {
+                        let runner = &mut runners[i];
+                        // Each run reads and computes from freshly placed slot memory: on a
+                        // virtual machine the speed of an arena can depend on where it landed,
+                        // and an arena kept for the whole run would bias its configuration
+                        // throughout. Outside the timer; equal-sized arenas rotate among the
+                        // configurations.
+                        runner.cache.relocate();
+                        these[index][i] = Some(run_one(&mut s, &configs[i], runner, &prefix)?);
+                        bar.inc(1);
+                    }
+                    if let (Some(p), true) = (probes.as_mut(), index < validated) {
+                        p.take(&s.model, &s.drafter, &validated_prompts)?;
+                    }
                 }
             }
+            outcomes.push(these);
         }
-        // Every output is checked against `ar`'s (config 0).
+        // Every output is checked against `ar`'s (config 0) in the same round.
         let mut row = vec![Tally::default(); n];
         // The same tallies over the prompts the simulator is checked on.
         let mut checked = vec![Tally::default(); n];
         let mut lengths = Vec::new();
-        for (index, (prompt, per_config)) in set.prompts.iter().zip(outcomes).enumerate() {
-            let per_config: Vec<Run> = per_config.into_iter().flatten().collect();
-            let reference = per_config[0].0.tokens.clone();
-            for (i, (outcome, select_us)) in per_config.iter().enumerate() {
-                let same = outcome.tokens == reference;
-                row[i].add(outcome, select_us, prompt.question_id, same);
-                if index < validated {
-                    checked[i].add(outcome, select_us, prompt.question_id, same);
+        for (round, per_prompt) in outcomes.into_iter().enumerate() {
+            for (index, (prompt, per_config)) in set.prompts.iter().zip(per_prompt).enumerate() {
+                let per_config: Vec<Run> = per_config.into_iter().flatten().collect();
+                let reference = per_config[0].0.tokens.clone();
+                for (i, (outcome, select_us)) in per_config.iter().enumerate() {
+                    let same = outcome.tokens == reference;
+                    row[i].add(round, outcome, select_us, prompt.question_id, same);
+                    if index < validated {
+                        checked[i].add(round, outcome, select_us, prompt.question_id, same);
+                    }
                 }
-            }
-            if index < validated {
-                // The forwards decoding ran after the prefill's token: the positions to replay.
-                lengths.push(reference.len().saturating_sub(1));
+                if round == 0 && index < validated {
+                    // The forwards decoding ran after the prefill's token: the positions to
+                    // replay.
+                    lengths.push(reference.len().saturating_sub(1));
+                }
             }
         }
         if let Some(probes) = probes {
@@ -373,6 +398,12 @@ fn probe_slots(
         }
     }
     points
+}
+
+/// The seed of `round`'s order from the first round's `seed` (the same seed in the first round,
+/// so one round runs in the order it always did).
+fn round_seed(seed: u64, round: usize) -> u64 {
+    seed + ((round as u64) << 32)
 }
 
 /// The order in which prompt `seed`'s `n` configurations run: a seeded random permutation.

@@ -72,12 +72,21 @@ pub struct Tally {
     pub lossless: usize,
     /// Question ids whose output differed from plain decoding.
     pub mismatched: Vec<u64>,
+    /// Decoded tokens and decode seconds of each round (`--rounds`).
+    pub rounds: Vec<(usize, f64)>,
 }
 
 impl Tally {
-    pub fn add(&mut self, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
+    /// Adds the outcome of one prompt in `round`.
+    pub fn add(&mut self, round: usize, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
+        let decoded = o.tokens.len().saturating_sub(1);
         self.prompts += 1;
-        self.decoded += o.tokens.len().saturating_sub(1);
+        self.decoded += decoded;
+        if self.rounds.len() <= round {
+            self.rounds.resize(round + 1, (0, 0.0));
+        }
+        self.rounds[round].0 += decoded;
+        self.rounds[round].1 += o.decode_seconds;
         self.sum.accumulate(o);
         self.select_us.extend_from_slice(select_us);
         if same {
@@ -87,9 +96,39 @@ impl Tally {
         }
     }
 
-    pub fn tokens_per_second(&self) -> f64 {
-        ratio(self.decoded as f64, self.sum.decode_seconds)
+    /// Each round's decoded tokens per second.
+    pub fn round_rates(&self) -> Vec<f64> {
+        self.rounds
+            .iter()
+            .map(|&(tokens, seconds)| ratio(tokens as f64, seconds))
+            .collect()
     }
+
+    /// The median over the rounds of the decoded tokens per second (with one round, that
+    /// round's rate).
+    pub fn tokens_per_second(&self) -> f64 {
+        median(&self.round_rates())
+    }
+}
+
+/// The middle value of `v` (the mean of the two middle ones for an even count; 0 when empty).
+pub(super) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `a`'s rate over `b`'s, round by round (the rounds both have).
+fn paired(a: &Tally, b: &Tally) -> Vec<f64> {
+    a.round_rates()
+        .iter()
+        .zip(b.round_rates())
+        .map(|(&x, y)| ratio(x, y))
+        .collect()
 }
 
 pub(super) fn ratio(a: f64, b: f64) -> f64 {
@@ -118,8 +157,12 @@ pub struct Row {
     /// Plain decoding run a second time beside `ar` (`ar (again)`): its `speedup_vs_ar` is two
     /// identical decoders' ratio in this run.
     pub again: bool,
+    /// The median over the rounds (`--rounds`), as `speedup_vs_ar` and `gain_vs_eagle3`.
     pub tok_s: f64,
     pub speedup_vs_ar: f64,
+    /// Rounds measured; with more than one, the lowest and highest round's `speedup_vs_ar`.
+    pub rounds: usize,
+    pub speedup_range: Option<[f64; 2]>,
     /// tok/s over cached EAGLE-3's at the same slots, minus 1 (vanilla EAGLE-3 at 0 slots).
     pub gain_vs_eagle3: Option<f64>,
     pub nodes_per_cycle: f64,
@@ -432,7 +475,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots; `ar (again)` is plain decoding run a second time beside `ar`, so its ×AR shows how far two identical decoders' ratio strays in this run. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads and read µs the mean time of one read (longer when more reads are in flight at once); selection is the median time of one subtree search. Atlas routes are computed outside the timer."
+            "Slots 0 = no cache (every routed expert copied every forward); `eagle3 (vanilla)` is EAGLE-3 there. ×AR and vs EAGLE-3 compare with `ar` and cached `eagle3` at the same slots; `ar (again)` is plain decoding run a second time beside `ar`, so its ×AR shows how far two identical decoders' ratio strays in this run. With several rounds (`--rounds`), tok/s, ×AR and vs EAGLE-3 are medians over the rounds (each round from empty slots, ×AR against that round's `ar`), ×AR's lowest and highest round in brackets; the other columns and the prompt counts sum every round. Copies and MB are per committed token; wait % is the share of decode time spent waiting for expert reads and read µs the mean time of one read (longer when more reads are in flight at once); selection is the median time of one subtree search. Atlas routes are computed outside the timer."
         );
         out
     }
@@ -543,7 +586,10 @@ fn table(rows: &[Row]) -> Vec<Vec<String>> {
             r.label.clone(),
             r.slots.to_string(),
             tok_s(r.tok_s),
-            format!("{:.2}", r.speedup_vs_ar),
+            match r.speedup_range {
+                Some([lo, hi]) => format!("{:.2} ({lo:.2}–{hi:.2})", r.speedup_vs_ar),
+                None => format!("{:.2}", r.speedup_vs_ar),
+            },
             r.gain_vs_eagle3
                 .map_or("–".into(), |g| format!("{:+.1}%", 100.0 * g)),
             format!("{:.2}", r.nodes_per_cycle),
@@ -568,7 +614,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
             .iter()
             .zip(tallies)
             .find(|(c, _)| c.policy == policy && c.slots == slots && c.is_plain())
-            .map(|(_, t)| t.tokens_per_second())
+            .map(|(_, t)| t)
     };
     let mut order: Vec<usize> = (0..configs.len()).collect();
     order.sort_by_key(|&i| {
@@ -580,8 +626,14 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
         .map(|i| {
             let (c, t) = (&configs[i], &tallies[i]);
             let tok_s = t.tokens_per_second();
-            let ar = find(PolicyName::Ar, c.slots).unwrap_or(0.0);
-            let eagle = find(PolicyName::Eagle3, c.slots);
+            let ar = find(PolicyName::Ar, c.slots);
+            let vs_ar = ar.map_or(Vec::new(), |ar| paired(t, ar));
+            // The reference itself has no range.
+            let reference = ar.is_some_and(|ar| std::ptr::eq(ar, t));
+            let eagle = find(PolicyName::Eagle3, c.slots).filter(|e| e.tokens_per_second() > 0.0);
+            let range = vs_ar.iter().fold([f64::INFINITY, 0.0f64], |[lo, hi], &x| {
+                [lo.min(x), hi.max(x)]
+            });
             let mut us = t.select_us.clone();
             us.sort_by(f64::total_cmp);
             let cycles = t.sum.cycles as f64;
@@ -596,8 +648,10 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 layers_ahead: c.layers_ahead,
                 again: c.again,
                 tok_s,
-                speedup_vs_ar: ratio(tok_s, ar),
-                gain_vs_eagle3: eagle.filter(|&e| e > 0.0).map(|e| tok_s / e - 1.0),
+                speedup_vs_ar: median(&vs_ar),
+                rounds: t.rounds.len(),
+                speedup_range: (vs_ar.len() > 1 && !reference).then_some(range),
+                gain_vs_eagle3: eagle.map(|e| median(&paired(t, e)) - 1.0),
                 nodes_per_cycle: ratio(t.sum.verified as f64, cycles),
                 tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
                 plain_share: ratio(t.sum.plain_steps as f64, t.sum.committed as f64),
@@ -663,6 +717,74 @@ mod tests {
                 costs: "probed".into(),
             }],
         }
+    }
+
+    /// A tally of one prompt per round decoding 100 tokens at each of `rates` (tok/s).
+    fn rounds_at(rates: &[f64]) -> Tally {
+        let mut t = Tally::default();
+        for (round, &rate) in rates.iter().enumerate() {
+            let o = Outcome {
+                tokens: vec![0; 101],
+                decode_seconds: 100.0 / rate,
+                ..Outcome::default()
+            };
+            t.add(round, &o, &[], 1, true);
+        }
+        t
+    }
+
+    #[test]
+    fn a_tallys_rate_is_the_median_of_its_rounds_rates() {
+        assert_eq!(rounds_at(&[100.0, 300.0, 200.0]).tokens_per_second(), 200.0);
+        assert_eq!(rounds_at(&[100.0, 300.0]).tokens_per_second(), 200.0);
+        assert_eq!(rounds_at(&[50.0]).tokens_per_second(), 50.0);
+        assert_eq!(Tally::default().tokens_per_second(), 0.0);
+        // Counts sum every round.
+        let t = rounds_at(&[100.0, 300.0, 200.0]);
+        assert_eq!((t.prompts, t.decoded, t.lossless), (3, 300, 3));
+    }
+
+    #[test]
+    fn ratios_pair_each_round_with_that_rounds_ar_and_report_their_median_and_range() {
+        let configs = crate::bench::plan::configs(&crate::bench::plan::Sweep {
+            experts: 64,
+            default_slots: 8,
+            predictor: None,
+            quick: true,
+            points: None,
+            layers_ahead: 0,
+        });
+        let labels: Vec<&str> = configs.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(labels[..4], ["ar", "eagle3 (vanilla)", "eagle3", "specfit"]);
+        // ar, eagle3 (vanilla), eagle3, specfit at 8 slots; ar, specfit at none.
+        let mut tallies = vec![
+            rounds_at(&[100.0, 200.0, 100.0]),
+            rounds_at(&[50.0, 50.0, 50.0]),
+            rounds_at(&[100.0, 100.0, 100.0]),
+            rounds_at(&[110.0, 180.0, 95.0]),
+            rounds_at(&[10.0, 10.0, 10.0]),
+            rounds_at(&[10.0, 10.0, 10.0]),
+        ];
+        let rows = rows(&configs, &tallies);
+        let specfit = rows.iter().find(|r| r.label == "specfit" && r.slots == 8);
+        let specfit = specfit.expect("a specfit row");
+        // Round by round 1.1, 0.9, 0.95 against ar; 1.1, 1.8, 0.95 against eagle3.
+        assert!((specfit.speedup_vs_ar - 0.95).abs() < 1e-12);
+        let [lo, hi] = specfit.speedup_range.expect("three rounds");
+        assert!((lo - 0.9).abs() < 1e-12 && (hi - 1.1).abs() < 1e-12);
+        assert!((specfit.gain_vs_eagle3.expect("cached eagle3") - 0.1).abs() < 1e-12);
+        assert_eq!((specfit.tok_s, specfit.rounds), (110.0, 3));
+        let ar = rows.iter().find(|r| r.label == "ar" && r.slots == 8);
+        assert_eq!(ar.expect("the reference").speedup_range, None);
+        // One round: the ratio of the two rates, no range.
+        for t in &mut tallies {
+            t.rounds.truncate(1);
+        }
+        let rows = super::rows(&configs, &tallies);
+        let specfit = rows.iter().find(|r| r.label == "specfit" && r.slots == 8);
+        let specfit = specfit.expect("a specfit row");
+        assert!((specfit.speedup_vs_ar - 1.1).abs() < 1e-12);
+        assert_eq!(specfit.speedup_range, None);
     }
 
     #[test]

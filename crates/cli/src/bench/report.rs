@@ -112,7 +112,7 @@ impl Tally {
 }
 
 /// The middle value of `v` (the mean of the two middle ones for an even count; 0 when empty).
-pub(super) fn median(v: &[f64]) -> f64 {
+fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {

@@ -65,7 +65,6 @@ impl Outcome {
 #[derive(Debug, Clone, Default)]
 pub struct Tally {
     pub prompts: usize,
-    pub decoded: usize,
     /// The outcomes' counts and times, summed.
     pub sum: Outcome,
     pub select_us: Vec<f64>,
@@ -81,7 +80,6 @@ impl Tally {
     pub fn add(&mut self, round: usize, o: &Outcome, select_us: &[f64], id: u64, same: bool) {
         let decoded = o.tokens.len().saturating_sub(1);
         self.prompts += 1;
-        self.decoded += decoded;
         if self.rounds.len() <= round {
             self.rounds.resize(round + 1, (0, 0.0));
         }
@@ -94,6 +92,11 @@ impl Tally {
         } else {
             self.mismatched.push(id);
         }
+    }
+
+    /// Decoded tokens over every round.
+    pub fn decoded(&self) -> usize {
+        self.rounds.iter().map(|&(tokens, _)| tokens).sum()
     }
 
     /// Each round's decoded tokens per second.
@@ -656,13 +659,13 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
                 plain_share: ratio(t.sum.plain_steps as f64, t.sum.committed as f64),
                 cycle_ms: 1e3 * ratio(t.sum.decode_seconds, cycles),
-                copies_per_token: ratio(t.sum.copies.misses as f64, t.decoded as f64),
-                mb_per_token: ratio(t.sum.copies.bytes_copied as f64, t.decoded as f64) / 1e6,
+                copies_per_token: ratio(t.sum.copies.misses as f64, t.decoded() as f64),
+                mb_per_token: ratio(t.sum.copies.bytes_copied as f64, t.decoded() as f64) / 1e6,
                 copy_wait_share: ratio(t.sum.copies.wait_seconds, t.sum.decode_seconds),
                 read_us: 1e6 * ratio(t.sum.copies.copy_seconds, t.sum.copies.misses as f64),
                 select_us_median: us.get(us.len() / 2).copied(),
                 atlas_ms_per_cycle: 1e3 * ratio(t.sum.atlas_seconds, cycles),
-                decoded_tokens: t.decoded,
+                decoded_tokens: t.decoded(),
                 decode_seconds: t.sum.decode_seconds,
                 prompts: t.prompts,
                 lossless_prompts: t.lossless,
@@ -741,7 +744,7 @@ mod tests {
         assert_eq!(Tally::default().tokens_per_second(), 0.0);
         // Counts sum every round.
         let t = rounds_at(&[100.0, 300.0, 200.0]);
-        assert_eq!((t.prompts, t.decoded, t.lossless), (3, 300, 3));
+        assert_eq!((t.prompts, t.decoded(), t.lossless), (3, 300, 3));
     }
 
     #[test]

@@ -67,7 +67,7 @@ pub use policy::{
     Bursts, Choice, Decision, VerifyPolicy, CYCLE_WINDOW, FIRST_PLAIN_STEPS, MAX_BURST,
     MAX_LOSING_BURST, MAX_LOSING_BURST_FAR, NOISE_ERRORS, PLAIN_FRESH_MAX_TOKENS,
     PLAIN_FRESH_STEPS, PLAIN_FRESH_TOKENS, PROBE_SHARE, RECENT_CYCLES, REFRESH_STEPS, SURE_CYCLES,
-    WIN_MARGIN,
+    UNSURE_BURST, WIN_MARGIN,
 };
 pub use pool::{NodeSpec, Pool, PoolBuilder, PoolSpec, MAX_POOL_NODES};
 pub use search::{count_subtrees, top_k, SearchStats, Selection, Selector, MAX_SELECT, MAX_VISITS};

@@ -64,16 +64,17 @@ pub const RECENT_CYCLES: usize = 4;
 /// and the plain measure is taken again ([`REFRESH_STEPS`] more steps) before the verdict.
 pub const NOISE_ERRORS: f64 = 2.0;
 
-/// Under [`Bursts::NeverLose`], cycles in the window before a verdict: the first cycles run on
-/// cold caches and are no verdict; each is followed by [`UNSURE_BURST`] plain steps, whatever
-/// it measured.
+/// Under [`Bursts::NeverLose`], cycles in the window before bursts grow: before, a losing cycle
+/// is followed by one plain step (the first cycles run on cold caches and are no verdict), and
+/// any cycle by [`UNSURE_BURST`] while the expert slots are still filling.
 pub const SURE_CYCLES: usize = 8;
 
-/// Under [`Bursts::NeverLose`], the plain steps after each of the first [`SURE_CYCLES`] cycles:
-/// the first pays for what the cycle left in the processor's caches (not reported), the
-/// second measures plain decoding in the same state of the slots as the cycles around it. (With
-/// one step, the plain measure stayed the session's first steps, on empty slots: dear beside
-/// cycles on slots that had filled since, so speculation looked like winning where it lost.)
+/// Under [`Bursts::NeverLose`], the plain steps after each of the first [`SURE_CYCLES`] cycles
+/// while the expert slots still have empty ones ([`VerifyPolicy::slots_filling`]), whatever the
+/// cycle measured: the first pays for what the cycle left in the processor's caches (not
+/// reported), the second measures plain decoding on slots as full as the cycles'. (Measured
+/// only on the empty slots at the start, plain steps looked dear beside cycles on slots that
+/// had filled since, and speculation ran on where it lost.)
 pub const UNSURE_BURST: usize = 2;
 
 /// Under [`Bursts::NeverLose`], how many decoded tokens a plain step's time stays current: older
@@ -119,10 +120,11 @@ pub enum Bursts {
     /// at the start once those are older), with its standard error; with fewer than
     /// [`PLAIN_FRESH_STEPS`] of those, the next burst is [`REFRESH_STEPS`] long. Speculation's
     /// is that of the cycles over the same horizon, with at least [`RECENT_CYCLES`] of them,
-    /// else of the latest [`CYCLE_WINDOW`]. While the window holds fewer than
-    /// [`SURE_CYCLES`] cycles, each is followed by [`UNSURE_BURST`] plain steps; from then on,
-    /// while speculation does not cost [`WIN_MARGIN`] less, it decodes plainly between probing
-    /// cycles: while speculation was winning, a loss within
+    /// else of the latest [`CYCLE_WINDOW`]. While the window holds fewer than [`SURE_CYCLES`]
+    /// cycles and the expert slots are still filling, each cycle is followed by
+    /// [`UNSURE_BURST`] plain steps. While speculation does not cost [`WIN_MARGIN`]
+    /// less, it decodes plainly between probing cycles: one token while the window holds fewer
+    /// than [`SURE_CYCLES`] cycles; then, while speculation was winning, a loss within
     /// [`NOISE_ERRORS`] standard errors of the plain measure has [`REFRESH_STEPS`] plain steps
     /// measure plain decoding again before the verdict; once it stands, 1, 2, 4, … doubling
     /// while it keeps losing, and at least enough that the next probe's extra time is at most
@@ -242,6 +244,9 @@ pub struct VerifyPolicy {
     plain_fresh: u64,
     /// Whether the burst handed out last refreshes the measure of plain decoding.
     refreshing: bool,
+    /// Whether the expert slots still had empty ones at the latest cycle
+    /// ([`VerifyPolicy::slots_filling`]).
+    filling: bool,
     /// How often the target takes drafted children ([`VerifyPolicy::acceptance`]).
     acceptance: Option<Acceptance>,
 }
@@ -269,6 +274,7 @@ impl VerifyPolicy {
             burst: 0,
             plain_fresh: PLAIN_FRESH_TOKENS,
             refreshing: false,
+            filling: false,
             acceptance: None,
         }
     }
@@ -413,11 +419,12 @@ impl VerifyPolicy {
         };
         let refreshed = std::mem::take(&mut self.refreshing);
         let bar = (1.0 - WIN_MARGIN) * plain;
-        if self.speculative.kept().len() < SURE_CYCLES {
+        let sure = self.speculative.kept().len() >= SURE_CYCLES;
+        if !sure && self.filling {
             self.burst = UNSURE_BURST;
             return;
         }
-        let questioned = !refreshed && self.streak == 0;
+        let questioned = sure && !refreshed && self.streak == 0;
         if spec > bar && spec <= bar + NOISE_ERRORS * error && questioned {
             // Within the noise of the plain steps, while speculation was winning: measure them
             // again before a verdict.
@@ -427,8 +434,13 @@ impl VerifyPolicy {
         }
         if spec > bar {
             self.plain_fresh = PLAIN_FRESH_TOKENS;
-            // Doubling, and at least enough that a probing cycle's extra time over plain steps
-            // for its tokens is at most PROBE_SHARE of the burst's time.
+            // One plain step while the first cycles run on cold caches; from SURE_CYCLES
+            // cycles on, doubling, and at least enough that a probing cycle's extra time over
+            // plain steps for its tokens is at most PROBE_SHARE of the burst's time.
+            if !sure {
+                self.burst = 1;
+                return;
+            }
             self.streak += 1;
             let doubling = 1usize << (self.streak - 1).min(MAX_LOSING_BURST.ilog2());
             let excess = self.speculative.tokens_each() * (spec - plain);
@@ -444,6 +456,13 @@ impl VerifyPolicy {
             self.streak = 0;
             self.burst = 0;
         }
+    }
+
+    /// Tells the policy whether the expert slots had empty ones when the cycle the caller
+    /// reports next ([`VerifyPolicy::observe_cycle`]) began; false where there are no slots to
+    /// fill (experts used in place, a cache emptied every forward).
+    pub fn slots_filling(&mut self, filling: bool) {
+        self.filling = filling;
     }
 
     /// Reports plain steps that followed plain steps: `tokens` committed in `ms`. Report one step
@@ -665,7 +684,7 @@ mod tests {
         for ms in [10.0, 10.0, 10.0] {
             p.observe_plain(1, ms);
         }
-        // Cycles of 1 token in 10.1 ms lose by a hair: two plain steps each while the first
+        // Cycles of 1 token in 10.1 ms lose by a hair: one plain step each while the first
         // cycles run, then bursts double up to the cap.
         let mut bursts = Vec::new();
         for _ in 0..SURE_CYCLES + 9 {
@@ -674,7 +693,7 @@ mod tests {
             assert_eq!(p.take_burst(), 0, "a burst is handed out once");
         }
         let doubling = [1, 2, 4, 8, 16, 32, 64, 128, 256, 256];
-        assert_eq!(bursts[..SURE_CYCLES - 1], [UNSURE_BURST; SURE_CYCLES - 1]);
+        assert_eq!(bursts[..SURE_CYCLES - 1], [1; SURE_CYCLES - 1]);
         assert_eq!(bursts[SURE_CYCLES - 1..], doubling[..]);
         // Cycles of 2 tokens in 50 ms lose 30 ms each: from the 8th cycle on, the burst is
         // long enough that 30 ms is 2% of it (150 plain tokens of 10 ms).
@@ -685,7 +704,7 @@ mod tests {
             p.observe_cycle(2, 50.0);
             bursts.push(run_burst(&mut p, 10.0));
         }
-        assert_eq!(bursts, [2, 2, 2, 2, 2, 2, 2, 150]);
+        assert_eq!(bursts, [1, 1, 1, 1, 1, 1, 1, 150]);
         // Cycles of 3 tokens in 15 ms win once they outweigh the window's losing ones.
         let mut good = 0;
         loop {
@@ -719,8 +738,8 @@ mod tests {
     #[test]
     fn bursts_may_outgrow_the_cap_as_many_times_as_speculation_costs_more() {
         // Cycles of 8 tokens, each token 2, 3 or 5 times a plain step's 10 ms: once the first
-        // cycles are past (two plain steps after each, which keep the plain measure current),
-        // the burst is long enough that a cycle's extra time (80, 160,
+        // cycles are past (one plain step after each, and a refresh of the plain measure when
+        // it is 32 tokens old), the burst is long enough that a cycle's extra time (80, 160,
         // 320 ms) is 2% of it (400, 800, 1600 tokens), within MAX_LOSING_BURST times the ratio
         // (512, 768, 1280) and MAX_LOSING_BURST_FAR.
         for (cycle_ms, burst) in [(160.0, 400), (240.0, 768), (400.0, MAX_LOSING_BURST_FAR)] {
@@ -733,53 +752,46 @@ mod tests {
             }
             assert_eq!(
                 bursts,
-                [2, 2, 2, 2, 2, 2, 2, burst],
+                [1, 1, 1, 4, 1, 1, 1, 4, burst],
                 "cycles of {cycle_ms} ms"
             );
         }
     }
 
-    /// A never-lose policy past its first plain steps and past its first [`SURE_CYCLES`] cycles
-    /// (1 token in `ms` each, each followed by [`UNSURE_BURST`] plain steps): every reported
-    /// plain step measured `plain` in turn, the latest eight of them `plain` repeated.
+    /// A never-lose policy past its first plain steps, which measured `plain` ms each, and
+    /// past its first [`SURE_CYCLES`] cycles (1 token in `ms` each, one plain step of `plain`
+    /// ms after each while they lose).
     fn sure_policy(plain: &[f64], ms: f64) -> VerifyPolicy {
         let mut p = specfit().bursts(Bursts::NeverLose);
         p.take_burst();
-        let mut steps = plain.iter().copied().cycle();
-        for _ in 0..FIRST_PLAIN_STEPS - 1 {
-            p.observe_plain(1, steps.next().unwrap());
+        for &each in plain {
+            p.observe_plain(1, each);
         }
         for _ in 0..SURE_CYCLES - 1 {
             p.observe_cycle(1, ms);
-            assert_eq!(p.take_burst(), UNSURE_BURST);
-            for _ in 1..UNSURE_BURST {
-                p.observe_plain(1, steps.next().unwrap());
-            }
+            run_burst(&mut p, 10.0);
         }
         p
     }
 
     #[test]
     fn a_loss_within_the_noise_of_the_plain_steps_measures_them_again_before_the_verdict() {
-        // The latest plain steps 10, 8, 12, 10, 8, 12, 10, 8 ms: mean 9.75, standard error 0.59.
-        // Cycles at 10.5 ms a token lose by 1.04 ms past the margin (9.46), within two standard
-        // errors.
+        // Plain steps of 8, 12 and 10 ms: mean 10, standard error 1.15. Cycles at 10.5 ms a
+        // token lose by 0.8 ms past the margin (9.7), within two standard errors.
         let mut p = sure_policy(&[8.0, 12.0, 10.0], 10.5);
         p.observe_cycle(1, 10.5);
         assert_eq!(run_burst(&mut p, 10.0), REFRESH_STEPS, "measured again");
-        // Measured again (10 ms three more times: the latest eight 10, 8, 12, 10, 8, 10, 10, 10,
-        // mean 9.75), the loss stands: a losing burst, long enough that the next probe's 0.75 ms
-        // over plain is 2% of it (4 steps).
+        // Measured again (10 ms three more times), the loss stands: a losing burst, long enough
+        // that the next probe's 0.5 ms over plain is 2% of it (3 steps of 10 ms).
         p.observe_cycle(1, 10.5);
-        assert_eq!(run_burst(&mut p, 10.0), 4, "the verdict's burst");
+        assert_eq!(run_burst(&mut p, 10.0), 3, "the verdict's burst");
         // While the losing streak lasts, a loss within the noise is not questioned again.
         p.observe_cycle(1, 10.5);
-        assert_eq!(p.take_burst(), 4, "the next verdict's burst");
-        // Cycles at 13 ms lose past the noise: a losing burst at once (17 steps: 3.25 ms over
-        // the mean of 9.75).
+        assert_eq!(p.take_burst(), 3, "the next verdict's burst");
+        // Cycles at 13 ms lose past the noise: a losing burst at once (15 steps).
         let mut p = sure_policy(&[8.0, 12.0, 10.0], 13.0);
         p.observe_cycle(1, 13.0);
-        assert_eq!(p.take_burst(), 17);
+        assert_eq!(p.take_burst(), 15);
         // Steady plain steps have no noise to wait out: 10.5 against 10, 10, 10 loses at once.
         let mut p = sure_policy(&[10.0, 10.0, 10.0], 10.5);
         p.observe_cycle(1, 10.5);
@@ -867,6 +879,38 @@ mod tests {
     }
 
     #[test]
+    fn while_the_slots_fill_the_first_cycles_are_each_followed_by_plain_steps_that_are_measured() {
+        // Plain steps measured on the empty slots at the start (40 ms) and cycles, later, on
+        // slots that have filled (1 token in 12 ms), where plain decoding is 10 ms.
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 40.0);
+        let mut bursts = Vec::new();
+        for _ in 0..SURE_CYCLES + 2 {
+            p.slots_filling(true);
+            p.observe_cycle(1, 12.0);
+            bursts.push(run_burst(&mut p, 10.0));
+        }
+        // Whatever the first cycles measure, two plain steps follow each (one reported); then
+        // the latest eight plain steps (one at 40 ms, seven at 10) cost 13.75 ms, and 12 wins.
+        assert_eq!(bursts[..SURE_CYCLES - 1], [UNSURE_BURST; SURE_CYCLES - 1]);
+        assert_eq!(bursts[SURE_CYCLES - 1..], [0, 0, 0]);
+        // The same cycles on slots that are full (or on none) win against the start's 40 ms:
+        // no plain step between them.
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 40.0);
+        for _ in 0..SURE_CYCLES {
+            p.slots_filling(false);
+            p.observe_cycle(1, 12.0);
+            assert_eq!(run_burst(&mut p, 10.0), 0);
+        }
+        // A losing first cycle on full slots is followed by one plain step, as before.
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 10.0);
+        p.observe_cycle(1, 30.0);
+        assert_eq!(run_burst(&mut p, 10.0), 1);
+    }
+
+    #[test]
     fn never_lose_does_not_compare_cycles_with_plain_steps_measured_long_ago() {
         // Plain steps measured on a cold start (40 ms) and cycles, later, on warm caches
         // (1 token in 12 ms) that plain decoding (10 ms) would beat.
@@ -877,18 +921,12 @@ mod tests {
             p.observe_cycle(1, 12.0);
             bursts.push(run_burst(&mut p, 10.0));
         }
-        // The first cycles are followed by plain steps, which measure the warm 10 ms; against
-        // those and one stale 40 ms step (mean 13.75) the cycles win, until the stale steps are
-        // older than PLAIN_FRESH_TOKENS decoded tokens (4 plain first, 7 cycles of 1 and 2
-        // plain each, 11 more cycles); from then on the cycles lose.
-        let unsure = SURE_CYCLES - 1;
-        assert_eq!(bursts[..unsure], [UNSURE_BURST; SURE_CYCLES - 1]);
-        let winning = bursts[unsure..].iter().take_while(|&&b| b == 0).count();
-        assert_eq!(winning, 11, "{bursts:?}");
-        assert!(
-            bursts[unsure + winning..].iter().all(|&b| b > 0),
-            "{bursts:?}"
-        );
+        // Against the stale 40 ms the cycles win, until those steps are too old to count; the
+        // refresh measures the warm 10 ms, and from then on the cycles lose.
+        let stale = PLAIN_FRESH_TOKENS as usize;
+        assert!(bursts[..stale].iter().all(|&b| b == 0), "{bursts:?}");
+        assert_eq!(bursts[stale], REFRESH_STEPS);
+        assert!(bursts[stale + 1..].iter().all(|&b| b > 0), "{bursts:?}");
     }
 
     #[test]

@@ -321,6 +321,8 @@ fn replay(
             continue;
         }
         let step = &steps[i];
+        // As the engine's decoder: whether the slots were still filling when the cycle began.
+        let filling = lru.slots.filling();
         let (chosen, levels) = choose(header, step, policy, lru, steps.len() - i - 1)?;
         // The verify forward: union of the root's and the chosen nodes' experts per layer.
         let union = verify_union(header, step, &chosen);
@@ -353,6 +355,7 @@ fn replay(
             report.draft_ms += drafting;
             ms += drafting + d.feed(accepted + 1, context);
             ms *= noise.factor();
+            policy.slots_filling(filling);
             policy.observe_cycle(accepted + 1, ms);
         } else {
             ms *= noise.factor();

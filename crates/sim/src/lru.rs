@@ -54,6 +54,13 @@ impl SlotLru {
         lru
     }
 
+    /// Whether some layer still has an empty slot (never without slots).
+    pub fn filling(&self) -> bool {
+        self.layers
+            .iter()
+            .any(|l| l.holds.iter().any(Option::is_none))
+    }
+
     /// Slots per layer.
     pub fn slots(&self) -> usize {
         self.slots
@@ -164,6 +171,18 @@ mod tests {
         assert_eq!(lru.access_layer(0, &[2]), (0, 1));
         assert_eq!(lru.access_layer(0, &[0, 1]), (1, 1));
         assert_eq!(lru.resident(0), vec![1, 0]);
+    }
+
+    #[test]
+    fn slots_fill_until_every_layer_holds_an_expert_in_each() {
+        let mut lru = SlotLru::new(2, 2);
+        assert!(lru.filling());
+        lru.access(0, &[0, 1]);
+        assert!(lru.filling(), "layer 1 is still empty");
+        lru.access(1, &[3, 4]);
+        assert!(!lru.filling());
+        assert!(!SlotLru::new(2, 0).filling(), "no slots, nothing to fill");
+        assert!(!SlotLru::holding_all(2, 4).filling());
     }
 
     #[test]

@@ -247,6 +247,7 @@ impl<'a> Decoder<'a> {
             return self.commit_plain(1);
         }
         let mut clock = Clock::start(self.outside_clock_seconds());
+        let filling = self.cache.filling();
         self.catch_up_drafter(&mut clock)?;
         let Drafted {
             pool,
@@ -259,6 +260,7 @@ impl<'a> Decoder<'a> {
         clock.lap(Phase::Verify, self.outside_clock_seconds(), &mut self.stats);
         let committed = verified.committed.len();
         if let Some(s) = self.speculation.as_mut() {
+            s.policy.slots_filling(filling);
             s.policy.observe_cycle(committed, clock.total_ms());
             for c in taken_children(&pool, &verified) {
                 s.policy.record_taken(c.q, c.top, c.taken);

@@ -182,6 +182,17 @@ impl ExpertCache {
         crate::experts::reads_in_flight().min(self.slots_per_layer().max(1))
     }
 
+    /// Whether some layer still has an empty slot: the cache is still filling. Never where
+    /// there are no slots to fill (experts used in place, slots emptied every forward).
+    pub fn filling(&self) -> bool {
+        !self.in_place
+            && self.mode == CacheMode::Lru
+            && self
+                .slots
+                .iter()
+                .any(|s| s.holds.iter().any(Option::is_none))
+    }
+
     /// Counters since construction.
     pub fn stats(&self) -> &CopyStats {
         &self.stats
@@ -547,6 +558,21 @@ mod tests {
         .unwrap();
         seen.sort_unstable();
         seen
+    }
+
+    #[test]
+    fn a_cache_is_filling_until_every_layer_holds_an_expert_in_each_slot() {
+        let mut c = cache(2);
+        assert!(c.filling());
+        run(&mut c, 0, &[1, 2]);
+        assert!(c.filling(), "layer 1 is still empty");
+        run(&mut c, 1, &[0, 5]);
+        assert!(!c.filling());
+        // Slots emptied every forward have nothing to fill.
+        let layout = c.layout();
+        let store = RamStore::new(layout, 2, 6);
+        let none = ExpertCache::new(Arc::new(store), 2, 6, 2, CacheMode::NoCache).unwrap();
+        assert!(!none.filling());
     }
 
     /// A store whose reads of one expert take `delay`; the others are immediate.

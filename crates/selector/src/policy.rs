@@ -878,31 +878,33 @@ mod tests {
         assert_eq!(gaps[..2], [22, 43], "refreshes at cycles {refreshes:?}");
     }
 
+    /// A never-lose policy whose opening plain steps measured 40 ms, then `cycles` cycles of 1
+    /// token in 12 ms (the slots `filling` or not), each with its burst of 10 ms steps: the
+    /// bursts.
+    fn after_a_cold_start(cycles: usize, filling: bool) -> Vec<usize> {
+        let mut p = specfit().bursts(Bursts::NeverLose);
+        run_burst(&mut p, 40.0);
+        (0..cycles)
+            .map(|_| {
+                p.slots_filling(filling);
+                p.observe_cycle(1, 12.0);
+                run_burst(&mut p, 10.0)
+            })
+            .collect()
+    }
+
     #[test]
     fn while_the_slots_fill_the_first_cycles_are_each_followed_by_plain_steps_that_are_measured() {
         // Plain steps measured on the empty slots at the start (40 ms) and cycles, later, on
         // slots that have filled (1 token in 12 ms), where plain decoding is 10 ms.
-        let mut p = specfit().bursts(Bursts::NeverLose);
-        run_burst(&mut p, 40.0);
-        let mut bursts = Vec::new();
-        for _ in 0..SURE_CYCLES + 2 {
-            p.slots_filling(true);
-            p.observe_cycle(1, 12.0);
-            bursts.push(run_burst(&mut p, 10.0));
-        }
+        let bursts = after_a_cold_start(SURE_CYCLES + 2, true);
         // Whatever the first cycles measure, two plain steps follow each (one reported); then
         // the latest eight plain steps (one at 40 ms, seven at 10) cost 13.75 ms, and 12 wins.
         assert_eq!(bursts[..SURE_CYCLES - 1], [UNSURE_BURST; SURE_CYCLES - 1]);
         assert_eq!(bursts[SURE_CYCLES - 1..], [0, 0, 0]);
         // The same cycles on slots that are full (or on none) win against the start's 40 ms:
         // no plain step between them.
-        let mut p = specfit().bursts(Bursts::NeverLose);
-        run_burst(&mut p, 40.0);
-        for _ in 0..SURE_CYCLES {
-            p.slots_filling(false);
-            p.observe_cycle(1, 12.0);
-            assert_eq!(run_burst(&mut p, 10.0), 0);
-        }
+        assert_eq!(after_a_cold_start(SURE_CYCLES, false), [0; SURE_CYCLES]);
         // A losing first cycle on full slots is followed by one plain step, as before.
         let mut p = specfit().bursts(Bursts::NeverLose);
         run_burst(&mut p, 10.0);
@@ -914,13 +916,7 @@ mod tests {
     fn never_lose_does_not_compare_cycles_with_plain_steps_measured_long_ago() {
         // Plain steps measured on a cold start (40 ms) and cycles, later, on warm caches
         // (1 token in 12 ms) that plain decoding (10 ms) would beat.
-        let mut p = specfit().bursts(Bursts::NeverLose);
-        run_burst(&mut p, 40.0);
-        let mut bursts = Vec::new();
-        for _ in 0..PLAIN_FRESH_TOKENS + 8 {
-            p.observe_cycle(1, 12.0);
-            bursts.push(run_burst(&mut p, 10.0));
-        }
+        let bursts = after_a_cold_start(PLAIN_FRESH_TOKENS as usize + 8, false);
         // Against the stale 40 ms the cycles win, until those steps are too old to count; the
         // refresh measures the warm 10 ms, and from then on the cycles lose.
         let stale = PLAIN_FRESH_TOKENS as usize;

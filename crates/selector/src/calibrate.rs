@@ -281,19 +281,30 @@ pub fn quality(measured: &[f64], predicted: &[f64]) -> (f64, f64) {
         .zip(predicted)
         .map(|(y, p)| (y - p).abs())
         .collect();
-    errors.sort_by(f64::total_cmp);
-    let mid = errors.len() / 2;
-    let median = if errors.len() % 2 == 1 {
-        errors[mid]
-    } else {
-        (errors[mid - 1] + errors[mid]) / 2.0
-    };
-    (r2, median)
+    (r2, median(&mut errors))
+}
+
+/// The middle value of `v` (the mean of the two middle ones for an even count; 0 when empty),
+/// reordering it.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_the_middle_value_or_the_mean_of_the_middle_two_and_zero_for_none() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
+    }
 
     fn probes(a: &[f64], beta: f64, noise: f64) -> Vec<Probe> {
         let mut seed = 9u64;

@@ -3,7 +3,7 @@
 //! ([`specfit_selector::calibrate::fit_trimmed`]). Measuring the rows is the engine's job
 //! (`specfit_engine::spec::probe`, `specfit calibrate`); this module only fits them.
 
-use specfit_selector::calibrate::{fit_trimmed, intercepts_from_steps, node_columns};
+use specfit_selector::calibrate::{fit_trimmed, intercepts_from_steps, median, node_columns};
 use specfit_selector::json::{DraftingJson, PlainJson, ReplayJson, MAX_NOISE};
 
 use crate::SimError;
@@ -124,16 +124,6 @@ fn log_spread<'a>(rows: impl Iterator<Item = (&'a (Vec<f64>, f64), &'a [f64])>) 
     let center = median(&mut logs);
     let mut deviations: Vec<f64> = logs.iter().map(|l| (l - center).abs()).collect();
     (1.4826 * median(&mut deviations)).min(MAX_NOISE)
-}
-
-/// The median of `v` (non-empty), reordering it.
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    match n % 2 {
-        1 => v[n / 2],
-        _ => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// Drafting costs: each drafted level past the first costs `ms_per_level + level_context_ms · c`,

@@ -10,6 +10,7 @@ use serde::Serialize;
 use specfit_engine::experts::LayerStats;
 use specfit_engine::policy::PolicyName;
 use specfit_engine::DecodeStats;
+use specfit_selector::calibrate::median;
 use specfit_selector::json::CalibrationJson;
 
 use super::plan::{Config, PromptSet, Slots};
@@ -110,18 +111,7 @@ impl Tally {
     /// The median over the rounds of the decoded tokens per second (with one round, that
     /// round's rate).
     pub fn tokens_per_second(&self) -> f64 {
-        median(&self.round_rates())
-    }
-}
-
-/// The middle value of `v` (the mean of the two middle ones for an even count; 0 when empty).
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        median(&mut self.round_rates())
     }
 }
 
@@ -630,7 +620,7 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
             let (c, t) = (&configs[i], &tallies[i]);
             let tok_s = t.tokens_per_second();
             let ar = find(PolicyName::Ar, c.slots);
-            let vs_ar = ar.map_or(Vec::new(), |ar| paired(t, ar));
+            let mut vs_ar = ar.map_or(Vec::new(), |ar| paired(t, ar));
             // The reference itself has no range.
             let reference = ar.is_some_and(|ar| std::ptr::eq(ar, t));
             let eagle = find(PolicyName::Eagle3, c.slots).filter(|e| e.tokens_per_second() > 0.0);
@@ -651,10 +641,10 @@ fn rows(configs: &[Config], tallies: &[Tally]) -> Vec<Row> {
                 layers_ahead: c.layers_ahead,
                 again: c.again,
                 tok_s,
-                speedup_vs_ar: median(&vs_ar),
+                speedup_vs_ar: median(&mut vs_ar),
                 rounds: t.rounds.len(),
                 speedup_range: (vs_ar.len() > 1 && !reference).then_some(range),
-                gain_vs_eagle3: eagle.map(|e| median(&paired(t, e)) - 1.0),
+                gain_vs_eagle3: eagle.map(|e| median(&mut paired(t, e)) - 1.0),
                 nodes_per_cycle: ratio(t.sum.verified as f64, cycles),
                 tokens_per_cycle: ratio(t.sum.committed as f64, cycles),
                 plain_share: ratio(t.sum.plain_steps as f64, t.sum.committed as f64),
